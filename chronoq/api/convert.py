@@ -1,0 +1,224 @@
+"""Protobuf ↔ domain model conversion: the only place both kinds of types meet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from chronoq.api.v1 import tasks_pb2, worker_pb2
+from chronoq.errors import InvalidArgument
+from chronoq.models import (
+    DEFAULT_NAMESPACE,
+    Lease,
+    MisfirePolicy,
+    Task,
+    TaskSpec,
+    TaskState,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecDefaults:
+    """Server defaults for TaskSpec fields a client leaves unset."""
+
+    max_attempts: int = 3
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(minutes=5)
+    lease_timeout: timedelta = timedelta(seconds=30)
+    misfire_grace: timedelta = timedelta(seconds=60)
+
+
+def to_timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if when is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(when)
+    return ts
+
+
+def to_duration(d: timedelta) -> duration_pb2.Duration:
+    out = duration_pb2.Duration()
+    out.FromTimedelta(d)
+    return out
+
+
+def from_timestamp(field: str, ts: timestamp_pb2.Timestamp) -> datetime:
+    """A wire timestamp as an aware datetime; a clear error when it is out of range."""
+    try:
+        return ts.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError) as exc:
+        raise InvalidArgument(field, f"is not a valid timestamp ({exc})") from None
+
+
+def from_duration(field: str, d: duration_pb2.Duration, *, allow_negative: bool = False) -> timedelta:
+    try:
+        out = d.ToTimedelta()
+    except (ValueError, OverflowError) as exc:
+        raise InvalidArgument(field, f"is not a valid duration ({exc})") from None
+    if out < timedelta(0) and not allow_negative:
+        raise InvalidArgument(field, f"must not be negative, got {out}")
+    return out
+
+
+def namespace_of(value: str) -> str:
+    return value or DEFAULT_NAMESPACE
+
+
+def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) -> TaskSpec:
+    """Build a TaskSpec; ``delay`` is measured from the node's ``now``."""
+    which = pb.WhichOneof("when")
+    if which == "run_at":
+        run_at = from_timestamp("run_at", pb.run_at)
+    elif which == "delay":
+        run_at = now + from_duration("delay", pb.delay)
+    else:
+        raise InvalidArgument("run_at", "is required: set run_at (a timestamp) or delay (a duration)")
+    retry = pb.retry
+    return TaskSpec(
+        namespace=namespace_of(pb.namespace),
+        queue=pb.queue,
+        run_at=run_at,
+        payload=pb.payload,
+        idempotency_key=pb.idempotency_key or None,
+        max_attempts=retry.max_attempts if retry.max_attempts else defaults.max_attempts,
+        backoff_initial=(
+            from_duration("retry.backoff_initial", retry.backoff_initial)
+            if retry.HasField("backoff_initial") else defaults.backoff_initial
+        ),
+        backoff_max=(
+            from_duration("retry.backoff_max", retry.backoff_max)
+            if retry.HasField("backoff_max") else max(defaults.backoff_max, timedelta(0))
+        ),
+        lease_timeout=(
+            from_duration("lease_timeout", pb.lease_timeout)
+            if pb.HasField("lease_timeout") else defaults.lease_timeout
+        ),
+        priority=pb.priority,
+        misfire_policy=(
+            MisfirePolicy.SKIP if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
+            else MisfirePolicy.FIRE_LATE
+        ),
+        misfire_grace=(
+            from_duration("misfire_grace", pb.misfire_grace)
+            if pb.HasField("misfire_grace") else defaults.misfire_grace
+        ),
+    )
+
+
+def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
+    return tasks_pb2.TaskSpec(
+        namespace=spec.namespace,
+        queue=spec.queue,
+        run_at=to_timestamp(spec.run_at),
+        payload=spec.payload,
+        idempotency_key=spec.idempotency_key or "",
+        retry=tasks_pb2.RetryPolicy(
+            max_attempts=spec.max_attempts,
+            backoff_initial=to_duration(spec.backoff_initial),
+            backoff_max=to_duration(spec.backoff_max),
+        ),
+        lease_timeout=to_duration(spec.lease_timeout),
+        priority=spec.priority,
+        misfire_policy=state_policy_to_pb(spec.misfire_policy),
+        misfire_grace=to_duration(spec.misfire_grace),
+    )
+
+
+def state_policy_to_pb(policy: MisfirePolicy) -> tasks_pb2.MisfirePolicy.ValueType:
+    if policy is MisfirePolicy.SKIP:
+        return tasks_pb2.MISFIRE_POLICY_SKIP
+    return tasks_pb2.MISFIRE_POLICY_FIRE_LATE
+
+
+def state_to_pb(state: TaskState) -> tasks_pb2.TaskState.ValueType:
+    return tasks_pb2.TaskState.ValueType(int(state) + 1)
+
+
+def state_from_pb(value: int) -> TaskState | None:
+    """None for UNSPECIFIED (every state)."""
+    if value == tasks_pb2.TASK_STATE_UNSPECIFIED:
+        return None
+    try:
+        return TaskState(value - 1)
+    except ValueError:
+        raise InvalidArgument("state", f"unknown task state {value}") from None
+
+
+def task_to_pb(task: Task) -> tasks_pb2.Task:
+    return tasks_pb2.Task(
+        id=task.id,
+        namespace=task.namespace,
+        queue=task.queue,
+        state=state_to_pb(task.state),
+        run_at=to_timestamp(task.run_at),
+        payload=task.payload,
+        idempotency_key=task.idempotency_key or "",
+        attempt=task.attempt,
+        max_attempts=task.max_attempts,
+        priority=task.priority,
+        misfire_policy=state_policy_to_pb(task.misfire_policy),
+        misfire_grace=to_duration(task.misfire_grace),
+        lease_timeout=to_duration(task.lease_timeout),
+        backoff_initial=to_duration(task.backoff_initial),
+        backoff_max=to_duration(task.backoff_max),
+        partition=task.partition,
+        bucket=task.bucket,
+        last_error=task.last_error or "",
+        worker_id=task.worker_id or "",
+        created_at=to_timestamp(task.created_at),
+        fired_at=to_timestamp(task.fired_at),
+        lease_until=to_timestamp(task.lease_until),
+        finished_at=to_timestamp(task.finished_at),
+    )
+
+
+def _opt_ts(pb: tasks_pb2.Task, name: str) -> datetime | None:
+    if not pb.HasField(name):  # type: ignore[arg-type]
+        return None
+    return from_timestamp(name, getattr(pb, name))
+
+
+def task_from_pb(pb: tasks_pb2.Task) -> Task:
+    state = state_from_pb(pb.state)
+    return Task(
+        id=pb.id,
+        namespace=pb.namespace,
+        queue=pb.queue,
+        state=state if state is not None else TaskState.SCHEDULED,
+        run_at=from_timestamp("run_at", pb.run_at),
+        partition=pb.partition,
+        bucket=pb.bucket,
+        payload=pb.payload,
+        idempotency_key=pb.idempotency_key or None,
+        attempt=pb.attempt,
+        max_attempts=pb.max_attempts,
+        priority=pb.priority,
+        backoff_initial=pb.backoff_initial.ToTimedelta(),
+        backoff_max=pb.backoff_max.ToTimedelta(),
+        lease_timeout=pb.lease_timeout.ToTimedelta(),
+        misfire_policy=(
+            MisfirePolicy.SKIP if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
+            else MisfirePolicy.FIRE_LATE
+        ),
+        misfire_grace=pb.misfire_grace.ToTimedelta(),
+        lease_until=_opt_ts(pb, "lease_until"),
+        worker_id=pb.worker_id or None,
+        last_error=pb.last_error or None,
+        created_at=_opt_ts(pb, "created_at"),
+        fired_at=_opt_ts(pb, "fired_at"),
+        finished_at=_opt_ts(pb, "finished_at"),
+    )
+
+
+def lease_from_pb(pb: worker_pb2.Lease) -> Lease:
+    if not pb.task_id:
+        raise InvalidArgument("lease.task_id", "is required")
+    if pb.lease_token < 1:
+        raise InvalidArgument("lease.lease_token", "must be the attempt number of the claim (>= 1)")
+    return Lease(pb.task_id, pb.lease_token)
+
+
+def lease_to_pb(lease: Lease) -> worker_pb2.Lease:
+    return worker_pb2.Lease(task_id=lease.task_id, lease_token=lease.lease_token)

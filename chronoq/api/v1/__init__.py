@@ -1,0 +1,1 @@
+"""Generated stubs: do not edit."""

@@ -1,0 +1,83 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusRequest(_message.Message):
+    __slots__ = ("bucket_horizon",)
+    BUCKET_HORIZON_FIELD_NUMBER: _ClassVar[int]
+    bucket_horizon: int
+    def __init__(self, bucket_horizon: _Optional[int] = ...) -> None: ...
+
+class PartitionOwnership(_message.Message):
+    __slots__ = ("partition", "owner", "fencing_token", "watermark_bucket")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    owner: str
+    fencing_token: int
+    watermark_bucket: int
+    def __init__(self, partition: _Optional[int] = ..., owner: _Optional[str] = ..., fencing_token: _Optional[int] = ..., watermark_bucket: _Optional[int] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("node_id", "address", "owned_partitions", "lateness_p50_ms", "lateness_p99_ms", "fired_total")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    owned_partitions: int
+    lateness_p50_ms: float
+    lateness_p99_ms: float
+    fired_total: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., owned_partitions: _Optional[int] = ..., lateness_p50_ms: _Optional[float] = ..., lateness_p99_ms: _Optional[float] = ..., fired_total: _Optional[int] = ...) -> None: ...
+
+class BucketCount(_message.Message):
+    __slots__ = ("bucket", "starts_at", "pending")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    STARTS_AT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    starts_at: _timestamp_pb2.Timestamp
+    pending: int
+    def __init__(self, bucket: _Optional[int] = ..., starts_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state")
+    class TasksByStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    OWNERSHIP_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    node_id: str
+    now: _timestamp_pb2.Timestamp
+    partitions: int
+    bucket_seconds: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    ownership: _containers.RepeatedCompositeFieldContainer[PartitionOwnership]
+    buckets: _containers.RepeatedCompositeFieldContainer[BucketCount]
+    tasks_by_state: _containers.ScalarMap[str, int]
+    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -1,0 +1,49 @@
+"""One settings object for a scheduler node: keyword-only, typed defaults.
+
+The CLI maps every flag to a ``CHRONOQ_*`` environment variable; code builds ``NodeSettings``
+directly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from chronoq.api.convert import SpecDefaults
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.errors import ConfigError
+from chronoq.models import Limits
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    """Everything a node needs to run."""
+
+    dsn: str
+    host: str = "127.0.0.1"
+    port: int = 7070  # 0: pick a free port
+    node_id: str = field(default_factory=lambda: f"node-{uuid.uuid4().hex[:8]}")
+    partitions: int = DEFAULT_PARTITIONS
+    bucket_seconds: int = DEFAULT_BUCKET_SECONDS
+    tick: timedelta = timedelta(milliseconds=100)
+    fire_batch: int = 5000  # rows per firing statement, spread over the owned partitions
+    fire_rounds: int = 20  # statements per tick at most, before yielding to the next tick
+    reap_interval: timedelta = timedelta(seconds=1)
+    reap_batch: int = 1000
+    claim_poll: timedelta = timedelta(milliseconds=500)  # fallback re-check while long-polling
+    max_claim_wait: timedelta = timedelta(seconds=60)
+    max_batch: int = 10_000  # tasks per SubmitBatch
+    pool_size: int = 10
+    limits: Limits = field(default_factory=Limits)
+    defaults: SpecDefaults = field(default_factory=SpecDefaults)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.partitions <= 32767:
+            raise ConfigError(f"partitions must be between 1 and 32767, got {self.partitions}")
+        if self.bucket_seconds < 1:
+            raise ConfigError("bucket_seconds must be >= 1")
+        if not timedelta(milliseconds=1) <= self.tick <= timedelta(seconds=60):
+            raise ConfigError(f"tick must be between 1 ms and 60 s, got {self.tick}")
+        if self.fire_batch < 1:
+            raise ConfigError("fire_batch must be >= 1")

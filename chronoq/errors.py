@@ -1,0 +1,75 @@
+"""Domain errors: one base class, typed fields, the docstring as default message.
+
+Adapters translate driver errors into these at the edge (store, coordinator); the gRPC
+server maps them to status codes in one table (``chronoq.node.status``).
+"""
+
+from __future__ import annotations
+
+
+class ChronoqError(Exception):
+    """Something went wrong in chronoq."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgument(ChronoqError):
+    """A request field is missing or out of range."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {problem}")
+
+
+class TaskNotFound(ChronoqError):
+    """No task with this id in this namespace."""
+
+    def __init__(self, task_id: str, namespace: str = "default") -> None:
+        self.task_id = task_id
+        self.namespace = namespace
+        super().__init__(f"no task {task_id!r} in namespace {namespace!r}")
+
+
+class StaleLease(ChronoqError):
+    """The lease token does not match the task's current attempt, or the task is not running."""
+
+    def __init__(self, task_id: str, lease_token: int, detail: str) -> None:
+        self.task_id = task_id
+        self.lease_token = lease_token
+        super().__init__(f"task {task_id}: lease token {lease_token} refused: {detail}")
+
+
+class InvalidTransition(ChronoqError):
+    """The task is not in a state that allows this change."""
+
+    def __init__(self, task_id: str, state: str, action: str) -> None:
+        self.task_id = task_id
+        self.state = state
+        self.action = action
+        super().__init__(f"cannot {action} task {task_id}: it is {state}")
+
+
+class FenceRejected(ChronoqError):
+    """An owner write carried a fencing token that is no longer the partition's current one."""
+
+    def __init__(self, partition: int, token: int) -> None:
+        self.partition = partition
+        self.token = token
+        super().__init__(f"partition {partition}: fencing token {token} is stale")
+
+
+class StoreUnavailable(ChronoqError):
+    """The task store (PostgreSQL) cannot be reached or refused the statement."""
+
+
+class CoordinatorUnavailable(ChronoqError):
+    """The coordinator (etcd) cannot be reached in time."""
+
+
+class ConfigError(ChronoqError):
+    """A setting is invalid."""

@@ -1,0 +1,133 @@
+"""The firing loop: each tick, move the due tasks of owned partitions to READY.
+
+Per tick it runs one statement over all owned partitions (bounded per partition), then
+repeats only for partitions that hit their bound, up to ``fire_rounds`` statements. Work per
+tick follows the number of due tasks, never the number pending. The same loop is the
+backfill: after downtime the buckets between a partition's watermark and now are simply due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from chronoq.buckets import bucket_of
+from chronoq.clock import Clock
+from chronoq.errors import StoreUnavailable
+from chronoq.node.lateness import LatenessWindow
+from chronoq.node.ownership import Ownership
+from chronoq.store import FireResult, Store
+
+log = logging.getLogger("chronoq.firing")
+
+
+@dataclass
+class FiringStats:
+    fired: int = 0
+    skipped: int = 0
+    statements: int = 0
+    ticks: int = 0
+    errors: int = 0
+
+
+class Firer:
+    """Fires due buckets of the partitions that ``ownership`` says are ours."""
+
+    def __init__(
+        self,
+        store: Store,
+        ownership: Ownership,
+        clock: Clock,
+        *,
+        tick: float,
+        batch: int,
+        rounds: int,
+        on_ready: Callable[[FireResult], None] = lambda _r: None,
+    ) -> None:
+        self._store = store
+        self._ownership = ownership
+        self._clock = clock
+        self._tick = tick
+        self._batch = batch
+        self._rounds = rounds
+        self._on_ready = on_ready
+        self._watermarks: dict[int, int] = {}  # partition → bucket we last advanced it to
+        self.stats = FiringStats()
+        self.lateness = LatenessWindow()
+        self._wake = asyncio.Event()
+
+    def poke(self) -> None:
+        """Run the next tick now (the clock jumped, or ownership changed)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.tick()
+            except StoreUnavailable as exc:
+                self.stats.errors += 1
+                log.warning("firing tick failed: %s", exc)
+            self._wake.clear()
+            delay = self._tick - (loop.time() - started)
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+
+    async def tick(self) -> FireResult:
+        """One tick: fire what is due now in every owned partition; returns the totals."""
+        self.stats.ticks += 1
+        now = self._clock.now()
+        current = bucket_of(now, self._store.bucket_seconds)
+        owned: Mapping[int, int] = dict(self._ownership.owned())
+        total = FireResult()
+        unfinished: set[int] = set()
+        pending = owned
+        for _ in range(self._rounds):
+            if not pending:
+                break
+            per_partition = max(50, math.ceil(self._batch / len(pending)))
+            result = await self._store.fire_due(pending, now, batch=per_partition)
+            self.stats.statements += 1
+            self._account(result, total)
+            saturated = result.saturated(per_partition)
+            pending = {p: owned[p] for p in saturated}
+        unfinished = set(pending)
+        await self._advance(owned, unfinished, current)
+        return total
+
+    def _account(self, result: FireResult, total: FireResult) -> None:
+        self.stats.fired += result.fired
+        self.stats.skipped += result.skipped
+        self.lateness.add(result.lateness)
+        total.fired += result.fired
+        total.skipped += result.skipped
+        total.ready_by_queue.update(result.ready_by_queue)
+        total.per_partition.update(result.per_partition)
+        if result.ready_by_queue:
+            self._on_ready(result)
+
+    async def _advance(self, owned: Mapping[int, int], unfinished: set[int], current: int) -> None:
+        """Move watermarks up to the current bucket for partitions with nothing left behind."""
+        behind = {
+            p: tok for p, tok in owned.items()
+            if p not in unfinished and self._watermarks.get(p, -1) < current
+        }
+        if not behind:
+            return
+        advanced = await self._store.advance_watermarks(behind, current)
+        for p in behind:
+            # Either advanced now, or already at/above `current` (or no longer ours).
+            self._watermarks[p] = current
+        log.debug("watermarks advanced to %d for %d partitions", current, len(advanced))
+
+    def forget(self, partitions: set[int]) -> None:
+        """Drop cached watermark knowledge for partitions we lost or re-took."""
+        for p in partitions:
+            self._watermarks.pop(p, None)

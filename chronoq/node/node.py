@@ -1,0 +1,152 @@
+"""A scheduler node: the store, its ownership, the firing loop, the reaper and the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from chronoq.api.v1 import cluster_pb2, cluster_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
+from chronoq.clock import Clock, SystemClock
+from chronoq.config import NodeSettings
+from chronoq.models import Task
+from chronoq.node.firing import Firer
+from chronoq.node.ownership import LocalOwnership, Ownership
+from chronoq.node.readiness import ReadyNotifier
+from chronoq.node.reaper import Reaper
+from chronoq.node.service import ClusterService, TaskService, WorkerService
+from chronoq.store import FireResult, Store
+
+log = logging.getLogger("chronoq.node")
+
+SERVICE_NAMES = (
+    tasks_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+    cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
+)
+
+OwnershipFactory = Callable[[Store, NodeSettings], Ownership]
+
+
+def local_ownership(store: Store, settings: NodeSettings) -> Ownership:
+    return LocalOwnership(store, settings.node_id)
+
+
+class Node:
+    """One scheduler node. ``await start()``, then ``await stop()``; or ``async with``."""
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        *,
+        clock: Clock | None = None,
+        ownership: OwnershipFactory = local_ownership,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self._ownership_factory = ownership
+        self.store: Store | None = None
+        self.ownership: Ownership | None = None
+        self.firer: Firer | None = None
+        self.reaper: Reaper | None = None
+        self.notifier = ReadyNotifier()
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = settings.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.host}:{self.port}"
+
+    async def start(self) -> None:
+        s = self.settings
+        self.store = await Store.connect(
+            s.dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds, max_size=s.pool_size
+        )
+        self.ownership = self._ownership_factory(self.store, s)
+        await self.ownership.start()
+        self.firer = Firer(
+            self.store, self.ownership, self.clock,
+            tick=s.tick.total_seconds(), batch=s.fire_batch, rounds=s.fire_rounds,
+            on_ready=self._fired,
+        )
+        self.reaper = Reaper(
+            self.store, self.ownership, self.clock,
+            interval=s.reap_interval.total_seconds(), batch=s.reap_batch,
+            on_requeued=self._requeued,
+        )
+        await self._start_server()
+        self._tasks = [
+            asyncio.create_task(self.firer.run(), name="chronoq-firing"),
+            asyncio.create_task(self.reaper.run(), name="chronoq-reaper"),
+        ]
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("node %s serving on %s", s.node_id, self.address)
+
+    async def _start_server(self) -> None:
+        assert self.store is not None and self.ownership is not None and self.firer is not None
+        s = self.settings
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ]
+        )
+        tasks_pb2_grpc.add_TaskServiceServicer_to_server(
+            TaskService(self.store, self.clock, s, self.notifier), server
+        )
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(
+            WorkerService(self.store, self.clock, s, self.notifier), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(
+            ClusterService(self.store, self.clock, s, self.ownership, self.firer, self.address),
+            server,
+        )
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        await server.start()
+        self._server = server
+
+    def _fired(self, result: FireResult) -> None:
+        self.notifier.notify(result.ready_by_queue)
+
+    def _requeued(self, tasks: list[Task]) -> None:
+        self.notifier.notify({(t.namespace, t.queue) for t in tasks})
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop firing first (no owner write after this returns), then the server, then the pool."""
+        await self._health.enter_graceful_shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.ownership is not None:
+            await self.ownership.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,63 @@
+"""The lease reaper: running tasks whose worker stopped heartbeating go back to waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from chronoq.clock import Clock
+from chronoq.errors import StoreUnavailable
+from chronoq.models import Task
+from chronoq.node.ownership import Ownership
+from chronoq.store import Store
+
+log = logging.getLogger("chronoq.reaper")
+
+
+class Reaper:
+    """Returns expired leases of owned partitions: retry with backoff (attempt used) or DEAD."""
+
+    def __init__(
+        self,
+        store: Store,
+        ownership: Ownership,
+        clock: Clock,
+        *,
+        interval: float,
+        batch: int,
+        rng: random.Random | None = None,
+        on_requeued: Callable[[list[Task]], None] = lambda _t: None,
+    ) -> None:
+        self._store = store
+        self._ownership = ownership
+        self._clock = clock
+        self._interval = interval
+        self._batch = batch
+        self._rng = rng
+        self._on_requeued = on_requeued
+        self.reaped = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.reap()
+            except StoreUnavailable as exc:
+                log.warning("reaper pass failed: %s", exc)
+            await asyncio.sleep(self._interval)
+
+    async def reap(self) -> list[Task]:
+        """One pass, in bounded batches until nothing expired is left."""
+        done: list[Task] = []
+        while True:
+            owned = dict(self._ownership.owned())
+            batch = await self._store.reap_expired(
+                owned, self._clock.now(), batch=self._batch, rng=self._rng
+            )
+            done.extend(batch)
+            self.reaped += len(batch)
+            if batch:
+                self._on_requeued(batch)
+            if len(batch) < self._batch:
+                return done

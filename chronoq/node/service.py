@@ -1,0 +1,293 @@
+"""gRPC servicers: validate, convert, call the store, convert back. No SQL here."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from chronoq.api import convert
+from chronoq.api.v1 import cluster_pb2, cluster_pb2_grpc, tasks_pb2, tasks_pb2_grpc
+from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
+from chronoq.buckets import bucket_of, bucket_start
+from chronoq.clock import Clock
+from chronoq.config import NodeSettings
+from chronoq.errors import InvalidArgument, StaleLease, TaskNotFound
+from chronoq.models import Lease, TaskState, check_name
+from chronoq.node.firing import Firer
+from chronoq.node.ownership import Ownership
+from chronoq.node.readiness import ReadyNotifier
+from chronoq.node.status import translated
+from chronoq.store import Store
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class TaskService(tasks_pb2_grpc.TaskServiceServicer):
+    def __init__(
+        self, store: Store, clock: Clock, settings: NodeSettings, notifier: ReadyNotifier
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._settings = settings
+        self._notifier = notifier
+
+    async def _submit(self, specs: list[tasks_pb2.TaskSpec]) -> list[Any]:
+        now = self._clock.now()
+        limits, defaults = self._settings.limits, self._settings.defaults
+        checked = []
+        for i, pb in enumerate(specs):
+            try:
+                checked.append(limits.check(convert.spec_from_pb(pb, now, defaults), now))
+            except InvalidArgument as exc:
+                if len(specs) == 1:
+                    raise
+                raise InvalidArgument(f"tasks[{i}].{exc.field}", exc.message.split(": ", 1)[1]) from None
+        outcomes = await self._store.submit(checked, now)
+        self._notifier.notify(
+            {(o.task.namespace, o.task.queue) for o in outcomes if o.task.state is TaskState.READY}
+        )
+        return outcomes
+
+    @translated
+    async def Submit(self, request: tasks_pb2.SubmitRequest, context: Ctx) -> tasks_pb2.SubmitResponse:
+        if not request.HasField("task"):
+            raise InvalidArgument("task", "is required")
+        (outcome,) = await self._submit([request.task])
+        return tasks_pb2.SubmitResponse(task=convert.task_to_pb(outcome.task), created=outcome.created)
+
+    @translated
+    async def SubmitBatch(
+        self, request: tasks_pb2.SubmitBatchRequest, context: Ctx
+    ) -> tasks_pb2.SubmitBatchResponse:
+        if not request.tasks:
+            raise InvalidArgument("tasks", "must hold at least one task")
+        if len(request.tasks) > self._settings.max_batch:
+            raise InvalidArgument(
+                "tasks", f"holds {len(request.tasks)} tasks; the limit is {self._settings.max_batch} per batch"
+            )
+        outcomes = await self._submit(list(request.tasks))
+        return tasks_pb2.SubmitBatchResponse(
+            tasks=[convert.task_to_pb(o.task) for o in outcomes],
+            created=[o.created for o in outcomes],
+        )
+
+    @translated
+    async def GetTask(self, request: tasks_pb2.GetTaskRequest, context: Ctx) -> tasks_pb2.Task:
+        task = await self._store.get(_required_id(request.id), convert.namespace_of(request.namespace))
+        return convert.task_to_pb(task)
+
+    @translated
+    async def CancelTask(self, request: tasks_pb2.CancelTaskRequest, context: Ctx) -> tasks_pb2.Task:
+        task = await self._store.cancel(
+            _required_id(request.id), convert.namespace_of(request.namespace), self._clock.now()
+        )
+        return convert.task_to_pb(task)
+
+    async def _list(
+        self, request: tasks_pb2.ListTasksRequest, state: TaskState | None
+    ) -> tasks_pb2.ListTasksResponse:
+        if request.queue:
+            check_name("queue", request.queue)
+        page = await self._store.list_tasks(
+            check_name("namespace", convert.namespace_of(request.namespace)),
+            queue=request.queue or None,
+            state=state,
+            page_size=request.page_size or 100,
+            page_token=request.page_token,
+        )
+        return tasks_pb2.ListTasksResponse(
+            tasks=[convert.task_to_pb(t) for t in page.tasks], next_page_token=page.next_token
+        )
+
+    @translated
+    async def ListTasks(
+        self, request: tasks_pb2.ListTasksRequest, context: Ctx
+    ) -> tasks_pb2.ListTasksResponse:
+        return await self._list(request, convert.state_from_pb(request.state))
+
+    @translated
+    async def ListDead(
+        self, request: tasks_pb2.ListTasksRequest, context: Ctx
+    ) -> tasks_pb2.ListTasksResponse:
+        return await self._list(request, TaskState.DEAD)
+
+    @translated
+    async def Requeue(self, request: tasks_pb2.RequeueRequest, context: Ctx) -> tasks_pb2.RequeueResponse:
+        tasks = await self._store.requeue(
+            convert.namespace_of(request.namespace), list(request.ids), self._clock.now()
+        )
+        self._notifier.notify({(t.namespace, t.queue) for t in tasks})
+        return tasks_pb2.RequeueResponse(tasks=[convert.task_to_pb(t) for t in tasks])
+
+
+class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(
+        self, store: Store, clock: Clock, settings: NodeSettings, notifier: ReadyNotifier
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._settings = settings
+        self._notifier = notifier
+        self._rng = random.Random()
+
+    @translated
+    async def Claim(self, request: worker_pb2.ClaimRequest, context: Ctx) -> worker_pb2.ClaimResponse:
+        namespace = check_name("namespace", convert.namespace_of(request.namespace))
+        if not request.queues:
+            raise InvalidArgument("queues", "name at least one queue to claim from")
+        queues = [check_name("queues", q) for q in request.queues]
+        max_tasks = request.max_tasks or 1
+        if max_tasks > 1000:
+            raise InvalidArgument("max_tasks", f"is {max_tasks}; the limit is 1000")
+        wait = convert.from_duration("wait", request.wait) if request.HasField("wait") else timedelta(0)
+        wait = min(wait, self._settings.max_claim_wait)
+        worker_id = request.worker_id or (context.peer() or "unknown")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait.total_seconds()
+        poll = self._settings.claim_poll.total_seconds()
+        while True:
+            tasks = await self._store.claim(namespace, queues, worker_id, max_tasks, self._clock.now())
+            remaining = deadline - loop.time()
+            if tasks or remaining <= 0:
+                return worker_pb2.ClaimResponse(tasks=[convert.task_to_pb(t) for t in tasks])
+            await self._notifier.wait(namespace, queues, min(poll, remaining))
+
+    @translated
+    async def Heartbeat(
+        self, request: worker_pb2.HeartbeatRequest, context: Ctx
+    ) -> worker_pb2.HeartbeatResponse:
+        leases = [convert.lease_from_pb(pb) for pb in request.leases]
+        outcomes = await self._store.heartbeat(
+            convert.namespace_of(request.namespace), leases, self._clock.now()
+        )
+        return worker_pb2.HeartbeatResponse(
+            results=[
+                worker_pb2.HeartbeatResult(task_id=o.task_id, ok=o.ok, cancelled=o.cancelled, error=o.error)
+                for o in outcomes
+            ]
+        )
+
+    @translated
+    async def Complete(self, request: worker_pb2.CompleteRequest, context: Ctx) -> tasks_pb2.Task:
+        namespace = convert.namespace_of(request.namespace)
+        lease = _lease(request)
+        (outcome,) = await self._store.complete(namespace, [lease], self._clock.now())
+        if not outcome.ok:
+            if outcome.error.startswith("no task"):
+                raise TaskNotFound(lease.task_id, namespace)
+            raise StaleLease(lease.task_id, lease.lease_token, outcome.error)
+        return convert.task_to_pb(await self._store.get(lease.task_id, namespace))
+
+    @translated
+    async def CompleteBatch(
+        self, request: worker_pb2.CompleteBatchRequest, context: Ctx
+    ) -> worker_pb2.CompleteBatchResponse:
+        leases = [convert.lease_from_pb(pb) for pb in request.leases]
+        outcomes = await self._store.complete(
+            convert.namespace_of(request.namespace), leases, self._clock.now()
+        )
+        return worker_pb2.CompleteBatchResponse(
+            results=[worker_pb2.AckResult(task_id=o.task_id, ok=o.ok, error=o.error) for o in outcomes]
+        )
+
+    @translated
+    async def Fail(self, request: worker_pb2.FailRequest, context: Ctx) -> tasks_pb2.Task:
+        retry_after = (
+            convert.from_duration("retry_after", request.retry_after)
+            if request.HasField("retry_after") else None
+        )
+        task = await self._store.fail(
+            convert.namespace_of(request.namespace), _lease(request), request.error,
+            self._clock.now(), fatal=request.fatal, retry_after=retry_after, rng=self._rng,
+        )
+        if task.state is TaskState.READY:
+            self._notifier.notify([(task.namespace, task.queue)])
+        return convert.task_to_pb(task)
+
+    @translated
+    async def Release(self, request: worker_pb2.ReleaseRequest, context: Ctx) -> tasks_pb2.Task:
+        task = await self._store.release(convert.namespace_of(request.namespace), _lease(request))
+        self._notifier.notify([(task.namespace, task.queue)])
+        return convert.task_to_pb(task)
+
+
+class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        settings: NodeSettings,
+        ownership: Ownership,
+        firer: Firer,
+        address: str,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._settings = settings
+        self._ownership = ownership
+        self._firer = firer
+        self._address = address
+
+    @translated
+    async def Status(self, request: cluster_pb2.StatusRequest, context: Ctx) -> cluster_pb2.StatusResponse:
+        now = self._clock.now()
+        width = self._settings.bucket_seconds
+        horizon = request.bucket_horizon or 10
+        if horizon > 1440:
+            raise InvalidArgument("bucket_horizon", "must be at most 1440 buckets")
+        first = bucket_of(now, width)
+        counts = await self._store.pending_by_bucket(
+            list(range(self._settings.partitions)), first - 1, first + horizon - 1
+        )
+        per_bucket: dict[int, int] = {}
+        for (_p, b), n in counts.items():
+            per_bucket[b] = per_bucket.get(b, 0) + n
+        owned = self._ownership.owned()
+        fences = await self._store.fences()
+        return cluster_pb2.StatusResponse(
+            cluster="local",
+            node_id=self._settings.node_id,
+            now=convert.to_timestamp(now),
+            partitions=self._settings.partitions,
+            bucket_seconds=width,
+            members=[
+                cluster_pb2.Member(
+                    node_id=self._settings.node_id,
+                    address=self._address,
+                    owned_partitions=len(owned),
+                    lateness_p50_ms=self._firer.lateness.percentile(50) * 1000,
+                    lateness_p99_ms=self._firer.lateness.percentile(99) * 1000,
+                    fired_total=self._firer.stats.fired,
+                )
+            ],
+            ownership=[
+                cluster_pb2.PartitionOwnership(
+                    partition=f.partition, owner=f.owner, fencing_token=f.token,
+                    watermark_bucket=f.watermark,
+                )
+                for f in fences
+            ],
+            buckets=[
+                cluster_pb2.BucketCount(
+                    bucket=b, starts_at=convert.to_timestamp(bucket_start(b, width)),
+                    pending=per_bucket.get(b, 0),
+                )
+                for b in range(first - 1, first + horizon)
+            ],
+        )
+
+
+def _required_id(task_id: str) -> str:
+    if not task_id:
+        raise InvalidArgument("id", "is required")
+    return task_id
+
+
+def _lease(request: Any) -> Lease:
+    if not request.HasField("lease"):
+        raise InvalidArgument("lease", "is required (task_id and lease_token)")
+    return convert.lease_from_pb(request.lease)

@@ -1,0 +1,555 @@
+"""All database work of chronoq: one class, named queries, conditional updates.
+
+Driver errors become ``StoreUnavailable`` here and nowhere else. Every owner statement
+(fire, reap, watermark) carries the partition's fencing token and does nothing when the
+stored token is no longer the caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of, partition_of
+from chronoq.errors import (
+    InvalidArgument,
+    InvalidTransition,
+    StaleLease,
+    StoreUnavailable,
+    TaskNotFound,
+)
+from chronoq.models import (
+    AckOutcome,
+    HeartbeatOutcome,
+    Lease,
+    MisfirePolicy,
+    Page,
+    SubmitOutcome,
+    Task,
+    TaskSpec,
+    TaskState,
+)
+from chronoq.retry import attempts_left, backoff
+from chronoq.store.sql import migrations, q
+
+_MS = timedelta(milliseconds=1)
+_ZERO_UUID = uuid.UUID(int=0)
+_MIGRATION_LOCK = 0x6368726F6E6F71  # "chronoq": one migrator at a time
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A partition's current fencing token and firing watermark."""
+
+    partition: int
+    token: int
+    watermark: int
+    owner: str = ""
+    cluster_id: str = ""
+
+
+@dataclass
+class FireResult:
+    """What one firing statement did."""
+
+    fired: int = 0
+    skipped: int = 0
+    ready_by_queue: Counter[tuple[str, str]] = field(default_factory=Counter)
+    per_partition: Counter[int] = field(default_factory=Counter)
+    lateness: list[float] = field(default_factory=list)  # seconds, of each fired task
+
+    def saturated(self, batch: int) -> set[int]:
+        """Partitions whose batch limit was reached: they may have more due rows."""
+        return {p for p, n in self.per_partition.items() if n >= batch}
+
+
+@contextlib.contextmanager
+def _translated() -> Any:
+    try:
+        yield
+    except (OSError, asyncpg.exceptions.PostgresConnectionError,
+            asyncpg.exceptions.InterfaceError,
+            asyncpg.exceptions.CannotConnectNowError,
+            asyncpg.exceptions.AdminShutdownError) as exc:
+        raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
+
+
+def parse_task_id(task_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(task_id)
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidArgument("id", f"{task_id!r} is not a task id (a UUID)") from None
+
+
+def _ms(d: timedelta) -> int:
+    return d // _MS
+
+
+def _task(row: Mapping[str, Any]) -> Task:
+    return Task(
+        id=str(row["id"]),
+        namespace=row["namespace"],
+        queue=row["queue"],
+        state=TaskState(row["state"]),
+        run_at=row["run_at"],
+        partition=row["partition"],
+        bucket=row["bucket"],
+        payload=bytes(row["payload"]),
+        idempotency_key=row["idempotency_key"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        retry_base=row["retry_base"],
+        priority=row["priority"],
+        backoff_initial=row["backoff_initial_ms"] * _MS,
+        backoff_max=row["backoff_max_ms"] * _MS,
+        lease_timeout=row["lease_timeout_ms"] * _MS,
+        misfire_policy=MisfirePolicy(row["misfire_policy"]),
+        misfire_grace=row["misfire_grace_ms"] * _MS,
+        lease_until=row["lease_until"],
+        worker_id=row["worker_id"],
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        fired_at=row["fired_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+class Store:
+    """The task store on one PostgreSQL database (a pool of connections)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+    ) -> None:
+        self.pool = pool
+        self.partitions = partitions
+        self.bucket_seconds = bucket_seconds
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+        min_size: int = 2,
+        max_size: int = 10,
+        migrate: bool = True,
+    ) -> Store:
+        """Open a pool on ``dsn`` and, by default, apply pending migrations."""
+        with _translated():
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                command_timeout=60,
+                server_settings={"application_name": "chronoq", "timezone": "UTC"},
+            )
+        store = cls(pool, partitions=partitions, bucket_seconds=bucket_seconds)
+        if migrate:
+            await store.migrate()
+        return store
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
+        with _translated():
+            async with self.pool.acquire() as conn:
+                yield conn
+
+    async def migrate(self) -> list[int]:
+        """Apply the migrations not yet applied, each in its own transaction; returns them."""
+        applied: list[int] = []
+        async with self._conn() as conn:
+            await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+            try:
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+                for version, name, sql in migrations():
+                    if version in done:
+                        continue
+                    async with conn.transaction():
+                        await conn.execute(sql)
+                        await conn.execute(
+                            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                            version, name,
+                        )
+                    applied.append(version)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+        return applied
+
+    # ---------------------------------------------------------------- client API
+
+    async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
+        """Insert tasks durably; a repeated (namespace, idempotency_key) returns the first task.
+
+        A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
+        """
+        if not specs:
+            return []
+        ids = [uuid.uuid4() for _ in specs]
+        cols: list[list[Any]] = [[] for _ in range(16)]
+        for task_id, s in zip(ids, specs, strict=True):
+            due = s.run_at <= now
+            row = (
+                task_id, s.namespace, s.queue, partition_of(task_id.bytes, self.partitions),
+                bucket_of(s.run_at, self.bucket_seconds), s.run_at,
+                int(TaskState.READY if due else TaskState.SCHEDULED), s.priority, s.payload,
+                s.idempotency_key, s.max_attempts, _ms(s.backoff_initial), _ms(s.backoff_max),
+                _ms(s.lease_timeout), int(s.misfire_policy), _ms(s.misfire_grace),
+            )
+            for col, value in zip(cols, row, strict=True):
+                col.append(value)
+        async with self._conn() as conn:
+            rows = {r["id"]: r for r in await conn.fetch(q("insert_tasks"), *cols, now)}
+            missing_keys: dict[str, list[str]] = {}
+            for task_id, s in zip(ids, specs, strict=True):
+                if task_id not in rows and s.idempotency_key is not None:
+                    missing_keys.setdefault(s.namespace, []).append(s.idempotency_key)
+            existing: dict[tuple[str, str], Any] = {}
+            for ns, keys in missing_keys.items():
+                for r in await conn.fetch(q("tasks_by_idempotency_key"), ns, keys):
+                    existing[(ns, r["idempotency_key"])] = r
+        outcomes = []
+        for task_id, s in zip(ids, specs, strict=True):
+            if task_id in rows:
+                outcomes.append(SubmitOutcome(_task(rows[task_id]), created=True))
+            else:
+                assert s.idempotency_key is not None
+                outcomes.append(
+                    SubmitOutcome(_task(existing[(s.namespace, s.idempotency_key)]), created=False)
+                )
+        return outcomes
+
+    async def get(self, task_id: str, namespace: str) -> Task:
+        async with self._conn() as conn:
+            row = await conn.fetchrow(q("get_task"), parse_task_id(task_id), namespace)
+        if row is None:
+            raise TaskNotFound(task_id, namespace)
+        return _task(row)
+
+    async def cancel(self, task_id: str, namespace: str, now: datetime) -> Task:
+        """SCHEDULED, READY or RUNNING → CANCELLED. A running worker learns it by heartbeat."""
+        async with self._conn() as conn:
+            row = await conn.fetchrow(q("cancel"), parse_task_id(task_id), namespace, now)
+        if row is not None:
+            return _task(row)
+        current = await self.get(task_id, namespace)
+        raise InvalidTransition(task_id, current.state.name, "cancel")
+
+    async def list_tasks(
+        self,
+        namespace: str,
+        *,
+        queue: str | None = None,
+        state: TaskState | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page:
+        """A page of tasks ordered by id; pass ``next_token`` back for the next page."""
+        if not 1 <= page_size <= 1000:
+            raise InvalidArgument("page_size", "must be between 1 and 1000")
+        after = _ZERO_UUID
+        if page_token:
+            try:
+                after = uuid.UUID(page_token)
+            except ValueError:
+                raise InvalidArgument("page_token", "is not a token from a previous page") from None
+        query = q("list_tasks") if state is None else q("list_tasks_in_state")
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                query, namespace, None if state is None else int(state), queue, after, page_size
+            )
+        tasks = [_task(r) for r in rows]
+        next_token = tasks[-1].id if len(tasks) == page_size else ""
+        return Page(tasks, next_token)
+
+    async def requeue(self, namespace: str, ids: Sequence[str], now: datetime) -> list[Task]:
+        """DEAD → READY now, with a fresh attempt budget. All or none."""
+        if not ids:
+            raise InvalidArgument("ids", "name at least one dead task")
+        parsed = [parse_task_id(i) for i in ids]
+        async with self._conn() as conn, conn.transaction():
+            rows = await conn.fetch(
+                q("requeue_dead"), parsed, namespace, now, bucket_of(now, self.bucket_seconds)
+            )
+            if len(rows) != len(set(parsed)):
+                done = {str(r["id"]) for r in rows}
+                bad = next(i for i in ids if str(parse_task_id(i)) not in done)
+                raise _Abort(bad)
+        return [_task(r) for r in rows]
+
+    # ---------------------------------------------------------------- workers
+
+    async def claim(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        max_tasks: int,
+        now: datetime,
+    ) -> list[Task]:
+        """READY → RUNNING for up to ``max_tasks``; each gets attempt + 1 as its lease token."""
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("claim"), namespace, list(queues), max_tasks, worker_id, now)
+        tasks = [_task(r) for r in rows]
+        tasks.sort(key=lambda t: (-t.priority, t.run_at))
+        return tasks
+
+    async def heartbeat(
+        self, namespace: str, leases: Sequence[Lease], now: datetime
+    ) -> list[HeartbeatOutcome]:
+        """Extend the leases whose token is current; say why for the others."""
+        ids, tokens = self._lease_columns(leases)
+        async with self._conn() as conn:
+            ok = {str(r["id"]) for r in await conn.fetch(q("heartbeat"), namespace, ids, tokens, now)}
+            misses = await self._explain_misses(conn, namespace, leases, ok)
+        out = []
+        for lease in leases:
+            if lease.task_id in ok:
+                out.append(HeartbeatOutcome(lease.task_id, ok=True))
+            else:
+                cancelled, why = misses[lease.task_id]
+                out.append(HeartbeatOutcome(lease.task_id, ok=False, cancelled=cancelled, error=why))
+        return out
+
+    async def complete(
+        self, namespace: str, leases: Sequence[Lease], now: datetime
+    ) -> list[AckOutcome]:
+        """RUNNING → SUCCEEDED for each lease whose token is current."""
+        ids, tokens = self._lease_columns(leases)
+        async with self._conn() as conn:
+            ok = {str(r["id"]) for r in await conn.fetch(q("complete"), namespace, ids, tokens, now)}
+            misses = await self._explain_misses(conn, namespace, leases, ok)
+        return [
+            AckOutcome(lease.task_id, True) if lease.task_id in ok
+            else AckOutcome(lease.task_id, False, misses[lease.task_id][1])
+            for lease in leases
+        ]
+
+    async def fail(
+        self,
+        namespace: str,
+        lease: Lease,
+        error: str,
+        now: datetime,
+        *,
+        fatal: bool = False,
+        retry_after: timedelta | None = None,
+        rng: random.Random | None = None,
+    ) -> Task:
+        """RUNNING → SCHEDULED after a backoff (READY if due at once), or DEAD when out of attempts."""
+        task_id = parse_task_id(lease.task_id)
+        async with self._conn() as conn, conn.transaction():
+            row = await conn.fetchrow(q("lock_running"), task_id, namespace)
+            self._check_lease(row, lease, namespace)
+            assert row is not None
+            state, run_at = self.after_failure(row, now, fatal=fatal, retry_after=retry_after, rng=rng)
+            rows = await conn.fetch(
+                q("retry_running"), [task_id], [lease.lease_token], [int(state)], [run_at],
+                [bucket_of(run_at, self.bucket_seconds)], [error[:4000]], now,
+            )
+        return _task(rows[0])
+
+    async def release(self, namespace: str, lease: Lease) -> Task:
+        """RUNNING → READY without using up an attempt (a worker stopping gracefully)."""
+        async with self._conn() as conn:
+            row = await conn.fetchrow(
+                q("release"), parse_task_id(lease.task_id), namespace, lease.lease_token
+            )
+            if row is None:
+                current = await conn.fetchrow(q("get_task"), parse_task_id(lease.task_id), namespace)
+                self._check_lease(current, lease, namespace)
+        assert row is not None
+        return _task(row)
+
+    @staticmethod
+    def after_failure(
+        row: Mapping[str, Any],
+        now: datetime,
+        *,
+        fatal: bool = False,
+        retry_after: timedelta | None = None,
+        rng: random.Random | None = None,
+    ) -> tuple[TaskState, datetime]:
+        """Where a failed attempt goes: DEAD, or back to waiting until a backoff time."""
+        if fatal or not attempts_left(row["attempt"], row["max_attempts"], row["retry_base"]):
+            return TaskState.DEAD, now
+        delay = retry_after if retry_after is not None else backoff(
+            row["attempt"] - row["retry_base"],
+            initial=row["backoff_initial_ms"] * _MS,
+            maximum=row["backoff_max_ms"] * _MS,
+            rng=rng,
+        )
+        run_at = now + delay
+        return (TaskState.READY if run_at <= now else TaskState.SCHEDULED), run_at
+
+    @staticmethod
+    def _lease_columns(leases: Sequence[Lease]) -> tuple[list[uuid.UUID], list[int]]:
+        return [parse_task_id(lease.task_id) for lease in leases], [
+            lease.lease_token for lease in leases
+        ]
+
+    @staticmethod
+    async def _explain_misses(
+        conn: asyncpg.Connection, namespace: str, leases: Sequence[Lease], ok: set[str]
+    ) -> dict[str, tuple[bool, str]]:
+        missed = [lease for lease in leases if lease.task_id not in ok]
+        if not missed:
+            return {}
+        rows = await conn.fetch(
+            q("lease_states"), namespace, [parse_task_id(m.task_id) for m in missed]
+        )
+        found = {str(r["id"]): r for r in rows}
+        out: dict[str, tuple[bool, str]] = {}
+        for m in missed:
+            r = found.get(m.task_id)
+            if r is None:
+                out[m.task_id] = (False, f"no task {m.task_id} in namespace {namespace!r}")
+                continue
+            state = TaskState(r["state"])
+            if state is TaskState.CANCELLED:
+                out[m.task_id] = (True, "the task was cancelled")
+            elif state is not TaskState.RUNNING:
+                out[m.task_id] = (False, f"the task is {state.name}, not RUNNING")
+            else:
+                out[m.task_id] = (
+                    False, f"lease token {m.lease_token} is stale; the current attempt is {r['attempt']}"
+                )
+        return out
+
+    @staticmethod
+    def _check_lease(row: Mapping[str, Any] | None, lease: Lease, namespace: str) -> None:
+        if row is None:
+            raise TaskNotFound(lease.task_id, namespace)
+        state = TaskState(row["state"])
+        if state is not TaskState.RUNNING:
+            raise StaleLease(lease.task_id, lease.lease_token, f"the task is {state.name}, not RUNNING")
+        if row["attempt"] != lease.lease_token:
+            raise StaleLease(
+                lease.task_id, lease.lease_token, f"the current attempt is {row['attempt']}"
+            )
+
+    # ---------------------------------------------------------------- owners
+
+    async def take_fences_local(self, partitions: Sequence[int], owner: str) -> dict[int, Fence]:
+        """Take every listed partition with a token one above the stored one (single node)."""
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("take_fences_local"), list(partitions), owner, "local")
+        return {r["partition"]: Fence(r["partition"], r["token"], r["watermark"], owner) for r in rows}
+
+    async def take_fence(
+        self, partition: int, token: int, cluster_id: str, owner: str
+    ) -> Fence | None:
+        """Record ``token`` as the partition's current one; None if a newer token is stored."""
+        async with self._conn() as conn:
+            row = await conn.fetchrow(q("take_fence"), partition, token, owner, cluster_id)
+        if row is None:
+            return None
+        return Fence(row["partition"], row["token"], row["watermark"], owner, cluster_id)
+
+    async def fences(self) -> list[Fence]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("fences"))
+        return [
+            Fence(r["partition"], r["token"], r["watermark"], r["owner"], r["cluster_id"])
+            for r in rows
+        ]
+
+    async def fire_due(
+        self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000
+    ) -> FireResult:
+        """Fire up to ``batch`` due tasks of each owned partition (partition → token)."""
+        result = FireResult()
+        if not owned:
+            return result
+        parts, tokens = list(owned), list(owned.values())
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                q("fire_due"), parts, tokens, bucket_of(now, self.bucket_seconds), now, batch
+            )
+        for r in rows:
+            result.per_partition[r["partition"]] += 1
+            if r["state"] == TaskState.SKIPPED:
+                result.skipped += 1
+            else:
+                result.fired += 1
+                result.ready_by_queue[(r["namespace"], r["queue"])] += 1
+                result.lateness.append((now - r["run_at"]).total_seconds())
+        return result
+
+    async def advance_watermarks(self, owned: Mapping[int, int], bucket: int) -> set[int]:
+        """Record that every bucket before ``bucket`` is fired, for partitions still ours."""
+        if not owned:
+            return set()
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("advance_watermarks"), list(owned), list(owned.values()), bucket)
+        return {r["partition"] for r in rows}
+
+    async def reap_expired(
+        self,
+        owned: Mapping[int, int],
+        now: datetime,
+        *,
+        batch: int = 1000,
+        rng: random.Random | None = None,
+    ) -> list[Task]:
+        """Running tasks whose lease expired go back to waiting (attempt used) or DEAD."""
+        if not owned:
+            return []
+        async with self._conn() as conn, conn.transaction():
+            rows = await conn.fetch(
+                q("expired_leases"), list(owned), list(owned.values()), now, batch
+            )
+            if not rows:
+                return []
+            cols: list[list[Any]] = [[] for _ in range(6)]
+            for r in rows:
+                state, run_at = self.after_failure(r, now, rng=rng)
+                error = f"lease expired (worker {r['worker_id'] or '?'}, attempt {r['attempt']})"
+                for col, value in zip(
+                    cols,
+                    (r["id"], r["attempt"], int(state), run_at,
+                     bucket_of(run_at, self.bucket_seconds), error),
+                    strict=True,
+                ):
+                    col.append(value)
+            done = await conn.fetch(q("retry_running"), *cols, now)
+        return [_task(r) for r in done]
+
+    async def pending_by_bucket(
+        self, partitions: Sequence[int], first: int, last: int
+    ) -> dict[tuple[int, int], int]:
+        """Pending (SCHEDULED) tasks per (partition, bucket) over ``first..last``."""
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("pending_by_bucket"), list(partitions), first, last)
+        return {(r["partition"], r["bucket"]): r["pending"] for r in rows}
+
+    async def count_by_state(self) -> dict[TaskState, int]:
+        """Exact counts per state: a full scan, for tests, demos and small tables only."""
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("count_by_state"))
+        return {TaskState(r["state"]): r["n"] for r in rows}
+
+
+class _Abort(InvalidArgument):
+    def __init__(self, task_id: str) -> None:
+        super().__init__("ids", f"task {task_id} is not DEAD (or does not exist); nothing was requeued")

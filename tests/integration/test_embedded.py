@@ -1,0 +1,217 @@
+"""The embedded PostgreSQL and etcd launchers against the real servers: no mocks.
+
+Every server is started by a fixture or a ``try/finally`` so it is stopped even when a test
+fails; each test takes a second or two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aetcd
+import asyncpg
+import pytest
+
+from chronoq.embedded.etcd import EmbeddedEtcd
+from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError, _server_pids
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd1(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
+    cluster = EmbeddedEtcd(tmp_path / "etcd", durable=False)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def etcd3(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
+    cluster = EmbeddedEtcd(tmp_path / "etcd", members=3, durable=False)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _etcd_client(endpoint: str) -> aetcd.Client:
+    host, port = endpoint.rsplit(":", 1)
+    return aetcd.Client(host=host, port=int(port), timeout=2)
+
+
+async def _put_with_retry(client: aetcd.Client, key: bytes, value: bytes, within: float) -> None:
+    """Put, retrying while the cluster elects a new leader."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            await client.put(key, value)
+            return
+        except aetcd.ClientError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+async def test_postgres_serves_tcp_and_copies_template(pg: EmbeddedPostgres) -> None:
+    assert pg.pid is not None
+    assert pg.dsn == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
+
+    tpl_dsn = pg.create_database("chronoq_tpl")
+    conn = await asyncpg.connect(tpl_dsn)
+    try:
+        await conn.execute("CREATE TABLE t (id int PRIMARY KEY, name text)")
+        await conn.execute("INSERT INTO t VALUES (1, 'één'), (2, 'two')")
+    finally:
+        await conn.close()
+
+    copy_dsn = pg.create_database("copy 1", template="chronoq_tpl")  # a name needing quotes
+    assert copy_dsn == pg.dsn_for("copy 1")
+    conn = await asyncpg.connect(copy_dsn)
+    try:
+        assert await conn.fetch("SELECT name FROM t ORDER BY id") == [("één",), ("two",)]
+        settings = {
+            name: await conn.fetchval(f"SHOW {name}")
+            for name in ("max_connections", "fsync", "synchronous_commit", "server_encoding")
+        }
+        assert settings == {
+            "max_connections": "200",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "server_encoding": "UTF8",
+        }
+        assert await conn.fetchval("SELECT inet_server_addr()::text") == "127.0.0.1/32"
+    finally:
+        await conn.close()
+
+    pg.drop_database("copy 1")  # WITH (FORCE): works even with sessions open
+    assert pg.run_sql("SELECT count(*) FROM pg_database WHERE datname = 'copy 1'").strip() == "0"
+
+
+async def test_postgres_survives_kill_and_sigstop(tmp_path: Path) -> None:
+    server = EmbeddedPostgres(tmp_path / "pg", durable=True)
+    try:
+        server.start()
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            await conn.execute("CREATE TABLE t (v int); INSERT INTO t VALUES (42)")
+        finally:
+            await conn.close()
+
+        first = server.pid
+        server.kill()
+        assert server.pid is None
+        assert _server_pids(server.data_dir) == []  # the orphaned backends are gone too
+        server.kill()  # idempotent
+
+        server.start()  # crash recovery
+        assert server.pid not in (None, first)
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            assert await conn.fetchval("SELECT v FROM t") == 42
+        finally:
+            await conn.close()
+
+        # A frozen postmaster still stops quickly: stop() sends SIGCONT after SIGINT.
+        pid = server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        server.stop(timeout=5)
+        assert server.pid is None
+        assert _server_pids(server.data_dir) == []
+        server.stop()  # idempotent
+    finally:
+        server.stop()
+
+
+def test_postgres_adopts_own_postmaster_and_refuses_foreign(pg: EmbeddedPostgres) -> None:
+    same = EmbeddedPostgres(pg.data_dir, port=pg.port)
+    same.start()
+    assert same.pid == pg.pid
+
+    other = EmbeddedPostgres(pg.data_dir)
+    with pytest.raises(EmbeddedPostgresError, match=f"pid {pg.pid}"):
+        other.start()
+    assert pg.pid is not None
+
+
+def test_postgres_start_failure_reports_log_and_leaves_nothing(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        server = EmbeddedPostgres(tmp_path / "pg", port=busy.getsockname()[1], durable=False)
+        try:
+            with pytest.raises(EmbeddedPostgresError, match="could not create any TCP/IP"):
+                server.start(timeout=20)
+            assert server.pid is None
+            assert _server_pids(server.data_dir) == []
+        finally:
+            server.stop()
+
+
+# -- etcd ------------------------------------------------------------------------------------
+
+
+async def test_etcd_single_member(etcd1: EmbeddedEtcd) -> None:
+    (member,) = etcd1.members
+    assert member.pid is not None
+    assert etcd1.endpoints == [f"127.0.0.1:{member.client_port}"]
+    assert etcd1.client_urls == [f"http://127.0.0.1:{member.client_port}"]
+    assert etcd1.healthy(0)
+    assert etcd1.leader_index() == 0
+    status = etcd1.status(0)
+    assert status is not None
+    assert status["version"].startswith("3.5")
+
+    client = _etcd_client(etcd1.endpoints[0])
+    try:
+        await client.put(b"chronoq/k", b"v")
+        got = await client.get(b"chronoq/k")
+        assert got is not None
+        assert got.value == b"v"
+    finally:
+        await client.close()
+
+
+async def test_etcd_cluster_survives_leader_kill(etcd3: EmbeddedEtcd) -> None:
+    leader = etcd3.wait_for_leader()
+    etcd3.kill_member(leader)
+    assert etcd3.members[leader].pid is None
+
+    survivor = (leader + 1) % 3
+    client = _etcd_client(etcd3.endpoints[survivor])
+    try:
+        await _put_with_retry(client, b"chronoq/after-kill", b"1", within=15)
+    finally:
+        await client.close()
+    new_leader = etcd3.wait_for_leader()
+    assert new_leader != leader
+
+    etcd3.start_member(leader)  # same ports and data dir; it catches up from the leader
+    client = _etcd_client(etcd3.endpoints[leader])
+    try:
+        got = await client.get(b"chronoq/after-kill")
+        assert got is not None
+        assert got.value == b"1"
+    finally:
+        await client.close()
