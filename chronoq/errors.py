@@ -73,3 +73,50 @@ class CoordinatorUnavailable(ChronoqError):
 
 class ConfigError(ChronoqError):
     """A setting is invalid."""
+
+
+class RemoteError(ChronoqError):
+    """A chronoq node refused or could not serve a request (client side)."""
+
+    code: str = "UNKNOWN"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        if code is not None:
+            self.code = code
+        super().__init__(message)
+
+
+class BadRequest(RemoteError):
+    """The node found the request invalid (INVALID_ARGUMENT): fix the named field."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(RemoteError):
+    """The node knows no such task (NOT_FOUND)."""
+
+    code = "NOT_FOUND"
+
+
+class PreconditionFailed(RemoteError):
+    """The task is not in a state for this (FAILED_PRECONDITION), e.g. a stale lease token."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(RemoteError):
+    """A quota or rate limit refused the request (RESOURCE_EXHAUSTED)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class AccessDenied(RemoteError):
+    """Missing or wrong credentials (UNAUTHENTICATED or PERMISSION_DENIED)."""
+
+    code = "UNAUTHENTICATED"
+
+
+class Unavailable(RemoteError):
+    """The node could not be reached or did not answer in time (UNAVAILABLE, DEADLINE_EXCEEDED)."""
+
+    code = "UNAVAILABLE"

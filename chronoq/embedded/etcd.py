@@ -201,8 +201,19 @@ class EmbeddedEtcd:
             raise
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop all members (SIGTERM, then SIGKILL after ``timeout``); safe to repeat."""
-        for index in range(len(self._members)):
+        """Stop all members (SIGTERM, then SIGKILL after ``timeout``); safe to repeat.
+
+        Followers go first and together: each spends about a second draining its peer
+        listener, and a leader signalled alongside them waits seconds on a leadership
+        transfer that cannot succeed. Last, the leader has no peers left and exits at once.
+        """
+        leader = self.leader_index() if len(self._members) > 1 else None
+        followers: list[int] = []
+        for index, member in enumerate(self._members):
+            if index != leader and (pid := member.pid) is not None:
+                _signal(pid, signal.SIGTERM)
+                followers.append(index)
+        for index in [*followers, *range(len(self._members))]:
             self.stop_member(index, timeout)
 
     def start_member(self, index: int, timeout: float = 30.0) -> None:

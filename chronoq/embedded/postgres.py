@@ -426,7 +426,7 @@ class EmbeddedPostgres:
         return True
 
     def _kill_orphans(self, timeout: float = 10.0) -> None:
-        """SIGKILL leftover postgres processes on our data directory and wait until they are gone."""
+        """SIGKILL leftover postgres processes on our data directory; wait until they are gone."""
         deadline = time.monotonic() + timeout
         while pids := [p for p in _server_pids(self._data_dir) if p != self.pid]:
             for p in pids:
@@ -540,7 +540,7 @@ class EmbeddedPostgres:
             "-d",
             "postgres",
             "-t",
-            "2",
+            "1",
         ]
         try:
             result = subprocess.run(

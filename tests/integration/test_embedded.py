@@ -89,7 +89,8 @@ async def test_postgres_serves_tcp_and_copies_template(pg: EmbeddedPostgres) -> 
     assert copy_dsn == pg.dsn_for("copy 1")
     conn = await asyncpg.connect(copy_dsn)
     try:
-        assert await conn.fetch("SELECT name FROM t ORDER BY id") == [("één",), ("two",)]
+        rows = await conn.fetch("SELECT name FROM t ORDER BY id")
+        assert [row["name"] for row in rows] == ["één", "two"]
         settings = {
             name: await conn.fetchval(f"SHOW {name}")
             for name in ("max_connections", "fsync", "synchronous_commit", "server_encoding")

@@ -1,0 +1,16 @@
+"""The async Python client and worker SDK of chronoq."""
+
+from chronoq.client.client import ClusterStatus, Client, NewTask, Submitted
+from chronoq.client.worker import FatalTaskError, Handler, TaskContext, Worker, WorkerStats
+
+__all__ = [
+    "Client",
+    "ClusterStatus",
+    "FatalTaskError",
+    "Handler",
+    "NewTask",
+    "Submitted",
+    "TaskContext",
+    "Worker",
+    "WorkerStats",
+]

@@ -1,0 +1,282 @@
+"""The worker SDK: run handlers by queue, heartbeat for them, stop gracefully.
+
+A worker claims at most ``concurrency`` tasks at a time, runs each task's handler, renews
+leases in one batched heartbeat, acknowledges successes in batches and reports failures with
+the exception text. On ``stop()`` (SIGINT/SIGTERM with ``install_signal_handlers``) it stops
+claiming, lets in-flight handlers finish within ``stop_grace`` and releases the rest, so no
+task waits for a lease to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from chronoq import errors
+from chronoq.client.client import Client
+from chronoq.models import Lease, Task
+
+log = logging.getLogger("chronoq.worker")
+
+
+class FatalTaskError(Exception):
+    """Raise from a handler to fail the task without retrying it (it goes DEAD)."""
+
+
+@dataclass
+class TaskContext:
+    """What a handler gets: the task, its attempt and idempotency key, and a cancel signal."""
+
+    task: Task
+    worker_id: str
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+    @property
+    def attempt(self) -> int:
+        return self.task.attempt
+
+    @property
+    def idempotency_key(self) -> str:
+        """The client's key, or the task id when none was given: stable across attempts."""
+        return self.task.idempotency_key or self.task.id
+
+    @property
+    def payload(self) -> bytes:
+        return self.task.payload
+
+    @property
+    def queue(self) -> str:
+        return self.task.queue
+
+    @property
+    def run_at(self) -> datetime:
+        return self.task.run_at
+
+
+Handler = Callable[[TaskContext], Awaitable[Any] | Any]
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    released: int = 0
+    lost: int = 0  # lease lost or task cancelled while running
+
+
+@dataclass
+class _Running:
+    ctx: TaskContext
+    job: asyncio.Task[None]
+    lease: Lease
+    lease_timeout: float
+    last_beat: float
+
+
+class Worker:
+    """Runs ``handlers`` (queue → callable) against one node."""
+
+    def __init__(
+        self,
+        client: Client,
+        handlers: Mapping[str, Handler],
+        *,
+        concurrency: int = 10,
+        worker_id: str | None = None,
+        claim_wait: timedelta = timedelta(seconds=1),
+        stop_grace: timedelta = timedelta(seconds=10),
+        ack_batch: int = 200,
+        ack_delay: timedelta = timedelta(milliseconds=2),
+    ) -> None:
+        if not handlers:
+            raise errors.ConfigError("a worker needs at least one handler")
+        if concurrency < 1:
+            raise errors.ConfigError("concurrency must be >= 1")
+        self.client = client
+        self.handlers = dict(handlers)
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.claim_wait = claim_wait
+        self.stop_grace = stop_grace.total_seconds()
+        self.ack_batch = ack_batch
+        self.ack_delay = ack_delay.total_seconds()
+        self.stats = WorkerStats()
+        self._running: dict[str, _Running] = {}
+        self._stopping = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._acks: asyncio.Queue[Lease] = asyncio.Queue()
+        self._acks_in_flight = 0
+
+    def stop(self) -> None:
+        """Ask the worker to stop: no new claims; in-flight tasks finish or are released."""
+        self._stopping.set()
+        self._slot_free.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop)
+
+    async def run(self) -> WorkerStats:
+        """Work until ``stop()``; returns the counts of what happened."""
+        beats = asyncio.create_task(self._heartbeats(), name="chronoq-heartbeats")
+        acks = asyncio.create_task(self._ack_flusher(), name="chronoq-acks")
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+            await self._acks.join()
+            acks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acks
+        return self.stats
+
+    async def _claim_loop(self) -> None:
+        queues = list(self.handlers)
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            try:
+                tasks = await self.client.claim(
+                    queues, worker_id=self.worker_id, max_tasks=free, wait=self.claim_wait
+                )
+            except errors.Unavailable as exc:
+                log.warning("claim failed, retrying: %s", exc)
+                await _sleep_unless(self._stopping, 0.5)
+                continue
+            for task in tasks:
+                self.stats.claimed += 1
+                if self._stopping.is_set():
+                    await self._release(task)
+                else:
+                    self._start(task)
+
+    def _start(self, task: Task) -> None:
+        ctx = TaskContext(task=task, worker_id=self.worker_id)
+        job = asyncio.create_task(self._execute(ctx), name=f"chronoq-task-{task.id}")
+        loop = asyncio.get_running_loop()
+        self._running[task.id] = _Running(
+            ctx, job, Lease(task.id, task.attempt), task.lease_timeout.total_seconds(), loop.time()
+        )
+
+    async def _execute(self, ctx: TaskContext) -> None:
+        lease = Lease(ctx.id, ctx.attempt)
+        try:
+            handler = self.handlers[ctx.queue]
+            if inspect.iscoroutinefunction(handler):
+                await handler(ctx)
+            else:
+                # A plain function may block: keep it off the event loop.
+                result = await asyncio.to_thread(handler, ctx)
+                if inspect.isawaitable(result):
+                    await result
+        except asyncio.CancelledError:
+            # Cancelled by us: the task was cancelled, its lease was lost, or we are stopping
+            # (in which case _drain releases it).
+            self._finish(ctx.id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+            self._finish(ctx.id)
+            await self._fail(lease, exc)
+        else:
+            self._finish(ctx.id)
+            self.stats.succeeded += 1
+            self._acks.put_nowait(lease)
+
+    def _finish(self, task_id: str) -> None:
+        self._running.pop(task_id, None)
+        self._slot_free.set()
+
+    async def _fail(self, lease: Lease, exc: BaseException) -> None:
+        self.stats.failed += 1
+        message = f"{type(exc).__name__}: {exc}"
+        try:
+            await self.client.fail(lease, message, fatal=isinstance(exc, FatalTaskError))
+        except errors.RemoteError as err:
+            log.warning("could not report failure of %s: %s", lease.task_id, err)
+
+    async def _release(self, task: Task) -> None:
+        try:
+            await self.client.release(Lease(task.id, task.attempt))
+            self.stats.released += 1
+        except errors.RemoteError as err:
+            log.warning("could not release %s: %s", task.id, err)
+
+    async def _heartbeats(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.25)
+            now = loop.time()
+            due = [r for r in self._running.values() if now - r.last_beat >= r.lease_timeout / 3]
+            if not due:
+                continue
+            try:
+                outcomes = await self.client.heartbeat([r.lease for r in due])
+            except errors.RemoteError as err:
+                log.warning("heartbeat failed: %s", err)
+                continue
+            for running, outcome in zip(due, outcomes, strict=True):
+                running.last_beat = now
+                if outcome.ok:
+                    continue
+                # Cancelled, or the lease is gone (another worker may hold the task): stop.
+                self.stats.lost += 1
+                running.ctx.cancelled.set()
+                running.job.cancel()
+                log.info("task %s: stopping handler: %s", outcome.task_id, outcome.error)
+
+    async def _ack_flusher(self) -> None:
+        while True:
+            batch = [await self._acks.get()]
+            if self.ack_delay:
+                await asyncio.sleep(self.ack_delay)
+            while len(batch) < self.ack_batch and not self._acks.empty():
+                batch.append(self._acks.get_nowait())
+            try:
+                outcomes = await self.client.complete_many(batch)
+                for o in outcomes:
+                    if not o.ok:
+                        log.warning("completion of %s refused: %s", o.task_id, o.error)
+            except errors.RemoteError as err:
+                log.warning("completing %d tasks failed: %s", len(batch), err)
+            finally:
+                for _ in batch:
+                    self._acks.task_done()
+
+    async def _drain(self) -> None:
+        """Give in-flight handlers ``stop_grace`` to finish, then release what is left."""
+        jobs = [r.job for r in self._running.values()]
+        if jobs:
+            await asyncio.wait(jobs, timeout=self.stop_grace)
+        leftovers = list(self._running.values())
+        for r in leftovers:
+            r.job.cancel()
+        for r in leftovers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await r.job
+            await self._release(r.ctx.task)
+
+
+async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

