@@ -26,10 +26,11 @@ def backoff(
         raise ValueError("jitter must be within [0, 1]")
     if initial < timedelta(0) or maximum < timedelta(0):
         raise ValueError("backoff durations must be >= 0")
-    exp = initial * (2 ** min(attempt - 1, 62)) if initial > timedelta(0) else timedelta(0)
-    base = min(exp, maximum)
+    # Float seconds: initial * 2**n overflows timedelta long before the cap applies.
+    exp_seconds = initial.total_seconds() * 2.0 ** min(attempt - 1, 1000)
+    base = min(exp_seconds, maximum.total_seconds())
     factor = 1.0 - jitter * (rng or random).random()
-    return base * factor
+    return timedelta(seconds=base * factor)
 
 
 def attempts_left(attempt: int, max_attempts: int, retry_base: int = 0) -> bool:

@@ -82,7 +82,7 @@ def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) 
         run_at=run_at,
         payload=pb.payload,
         idempotency_key=pb.idempotency_key or None,
-        max_attempts=retry.max_attempts if retry.max_attempts else defaults.max_attempts,
+        max_attempts=retry.max_attempts if retry.HasField("max_attempts") else defaults.max_attempts,
         backoff_initial=(
             from_duration("retry.backoff_initial", retry.backoff_initial)
             if retry.HasField("backoff_initial") else defaults.backoff_initial

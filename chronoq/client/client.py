@@ -71,10 +71,9 @@ class NewTask:
         else:
             pb.delay.FromTimedelta(timedelta(0))
         if self.max_attempts is not None:
-            pb.retry.max_attempts = self.max_attempts
-            if self.max_attempts < 1:
-                # 0 would mean "server default" on the wire; keep the caller's mistake visible.
+            if self.max_attempts < 0:
                 raise errors.BadRequest("max_attempts: must be >= 1", "INVALID_ARGUMENT")
+            pb.retry.max_attempts = self.max_attempts
         if self.backoff_initial is not None:
             pb.retry.backoff_initial.FromTimedelta(self.backoff_initial)
         if self.backoff_max is not None:

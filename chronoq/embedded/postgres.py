@@ -281,6 +281,7 @@ class EmbeddedPostgres:
             self._wait_ready(deadline, timeout)
         except BaseException:
             self.kill()
+            self._remove_socket_dir()
             raise
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -298,9 +299,7 @@ class EmbeddedPostgres:
         self._kill_orphans()
         self._proc = None
         self._adopted_pid = None
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+        self._remove_socket_dir()
 
     def kill(self) -> None:
         """SIGKILL the postmaster as a crash would, then its orphaned backends.
@@ -400,12 +399,23 @@ class EmbeddedPostgres:
             _make_traversable(self._data_dir)
             os.chown(self._data_dir, user.pw_uid, user.pw_gid)
         self._data_dir.chmod(0o700)  # postgres refuses group/other access
+
+    def _ensure_socket_dir(self, user: pwd.struct_passwd | None) -> Path:
+        """A private directory for the unix socket, kept across kill/start, removed by stop.
+
+        Unix socket paths are limited to ~107 bytes, so it never lives under ``data_dir``.
+        """
         if self._socket_dir is None or not self._socket_dir.is_dir():
-            # Unix socket paths are limited to ~107 bytes, so never put it under data_dir.
             short = "/tmp" if os.path.isdir("/tmp") else None
             self._socket_dir = Path(tempfile.mkdtemp(prefix="cqpg-", dir=short))
             if user is not None:
                 os.chown(self._socket_dir, user.pw_uid, user.pw_gid)
+        return self._socket_dir
+
+    def _remove_socket_dir(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
 
     def _adopt_running(self) -> bool:
         """Reuse a live postmaster on our data directory and port; refuse one on another port."""
@@ -478,10 +488,9 @@ class EmbeddedPostgres:
 
     def _spawn(self, user: pwd.struct_passwd | None) -> None:
         """Start ``postgres`` directly (not pg_ctl) so that our child is the postmaster."""
-        assert self._socket_dir is not None
         settings = {
             "listen_addresses": self._host,
-            "unix_socket_directories": str(self._socket_dir),
+            "unix_socket_directories": str(self._ensure_socket_dir(user)),
             "max_connections": "200",
             "shared_buffers": "256MB",
             "max_wal_size": "4GB",
@@ -517,7 +526,7 @@ class EmbeddedPostgres:
                     f"postgres on {self._data_dir} exited while starting (exit {code}); "
                     f"{self._log_file} ends with:\n{self._log_tail()}"
                 )
-            if self._accepting():
+            if self._pid_file_ready(pid) and self._accepting():
                 return
             if time.monotonic() >= deadline:
                 raise EmbeddedPostgresError(
@@ -525,6 +534,17 @@ class EmbeddedPostgres:
                     f"within {timeout:g}s; {self._log_file} ends with:\n{self._log_tail()}"
                 )
             time.sleep(0.05)
+
+    def _pid_file_ready(self, pid: int) -> bool:
+        """Whether postmaster.pid belongs to ``pid`` and says it accepts connections.
+
+        Checked before probing the port, which may belong to someone else while we start.
+        """
+        try:
+            lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
 
     def _accepting(self) -> bool:
         """Whether the server accepts TCP connections now (pg_isready exit code 0)."""

@@ -1,0 +1,307 @@
+"""PostgreSQL without chronoq in between: fresh databases, COPY loads and the raw ceilings.
+
+The ceilings run the very statements chronoq runs (``chronoq.store.sql.q``: ``insert_tasks``,
+``fire_due``, ``claim``, ``complete``) through asyncpg in tight loops, with no gRPC, no node and
+no per-row Python work, on the same server and in the same run as the chronoq figures. On a
+shared, noisy machine only such same-run ratios mean much (see PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import asyncpg
+
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of, partition_of
+from chronoq.models import DEFAULT_NAMESPACE, TaskState
+from chronoq.store import Store
+from chronoq.store.sql import q
+
+QUEUE = "bench"
+NAMESPACE = DEFAULT_NAMESPACE
+#: Every benchmark task carries this payload: ~100 B, as in PERFORMANCE.md.
+PAYLOAD = b"x" * 100
+
+# Server defaults of a TaskSpec (chronoq.api.convert.SpecDefaults), in the store's units.
+_MAX_ATTEMPTS = 3
+_BACKOFF_INITIAL_MS = 1_000
+_BACKOFF_MAX_MS = 300_000
+_LEASE_TIMEOUT_MS = 30_000
+_MISFIRE_GRACE_MS = 60_000
+
+#: Columns a COPY load fills (chronoq/store/migrations/0001_tasks.sql); the rest take defaults.
+COPY_COLUMNS = (
+    "id", "namespace", "queue", "partition", "bucket", "run_at", "state", "payload",
+    "max_attempts", "backoff_initial_ms", "backoff_max_ms", "lease_timeout_ms",
+    "misfire_grace_ms", "created_at",
+)
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run (a server, a child process or a load failed)."""
+
+
+# ------------------------------------------------------------------------ databases
+
+
+def dsn_with_database(dsn: str, database: str) -> str:
+    """``dsn`` (a ``postgresql://`` URL) pointed at another database on the same server."""
+    parts = urlsplit(dsn)
+    if not parts.scheme.startswith("postgres"):
+        raise BenchError(f"need a postgresql:// URL to create benchmark databases, got {dsn!r}")
+    return urlunsplit(parts._replace(path="/" + quote(database, safe="")))
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class Databases:
+    """A fresh, migrated database per benchmark phase on one server, dropped afterwards.
+
+    ``admin_dsn`` must be allowed to ``CREATE DATABASE`` (the embedded server's superuser is).
+    """
+
+    def __init__(self, admin_dsn: str, prefix: str = "chronoq_bench") -> None:
+        self.admin_dsn = admin_dsn
+        self.prefix = prefix
+
+    async def _admin(self, sql: str) -> None:
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    @contextlib.asynccontextmanager
+    async def fresh(self, label: str) -> AsyncIterator[str]:
+        """Create ``<prefix>_<label>_<random>``, migrate it, yield its DSN, drop it."""
+        name = f"{self.prefix}_{label}_{uuid.uuid4().hex[:8]}"
+        await self._admin(f"CREATE DATABASE {_ident(name)}")
+        try:
+            dsn = dsn_with_database(self.admin_dsn, name)
+            store = await Store.connect(dsn, min_size=1, max_size=1)
+            await store.close()
+            yield dsn
+        finally:
+            await self._admin(f"DROP DATABASE IF EXISTS {_ident(name)} WITH (FORCE)")
+
+
+async def server_settings(dsn: str) -> dict[str, str]:
+    """The server's version and the settings that decide write durability."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        out = {}
+        for name in ("server_version", "fsync", "synchronous_commit", "full_page_writes",
+                     "shared_buffers"):
+            out[name] = str(await conn.fetchval(f"SHOW {name}"))
+        return out
+    finally:
+        await conn.close()
+
+
+# ------------------------------------------------------------------------ bulk loads
+
+
+def task_rows(
+    count: int,
+    first: datetime,
+    spread: timedelta,
+    *,
+    now: datetime,
+    partitions: int = DEFAULT_PARTITIONS,
+    bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+) -> Iterator[tuple[Any, ...]]:
+    """``count`` SCHEDULED task rows (``COPY_COLUMNS``) with run_at evenly over [first, +spread)."""
+    step = spread / count if count else timedelta(0)
+    for i in range(count):
+        task_id = uuid.uuid4()
+        run_at = first + step * i
+        yield (
+            task_id, NAMESPACE, QUEUE, partition_of(task_id.bytes, partitions),
+            bucket_of(run_at, bucket_seconds), run_at, int(TaskState.SCHEDULED), PAYLOAD,
+            _MAX_ATTEMPTS, _BACKOFF_INITIAL_MS, _BACKOFF_MAX_MS, _LEASE_TIMEOUT_MS,
+            _MISFIRE_GRACE_MS, now,
+        )
+
+
+async def copy_tasks(
+    dsn: str,
+    count: int,
+    first: datetime,
+    spread: timedelta,
+    *,
+    partitions: int = DEFAULT_PARTITIONS,
+    bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+    chunk: int = 50_000,
+    progress: Callable[[int], None] | None = None,
+) -> float:
+    """COPY ``count`` pending tasks into ``tasks`` (one transaction per chunk), then ANALYZE.
+
+    Returns the seconds the load took. ANALYZE gives the planner the statistics a table in
+    production would have; a table analysed while empty would mislead it.
+    """
+    now = datetime.now(UTC)
+    rows = task_rows(
+        count, first, spread, now=now, partitions=partitions, bucket_seconds=bucket_seconds
+    )
+    started = time.perf_counter()
+    conn = await asyncpg.connect(dsn)
+    try:
+        done = 0
+        while done < count:
+            records = [next(rows) for _ in range(min(chunk, count - done))]
+            await conn.copy_records_to_table("tasks", records=records, columns=COPY_COLUMNS)
+            done += len(records)
+            if progress is not None:
+                progress(len(records))
+        await conn.execute("ANALYZE tasks")
+    finally:
+        await conn.close()
+    return time.perf_counter() - started
+
+
+# ------------------------------------------------------------------------ ceilings
+
+
+@dataclass
+class RawCeilings:
+    """Rows per second of chronoq's statements run bare; ``None`` only before measuring."""
+
+    rows: int
+    insert_batch: int
+    claim_batch: int
+    claim_connections: int
+    insert_per_s: float
+    fire_per_s: float
+    fire_statements: int
+    claim_complete_per_s: float
+
+    @property
+    def pipeline_per_s(self) -> float:
+        """Fire, then claim and complete, one after the other: the serial end-to-end ceiling."""
+        return 1 / (1 / self.fire_per_s + 1 / self.claim_complete_per_s)
+
+
+def _insert_columns(
+    batch: Sequence[tuple[Any, ...]],
+) -> list[list[Any]]:
+    """``insert_tasks`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` builds them."""
+    cols: list[list[Any]] = [[] for _ in range(16)]
+    for r in batch:
+        (task_id, namespace, queue, partition, bucket, run_at, state, payload, max_attempts,
+         backoff_initial, backoff_max, lease_timeout, misfire_grace, _created) = r
+        row = (task_id, namespace, queue, partition, bucket, run_at, state, 0, payload, None,
+               max_attempts, backoff_initial, backoff_max, lease_timeout, 0, misfire_grace)
+        for col, value in zip(cols, row, strict=True):
+            col.append(value)
+    return cols
+
+
+async def _raw_insert(
+    conn: asyncpg.Connection, rows: int, batch: int, partitions: int, now: datetime
+) -> float:
+    source = list(task_rows(
+        rows, now + timedelta(minutes=5), timedelta(hours=1), now=now, partitions=partitions
+    ))
+    batches = [_insert_columns(source[i:i + batch]) for i in range(0, rows, batch)]
+    insert = q("insert_tasks")
+    started = time.perf_counter()
+    for cols in batches:
+        await conn.fetch(insert, *cols, now)
+    return rows / (time.perf_counter() - started)
+
+
+async def _raw_fire(
+    conn: asyncpg.Connection, rows: int, partitions: int, fire_batch: int, now: datetime
+) -> tuple[float, int]:
+    """Fire everything with the firer's batching: all partitions, then the saturated ones."""
+    fences = await conn.fetch(q("take_fences_local"), list(range(partitions)), "raw", "local")
+    owned = {r["partition"]: r["token"] for r in fences}
+    fire_at = now + timedelta(hours=2)
+    current = bucket_of(fire_at, DEFAULT_BUCKET_SECONDS)
+    fire = q("fire_due")
+    fired = statements = 0
+    pending = owned
+    started = time.perf_counter()
+    while fired < rows:
+        if not pending:
+            pending = owned
+        per_partition = max(50, math.ceil(fire_batch / len(pending)))
+        result = await conn.fetch(
+            fire, list(pending), list(pending.values()), current, fire_at, per_partition
+        )
+        statements += 1
+        if not result:
+            break
+        fired += len(result)
+        counts: dict[int, int] = {}
+        for r in result:
+            counts[r["partition"]] = counts.get(r["partition"], 0) + 1
+        pending = {p: owned[p] for p, n in counts.items() if n >= per_partition}
+    return fired / (time.perf_counter() - started), statements
+
+
+async def _raw_claim_complete(pool: asyncpg.Pool, connections: int, claim_batch: int) -> float:
+    now = datetime.now(UTC) + timedelta(hours=2)
+    claim, complete = q("claim"), q("complete")
+
+    async def loop(worker: str) -> int:
+        done = 0
+        async with pool.acquire() as conn:
+            while True:
+                rows = await conn.fetch(claim, NAMESPACE, [QUEUE], claim_batch, worker, now)
+                if not rows:
+                    return done
+                await conn.fetch(
+                    complete, NAMESPACE, [r["id"] for r in rows], [r["attempt"] for r in rows], now
+                )
+                done += len(rows)
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(loop(f"raw-{i}") for i in range(connections)))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+async def measure_ceilings(
+    dsn: str,
+    *,
+    rows: int,
+    insert_batch: int = 1000,
+    claim_batch: int = 64,
+    claim_connections: int = 2,
+    partitions: int = DEFAULT_PARTITIONS,
+    fire_batch: int = 5000,
+) -> RawCeilings:
+    """Insert ``rows`` (batches of ``insert_batch``), fire them all, then claim and complete them.
+
+    ``dsn`` must be a fresh, migrated database.
+    """
+    pool = await asyncpg.create_pool(
+        dsn, min_size=claim_connections, max_size=claim_connections,
+        server_settings={"timezone": "UTC"},
+    )
+    try:
+        now = datetime.now(UTC)
+        async with pool.acquire() as conn:
+            insert = await _raw_insert(conn, rows, insert_batch, partitions, now)
+            await conn.execute("ANALYZE tasks")
+            fire, statements = await _raw_fire(conn, rows, partitions, fire_batch, now)
+            await conn.execute("ANALYZE tasks")
+        claim_complete = await _raw_claim_complete(pool, claim_connections, claim_batch)
+    finally:
+        await pool.close()
+    return RawCeilings(
+        rows=rows, insert_batch=insert_batch, claim_batch=claim_batch,
+        claim_connections=claim_connections, insert_per_s=insert, fire_per_s=fire,
+        fire_statements=statements, claim_complete_per_s=claim_complete,
+    )

@@ -1,0 +1,1 @@
+"""Coordination through etcd: membership, ring assignment, partition ownership, virtual clock."""

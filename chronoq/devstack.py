@@ -1,0 +1,168 @@
+"""A local chronoq stack for development and demos: embedded PostgreSQL plus scheduler node(s).
+
+``async with DevStack(Path(".chronoq")) as stack:`` starts a durable PostgreSQL server in
+``<data_dir>/postgres`` (kept across runs), makes sure the database exists, starts the nodes on
+it and stops everything, nodes first, on exit. ``stack.address`` is the gRPC address to give
+clients and workers; ``stack.dsn`` the database.
+
+Today the stack runs one node with local ownership; a cluster (several nodes coordinated by an
+embedded etcd) plugs in at ``_start_nodes`` and ``_node_settings``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.config import NodeSettings
+from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronoq.errors import ChronoqError, ConfigError
+from chronoq.node import Node
+from chronoq.store import Store
+
+log = logging.getLogger("chronoq.devstack")
+
+DEFAULT_DATABASE = "chronoq"
+
+
+class DevStackError(ChronoqError):
+    """The local stack could not be started."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevStackSettings:
+    """What to run. ``port`` is the first node's gRPC port (0: any free port)."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 7070
+    pg_port: int | None = None  # None: a free port, picked at start
+    partitions: int = DEFAULT_PARTITIONS
+    bucket_seconds: int = DEFAULT_BUCKET_SECONDS
+    tick: timedelta = timedelta(milliseconds=100)
+    database: str = DEFAULT_DATABASE
+    drop_database: bool = False  # drop it on exit (demo runs use a throwaway database)
+    nodes: int = 1
+    node_overrides: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.nodes != 1:
+            raise ConfigError("the dev stack runs exactly one node for now (clusters need etcd)")
+
+
+class DevStack:
+    """Embedded PostgreSQL and the scheduler node(s) on it; an async context manager."""
+
+    def __init__(self, settings: DevStackSettings) -> None:
+        self.settings = settings
+        self.postgres = EmbeddedPostgres(
+            settings.data_dir / "postgres", port=settings.pg_port, durable=True
+        )
+        self.nodes: list[Node] = []
+        self._created_database = False
+
+    @property
+    def dsn(self) -> str:
+        """DSN of the stack's database."""
+        return self.postgres.dsn_for(self.settings.database)
+
+    @property
+    def address(self) -> str:
+        """gRPC address of the first node."""
+        if not self.nodes:
+            raise DevStackError("the dev stack is not running")
+        return self.nodes[0].address
+
+    @property
+    def addresses(self) -> list[str]:
+        return [n.address for n in self.nodes]
+
+    @property
+    def store(self) -> Store:
+        """The first node's store (for counts in demos and tests)."""
+        store = self.nodes[0].store if self.nodes else None
+        if store is None:
+            raise DevStackError("the dev stack is not running")
+        return store
+
+    async def start(self) -> None:
+        """Start PostgreSQL, create the database if it is missing, start the node(s)."""
+        try:
+            try:
+                await asyncio.to_thread(self.postgres.start, 60.0)
+                await asyncio.to_thread(self._ensure_database)
+            except EmbeddedPostgresError as exc:
+                raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
+            await self._start_nodes()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop the nodes, drop a throwaway database, stop PostgreSQL. Safe to call twice."""
+        nodes, self.nodes = self.nodes, []
+        for node in reversed(nodes):
+            with contextlib.suppress(ChronoqError, OSError):
+                await node.stop(grace=1.0)
+        if self.settings.drop_database and self._created_database:
+            self._created_database = False
+            try:
+                await asyncio.to_thread(self.postgres.drop_database, self.settings.database)
+            except EmbeddedPostgresError as exc:
+                log.warning("could not drop database %s: %s", self.settings.database, exc)
+        await asyncio.to_thread(self.postgres.stop)
+
+    async def __aenter__(self) -> DevStack:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def _ensure_database(self) -> None:
+        name = self.settings.database
+        literal = "'" + name.replace("'", "''") + "'"
+        found = self.postgres.run_sql(f"SELECT 1 FROM pg_database WHERE datname = {literal}")
+        if not found.strip():
+            self.postgres.create_database(name)
+            self._created_database = True
+        elif self.settings.drop_database:
+            raise DevStackError(f"database {name!r} already exists; it would be dropped on exit")
+
+    def _node_settings(self, index: int) -> NodeSettings:
+        s = self.settings
+        base = NodeSettings(
+            dsn=self.dsn,
+            host=s.host,
+            port=s.port + index if s.port else 0,
+            node_id=f"dev-{index + 1}",
+            partitions=s.partitions,
+            bucket_seconds=s.bucket_seconds,
+            tick=s.tick,
+        )
+        return replace(base, **s.node_overrides) if s.node_overrides else base
+
+    async def _start_nodes(self) -> None:
+        for index in range(self.settings.nodes):
+            settings = self._node_settings(index)
+            node = Node(settings)
+            try:
+                await node.start()
+            except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
+                await node.stop(grace=0)
+                raise DevStackError(
+                    f"node could not listen on {settings.host}:{settings.port} "
+                    f"(is another chronoq running? pick another --port): {exc}"
+                ) from exc
+            self.nodes.append(node)
