@@ -175,7 +175,7 @@ async def copy_tasks(
 
 @dataclass
 class RawCeilings:
-    """Rows per second of chronoq's statements run bare; ``None`` only before measuring."""
+    """Rows per second of chronoq's statements run bare, one connection unless said otherwise."""
 
     rows: int
     insert_batch: int

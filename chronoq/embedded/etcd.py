@@ -203,9 +203,9 @@ class EmbeddedEtcd:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop all members (SIGTERM, then SIGKILL after ``timeout``); safe to repeat.
 
-        Followers go first and together: each spends about a second draining its peer
-        listener, and a leader signalled alongside them waits seconds on a leadership
-        transfer that cannot succeed. Last, the leader has no peers left and exits at once.
+        Followers go first and together (each spends about a second draining its peer
+        listener), the leader last, once it has seen them go: a leader that still counts a
+        peer as active tries to hand leadership to it and waits 7 s for that to fail.
         """
         leader = self.leader_index() if len(self._members) > 1 else None
         followers: list[int] = []
@@ -213,7 +213,11 @@ class EmbeddedEtcd:
             if index != leader and (pid := member.pid) is not None:
                 _signal(pid, signal.SIGTERM)
                 followers.append(index)
-        for index in [*followers, *range(len(self._members))]:
+        for index in followers:
+            self.stop_member(index, timeout)
+        if leader is not None:
+            self._wait_no_active_peers(leader, within=3.0)
+        for index in range(len(self._members)):
             self.stop_member(index, timeout)
 
     def start_member(self, index: int, timeout: float = 30.0) -> None:
@@ -328,6 +332,25 @@ class EmbeddedEtcd:
         return isinstance(data, dict) and data.get("health") == "true"
 
     # -- internals --------------------------------------------------------------------------
+
+    def _wait_no_active_peers(self, index: int, within: float) -> None:
+        """Wait until member ``index`` reports no active peer connections (its /metrics)."""
+        member = self._members[index]
+        deadline = time.monotonic() + within
+        while member.pid is not None and time.monotonic() < deadline:
+            try:
+                with _HTTP.open(f"{member.client_url}/metrics", timeout=1) as response:
+                    text = response.read().decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException):
+                return
+            active = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("etcd_network_active_peers{")
+            )
+            if active == 0:
+                return
+            time.sleep(0.02)
 
     def _spawn(self, index: int) -> None:
         """Start member ``index``'s binary directly, so the child PID is the etcd server."""

@@ -131,17 +131,18 @@ RETURNING t.*;
 SELECT * FROM tasks WHERE id = $1 AND namespace = $2 FOR UPDATE;
 
 -- name: claim
+-- The candidate ids are computed once (an InitPlan), so a nested-loop rescan with SKIP
+-- LOCKED can never hand out more than the limit.
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
     lease_until = $5::timestamptz + t.lease_timeout_ms * interval '1 millisecond'
-FROM (
+WHERE t.id = ANY(ARRAY(
     SELECT id FROM tasks
     WHERE namespace = $1 AND queue = ANY($2::text[]) AND state = 1
     ORDER BY priority DESC, run_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-) c
-WHERE t.id = c.id AND t.state = 1
+)) AND t.state = 1
 RETURNING t.*;
 
 -- name: heartbeat

@@ -226,3 +226,11 @@ async def test_list_paginates_and_filters(client: Client) -> None:
     assert sorted(ids) == sorted(s.task.id for s in subs[:7])
     ready = await client.list(state=TaskState.READY)
     assert [t.id for t in ready.tasks] == [subs[7].task.id]
+
+
+async def test_claim_never_exceeds_max_tasks(client: Client) -> None:
+    await client.submit_many([NewTask(queue="lim") for _ in range(50)])
+    sizes = []
+    while batch := await client.claim(["lim"], max_tasks=3):
+        sizes.append(len(batch))
+    assert sum(sizes) == 50 and max(sizes) == 3

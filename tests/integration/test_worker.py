@@ -1,0 +1,194 @@
+"""The worker SDK end to end through a node's gRPC server (system clock)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+
+from chronoq.client import Client, FatalTaskError, NewTask, TaskContext, Worker
+from chronoq.models import Lease, TaskState
+from chronoq.node import Node
+from tests.integration.conftest import NodeFactory
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def live(make_node: NodeFactory) -> AsyncIterator[tuple[Node, Client]]:
+    node = await make_node()  # system clock
+    client = Client(node.address)
+    try:
+        yield node, client
+    finally:
+        await client.close()
+
+
+async def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_worker_runs_handlers_with_task_context(live: tuple[Node, Client]) -> None:
+    _, client = live
+    seen: dict[str, tuple[int, str, bytes]] = {}
+
+    async def handler(ctx: TaskContext) -> None:
+        seen[ctx.id] = (ctx.attempt, ctx.idempotency_key, ctx.payload)
+
+    subs = await client.submit_many(
+        [NewTask(queue="a", payload=b"p%d" % i, idempotency_key=f"key-{i}",
+                 delay=timedelta(milliseconds=200)) for i in range(50)]
+    )
+    worker = Worker(client, {"a": handler}, concurrency=8)
+    run = asyncio.create_task(worker.run())
+
+    async def all_done() -> bool:
+        states = [(await client.get(s.task.id)).state for s in subs]
+        return all(state is TaskState.SUCCEEDED for state in states)
+
+    await until(all_done)
+    worker.stop()
+    stats = await run
+    assert stats.succeeded == 50 and stats.failed == 0
+    for i, s in enumerate(subs):
+        assert seen[s.task.id] == (1, f"key-{i}", b"p%d" % i)
+
+
+async def test_failures_carry_the_exception_text_and_retry(live: tuple[Node, Client]) -> None:
+    _, client = live
+    calls: list[int] = []
+
+    async def flaky(ctx: TaskContext) -> None:
+        calls.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RuntimeError(f"transient failure #{ctx.attempt}")
+
+    def fatal(ctx: TaskContext) -> None:  # a plain function runs in a thread
+        raise FatalTaskError("malformed payload")
+
+    retried = await client.submit("flaky", backoff_initial=timedelta(milliseconds=50),
+                                  backoff_max=timedelta(milliseconds=100), max_attempts=5)
+    doomed = await client.submit("fatal", max_attempts=5)
+    worker = Worker(client, {"flaky": flaky, "fatal": fatal}, concurrency=4)
+    run = asyncio.create_task(worker.run())
+
+    async def settled() -> bool:
+        a = await client.get(retried.task.id)
+        b = await client.get(doomed.task.id)
+        return a.state is TaskState.SUCCEEDED and b.state is TaskState.DEAD
+
+    await until(settled)
+    worker.stop()
+    await run
+    assert calls == [1, 2, 3]
+    assert (await client.get(retried.task.id)).last_error == "RuntimeError: transient failure #2"
+    dead = await client.get(doomed.task.id)
+    assert dead.last_error == "FatalTaskError: malformed payload" and dead.attempt == 1
+
+
+async def test_concurrency_limit_is_respected(live: tuple[Node, Client]) -> None:
+    _, client = live
+    active = 0
+    peak = 0
+
+    async def slow(ctx: TaskContext) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.05)
+        active -= 1
+
+    subs = await client.submit_many([NewTask(queue="s") for _ in range(40)])
+    worker = Worker(client, {"s": slow}, concurrency=3)
+    run = asyncio.create_task(worker.run())
+
+    async def done() -> bool:
+        page = await client.list(state=TaskState.SUCCEEDED, page_size=100)
+        return len(page.tasks) == len(subs)
+
+    await until(done)
+    worker.stop()
+    await run
+    assert peak == 3
+
+
+async def test_heartbeats_keep_a_long_task_leased(live: tuple[Node, Client]) -> None:
+    _, client = live
+    attempts: list[int] = []
+
+    async def long(ctx: TaskContext) -> None:
+        attempts.append(ctx.attempt)
+        await asyncio.sleep(3.5)  # longer than the 1.5 s lease: only heartbeats keep it
+
+    sub = await client.submit("long", lease_timeout=timedelta(seconds=1.5))
+    worker = Worker(client, {"long": long}, concurrency=2)
+    run = asyncio.create_task(worker.run())
+
+    async def done() -> bool:
+        return (await client.get(sub.task.id)).state is TaskState.SUCCEEDED
+
+    await until(done)
+    worker.stop()
+    await run
+    assert attempts == [1]  # never redelivered
+
+
+async def test_cancel_reaches_the_running_handler(live: tuple[Node, Client]) -> None:
+    _, client = live
+    started = asyncio.Event()
+    interrupted = asyncio.Event()
+
+    async def waits(ctx: TaskContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
+
+    sub = await client.submit("c", lease_timeout=timedelta(seconds=1.5))
+    worker = Worker(client, {"c": waits})
+    run = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 5)
+    await client.cancel(sub.task.id)
+    await asyncio.wait_for(interrupted.wait(), 5)  # told by the next heartbeat
+    worker.stop()
+    stats = await run
+    assert stats.lost == 1
+    assert (await client.get(sub.task.id)).state is TaskState.CANCELLED
+
+
+async def test_graceful_stop_releases_unfinished_tasks(live: tuple[Node, Client]) -> None:
+    _, client = live
+    started = asyncio.Event()
+
+    async def stuck(ctx: TaskContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    async def quick(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.3)
+
+    blocked = await client.submit("stuck", max_attempts=1)
+    finishing = await client.submit("quick")
+    worker = Worker(client, {"stuck": stuck, "quick": quick}, concurrency=4,
+                    stop_grace=timedelta(seconds=1))
+    run = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.sleep(0.05)
+    worker.stop()
+    stats = await asyncio.wait_for(run, 10)
+    assert stats.released == 1 and stats.succeeded == 1
+    released = await client.get(blocked.task.id)
+    # Back to READY at once, and the interrupted attempt does not count against max_attempts=1.
+    assert released.state is TaskState.READY and released.worker_id is None
+    assert (await client.get(finishing.task.id)).state is TaskState.SUCCEEDED
+    (again,) = await client.claim(["stuck"])
+    assert again.attempt == 2
+    failed = await client.fail(Lease(again.id, 2), "x")
+    assert failed.state is TaskState.DEAD  # now its single counted attempt is used
