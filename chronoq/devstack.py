@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.config import NodeSettings
@@ -49,7 +50,7 @@ class DevStackSettings:
     database: str = DEFAULT_DATABASE
     drop_database: bool = False  # drop it on exit (demo runs use a throwaway database)
     nodes: int = 1
-    node_overrides: dict[str, object] = field(default_factory=dict)
+    node_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.nodes != 1:

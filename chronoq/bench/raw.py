@@ -195,7 +195,7 @@ class RawCeilings:
 def _insert_columns(
     batch: Sequence[tuple[Any, ...]],
 ) -> list[list[Any]]:
-    """``insert_tasks`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` builds them."""
+    """``insert_tasks`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` has them."""
     cols: list[list[Any]] = [[] for _ in range(16)]
     for r in batch:
         (task_id, namespace, queue, partition, bucket, run_at, state, payload, max_attempts,
@@ -286,17 +286,20 @@ async def measure_ceilings(
 
     ``dsn`` must be a fresh, migrated database.
     """
+    now = datetime.now(UTC)
+    conn = await asyncpg.connect(dsn, server_settings={"timezone": "UTC"})
+    try:
+        insert = await _raw_insert(conn, rows, insert_batch, partitions, now)
+        await conn.execute("ANALYZE tasks")
+        fire, statements = await _raw_fire(conn, rows, partitions, fire_batch, now)
+        await conn.execute("ANALYZE tasks")
+    finally:
+        await conn.close()
     pool = await asyncpg.create_pool(
         dsn, min_size=claim_connections, max_size=claim_connections,
         server_settings={"timezone": "UTC"},
     )
     try:
-        now = datetime.now(UTC)
-        async with pool.acquire() as conn:
-            insert = await _raw_insert(conn, rows, insert_batch, partitions, now)
-            await conn.execute("ANALYZE tasks")
-            fire, statements = await _raw_fire(conn, rows, partitions, fire_batch, now)
-            await conn.execute("ANALYZE tasks")
         claim_complete = await _raw_claim_complete(pool, claim_connections, claim_batch)
     finally:
         await pool.close()

@@ -343,11 +343,14 @@ class EmbeddedEtcd:
                     text = response.read().decode("utf-8", "replace")
             except (OSError, http.client.HTTPException):
                 return
-            active = sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("etcd_network_active_peers{")
-            )
+            try:
+                active = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("etcd_network_active_peers{")
+                )
+            except (IndexError, ValueError):
+                return
             if active == 0:
                 return
             time.sleep(0.02)

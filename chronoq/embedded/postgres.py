@@ -118,12 +118,16 @@ def _run_as() -> pwd.struct_passwd | None:
         return pwd.getpwnam(SYSTEM_USER)
     except KeyError:
         pass
-    with contextlib.suppress(subprocess.CalledProcessError):  # a parallel run may win the race
+    # useradd; it fails if a parallel run created the user first, or is missing (then we fail).
+    with contextlib.suppress(subprocess.CalledProcessError, OSError):
         ensure_user_exists(SYSTEM_USER)
     try:
         return pwd.getpwnam(SYSTEM_USER)
     except KeyError as exc:
-        raise EmbeddedPostgresError(f"could not create system user {SYSTEM_USER!r}") from exc
+        raise EmbeddedPostgresError(
+            f"postgres cannot run as root and creating system user {SYSTEM_USER!r} with "
+            f"useradd failed; create it yourself or run as a non-root user"
+        ) from exc
 
 
 def _make_traversable(path: Path) -> None:
@@ -242,6 +246,13 @@ class EmbeddedPostgres:
     def dsn(self) -> str:
         """DSN of the ``postgres`` database, e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``."""
         return self.dsn_for("postgres")
+
+    def server_pids(self) -> list[int]:
+        """PIDs of the postmaster and all its children (backends, checkpointer, ...).
+
+        For chaos tests that kill a single backend, and to check that nothing is left over.
+        """
+        return _server_pids(self._data_dir)
 
     def dsn_for(self, database: str) -> str:
         """DSN of ``database`` on this server (user ``postgres``, trust auth, no password)."""

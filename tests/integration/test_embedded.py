@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from chronoq.embedded.etcd import EmbeddedEtcd
-from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError, _server_pids
+from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ async def test_postgres_survives_kill_and_sigstop(tmp_path: Path) -> None:
         first = server.pid
         server.kill()
         assert server.pid is None
-        assert _server_pids(server.data_dir) == []  # the orphaned backends are gone too
+        assert server.server_pids() == []  # the orphaned backends are gone too
         server.kill()  # idempotent
 
         server.start()  # crash recovery
@@ -139,7 +139,7 @@ async def test_postgres_survives_kill_and_sigstop(tmp_path: Path) -> None:
         os.kill(pid, signal.SIGSTOP)
         server.stop(timeout=5)
         assert server.pid is None
-        assert _server_pids(server.data_dir) == []
+        assert server.server_pids() == []
         server.stop()  # idempotent
     finally:
         server.stop()
@@ -165,7 +165,7 @@ def test_postgres_start_failure_reports_log_and_leaves_nothing(tmp_path: Path) -
             with pytest.raises(EmbeddedPostgresError, match="could not create any TCP/IP"):
                 server.start(timeout=20)
             assert server.pid is None
-            assert _server_pids(server.data_dir) == []
+            assert server.server_pids() == []
         finally:
             server.stop()
 

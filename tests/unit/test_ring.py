@@ -77,7 +77,9 @@ def test_same_inputs_give_same_map_whatever_the_member_order(
     members=st.lists(member_ids, min_size=1, max_size=6, unique=True),
     numbers=st.lists(st.integers(0, 10_000), max_size=50),
 )
-def test_explicit_partition_numbers_are_all_assigned(members: list[str], numbers: list[int]) -> None:
+def test_explicit_partition_numbers_are_all_assigned(
+    members: list[str], numbers: list[int]
+) -> None:
     owners = assign(numbers, members)
     assert set(owners) == set(numbers)
     assert owners == assign(list(reversed(numbers)), members)
@@ -208,7 +210,7 @@ CASCADE_BOUND = 0.10
 EXCESS_BOUND = 0.15
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data(), n=st.integers(min_value=2, max_value=8))
 def test_a_join_moves_about_one_share_mostly_to_the_joiner(data: st.DataObject, n: int) -> None:
     *members, joiner = data.draw(members_of(n + 1))
@@ -221,7 +223,7 @@ def test_a_join_moves_about_one_share_mostly_to_the_joiner(data: st.DataObject, 
     assert len(changed) <= (1 / (n + 1) + EXCESS_BOUND) * PARTITIONS
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data(), n=st.integers(min_value=2, max_value=8))
 def test_a_leave_moves_its_partitions_plus_a_bounded_cascade(data: st.DataObject, n: int) -> None:
     leaver, *members = data.draw(members_of(n + 1))

@@ -1,0 +1,1105 @@
+"""The ``chronoq`` command line: run a dev stack or a node, submit and inspect tasks, run workers.
+
+Every option has a ``CHRONOQ_*`` environment variable, shown in ``--help``. Options that mean
+the same thing everywhere share one (``CHRONOQ_ADDRESS``, ``CHRONOQ_DSN``, ``CHRONOQ_PORT``);
+options of one command carry its name (``CHRONOQ_SUBMIT_PRIORITY``, ``CHRONOQ_DEMO_TASKS``).
+
+Errors are one red line on stderr and exit code 1 (the request failed) or 2 (bad usage),
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import enum
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.client import Client, ClusterStatus, NewTask, Submitted, Worker, WorkerStats
+from chronoq.client.demo import (
+    DEMO_QUEUE,
+    DemoPayload,
+    DemoSummary,
+    demo_payloads,
+    handlers_for,
+    summarize,
+)
+from chronoq.client.worker import Handler
+from chronoq.config import NodeSettings
+from chronoq.devstack import DevStack, DevStackSettings
+from chronoq.durations import format_duration, parse_duration, parse_instant
+from chronoq.errors import ChronoqError, InvalidArgument
+from chronoq.models import DEFAULT_NAMESPACE, Limits, MisfirePolicy, Task, TaskState
+from chronoq.node import Node
+
+T = TypeVar("T")
+
+SUBMIT_BATCH = 1000
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+app = typer.Typer(
+    name="chronoq",
+    help="chronoq: a distributed scheduler for timed tasks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+dlq_app = typer.Typer(
+    help="The dead-letter queue: list and requeue DEAD tasks.", no_args_is_help=True
+)
+bench_app = typer.Typer(help="Benchmarks (numbers, not pass/fail).", no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(bench_app, name="bench")
+
+
+# ---------------------------------------------------------------------- option parsing
+
+
+def _env(name: str) -> str:
+    return f"CHRONOQ_{name}"
+
+
+def _problem(exc: InvalidArgument) -> str:
+    return exc.message.removeprefix(f"{exc.field}: ")
+
+
+def _duration(value: str | timedelta) -> timedelta:
+    if isinstance(value, timedelta):  # a default, already parsed
+        return value
+    try:
+        return parse_duration(value)
+    except InvalidArgument as exc:
+        raise typer.BadParameter(_problem(exc)) from None
+
+
+def _instant(value: str | datetime) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return parse_instant(value)
+    except InvalidArgument as exc:
+        raise typer.BadParameter(_problem(exc)) from None
+
+
+class StateName(enum.StrEnum):
+    scheduled = "scheduled"
+    ready = "ready"
+    running = "running"
+    succeeded = "succeeded"
+    dead = "dead"
+    cancelled = "cancelled"
+    skipped = "skipped"
+
+    @property
+    def state(self) -> TaskState:
+        return TaskState[self.value.upper()]
+
+
+class Misfire(enum.StrEnum):
+    fire_late = "fire-late"
+    skip = "skip"
+
+    @property
+    def policy(self) -> MisfirePolicy:
+        return MisfirePolicy.SKIP if self is Misfire.skip else MisfirePolicy.FIRE_LATE
+
+
+class LogLevel(enum.StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+AddressOpt = Annotated[
+    str,
+    typer.Option(
+        "--address", "-a", envvar=_env("ADDRESS"), help="gRPC address of any chronoq node."
+    ),
+]
+NamespaceOpt = Annotated[
+    str, typer.Option("--namespace", "-n", envvar=_env("NAMESPACE"), help="Task namespace.")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", envvar=_env("JSON"), help="Print JSON instead of tables.")
+]
+HostOpt = Annotated[
+    str, typer.Option("--host", envvar=_env("HOST"), help="Address the node's gRPC server binds.")
+]
+PartitionsOpt = Annotated[
+    int,
+    typer.Option(
+        "--partitions", envvar=_env("PARTITIONS"), min=1, max=32767,
+        help="Hash partitions; fixed when a database is first used.",
+    ),
+]
+BucketSecondsOpt = Annotated[
+    int,
+    typer.Option(
+        "--bucket-seconds", envvar=_env("BUCKET_SECONDS"), min=1, help="Time bucket width."
+    ),
+]
+TickMsOpt = Annotated[
+    int,
+    typer.Option(
+        "--tick-ms", envvar=_env("TICK_MS"), min=1, max=60_000, help="Firing loop period."
+    ),
+]
+PortOpt = Annotated[
+    int,
+    typer.Option("--port", envvar=_env("PORT"), min=0, max=65535, help="gRPC port (0: any)."),
+]
+DataDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir", envvar=_env("DATA_DIR"), file_okay=False,
+        help="Where the embedded PostgreSQL keeps its data (reused across runs).",
+    ),
+]
+
+
+# ---------------------------------------------------------------------- running and errors
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/bold red] [red]{escape(message)}[/red]")
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """Turn chronoq errors into one red line and exit code 1."""
+    try:
+        yield
+    except ChronoqError as exc:
+        _fail(exc.message)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    with _reported():
+        return asyncio.run(coro)
+
+
+def _on_stop_signals(callback: Callable[[], None]) -> None:
+    """Call ``callback`` on SIGINT and SIGTERM (inside a running loop)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, callback)
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    _on_stop_signals(stop.set)
+    return stop
+
+
+@app.callback()
+def _configure(
+    log_level: Annotated[
+        LogLevel, typer.Option("--log-level", envvar=_env("LOG_LEVEL"), help="Log verbosity.")
+    ] = LogLevel.warning,
+) -> None:
+    """chronoq: a distributed scheduler for timed tasks (PostgreSQL buckets, etcd ownership)."""
+    logging.basicConfig(
+        level=log_level.value.upper(),
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
+    )
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy: enums by name, times in ISO 8601, durations in seconds."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return _payload_text(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _payload_text(payload: bytes) -> str:
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(payload).decode()
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(_plain(value), indent=2))
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="milliseconds") if value is not None else "-"
+
+
+_STATE_STYLE = {
+    TaskState.SCHEDULED: "cyan", TaskState.READY: "yellow", TaskState.RUNNING: "blue",
+    TaskState.SUCCEEDED: "green", TaskState.DEAD: "red", TaskState.CANCELLED: "dim",
+    TaskState.SKIPPED: "dim",
+}
+
+
+def _state(state: TaskState) -> str:
+    return f"[{_STATE_STYLE[state]}]{state.name}[/]"
+
+
+def _task_table(task: Task) -> Table:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, str]] = [
+        ("id", task.id), ("namespace", task.namespace), ("queue", task.queue),
+        ("state", _state(task.state)), ("run_at", _when(task.run_at)),
+        ("attempt", f"{task.attempt} of {task.max_attempts}"), ("priority", str(task.priority)),
+        ("partition / bucket", f"{task.partition} / {task.bucket}"),
+        ("idempotency_key", escape(task.idempotency_key or "-")),
+        ("payload", escape(_short(_payload_text(task.payload), 200))),
+        ("lease_timeout", format_duration(task.lease_timeout)),
+        ("misfire", f"{task.misfire_policy.name} (grace {format_duration(task.misfire_grace)})"),
+        ("created_at", _when(task.created_at)), ("fired_at", _when(task.fired_at)),
+        ("lease_until", _when(task.lease_until)), ("worker_id", escape(task.worker_id or "-")),
+        ("finished_at", _when(task.finished_at)), ("last_error", escape(task.last_error or "-")),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _tasks_table(tasks: Sequence[Task], *, title: str, errors: bool = False) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("id", "queue", "state", "run_at", "attempt"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("last error" if errors else "payload", overflow="fold")
+    for t in tasks:
+        detail = t.last_error or "" if errors else _payload_text(t.payload)
+        table.add_row(
+            t.id, escape(t.queue), _state(t.state), _when(t.run_at),
+            f"{t.attempt}/{t.max_attempts}", escape(_short(detail, 60)),
+        )
+    return table
+
+
+# ---------------------------------------------------------------------- dev and node
+
+
+@app.command()
+def dev(
+    data_dir: DataDirOpt = Path(".chronoq"),
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 7070,
+    pg_port: Annotated[
+        int,
+        typer.Option(
+            "--pg-port", envvar=_env("PG_PORT"), min=0, max=65535,
+            help="PostgreSQL port (0: any free port).",
+        ),
+    ] = 0,
+    partitions: PartitionsOpt = DEFAULT_PARTITIONS,
+    bucket_seconds: BucketSecondsOpt = DEFAULT_BUCKET_SECONDS,
+    tick_ms: TickMsOpt = 100,
+) -> None:
+    """Run a local stack: embedded PostgreSQL (kept in --data-dir) and a node, until Ctrl-C.
+
+    Example: chronoq dev --port 7070
+    """
+    with _reported():
+        settings = DevStackSettings(
+            data_dir=data_dir, host=host, port=port, pg_port=pg_port or None,
+            partitions=partitions, bucket_seconds=bucket_seconds,
+            tick=timedelta(milliseconds=tick_ms),
+        )
+    _run(_dev(settings))
+
+
+async def _dev(settings: DevStackSettings) -> None:
+    stop = _stop_event()
+    err.print(f"starting embedded PostgreSQL in {settings.data_dir / 'postgres'} …")
+    async with DevStack(settings) as stack:
+        out.print("[bold green]chronoq dev stack is running[/]")
+        out.print(f"  gRPC address   {stack.address}")
+        out.print(f"  PostgreSQL DSN {stack.dsn}")
+        out.print(f"  try: CHRONOQ_ADDRESS={stack.address} chronoq submit hello --in 5s")
+        out.print("  Ctrl-C to stop")
+        await stop.wait()
+        err.print("stopping …")
+    err.print("stopped")
+
+
+@app.command()
+def node(
+    dsn: Annotated[
+        str, typer.Option("--dsn", envvar=_env("DSN"), help="PostgreSQL DSN of the task store.")
+    ],
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 7070,
+    node_id: Annotated[
+        str | None,
+        typer.Option(
+            "--node-id", envvar=_env("NODE_ID"), help="Stable node name [default: random]."
+        ),
+    ] = None,
+    partitions: PartitionsOpt = DEFAULT_PARTITIONS,
+    bucket_seconds: BucketSecondsOpt = DEFAULT_BUCKET_SECONDS,
+    tick_ms: TickMsOpt = 100,
+    max_payload_bytes: Annotated[
+        int,
+        typer.Option("--max-payload-bytes", envvar=_env("MAX_PAYLOAD_BYTES"), min=0,
+                     help="Largest payload a submit may carry."),
+    ] = Limits.max_payload_bytes,
+    horizon_days: Annotated[
+        int,
+        typer.Option("--horizon-days", envvar=_env("HORIZON_DAYS"), min=1,
+                     help="How far ahead a task may be scheduled."),
+    ] = 366,
+) -> None:
+    """Run a scheduler node on an external PostgreSQL, until Ctrl-C or SIGTERM.
+
+    Example: chronoq node --dsn postgresql://chronoq@db:5432/chronoq --host 0.0.0.0
+    """
+    fields: dict[str, Any] = {}
+    if node_id:
+        fields["node_id"] = node_id
+    with _reported():
+        settings = NodeSettings(
+            dsn=dsn, host=host, port=port, partitions=partitions, bucket_seconds=bucket_seconds,
+            tick=timedelta(milliseconds=tick_ms),
+            limits=Limits(
+                max_payload_bytes=max_payload_bytes, horizon=timedelta(days=horizon_days)
+            ),
+            **fields,
+        )
+    _run(_node(settings))
+
+
+async def _node(settings: NodeSettings) -> None:
+    stop = _stop_event()
+    server = Node(settings)
+    try:
+        await server.start()
+    except (RuntimeError, OSError) as exc:  # grpc bind failures are RuntimeErrors
+        await server.stop(grace=0)
+        _fail(f"node could not start on {settings.host}:{settings.port}: {exc}")
+    except BaseException:
+        await server.stop(grace=0)
+        raise
+    out.print(f"node {settings.node_id} serving on {server.address} (Ctrl-C to stop)")
+    try:
+        await stop.wait()
+    finally:
+        err.print("stopping …")
+        await server.stop()
+
+
+# ---------------------------------------------------------------------- submit
+
+
+def _read_payload(payload: str | None, payload_file: Path | None) -> bytes:
+    if payload is not None and payload_file is not None:
+        raise typer.BadParameter(
+            "use --payload or --payload-file, not both", param_hint="--payload"
+        )
+    if payload_file is None:
+        return (payload or "").encode()
+    if str(payload_file) == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return payload_file.read_bytes()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {payload_file}: {exc.strerror}",
+                                 param_hint="--payload-file") from None
+
+
+@app.command()
+def submit(
+    queue: Annotated[str, typer.Argument(help="Queue the task goes to.")],
+    at: Annotated[
+        datetime | None,
+        typer.Option("--at", parser=_instant, metavar="ISO8601", envvar=_env("SUBMIT_AT"),
+                     help="When to run, with a zone: 2030-01-01T12:00:00Z."),
+    ] = None,
+    in_: Annotated[
+        timedelta | None,
+        typer.Option("--in", parser=_duration, metavar="DURATION", envvar=_env("SUBMIT_IN"),
+                     help="Run after this delay: 250ms, 30s, 5m, 1h, 2d. Default: now."),
+    ] = None,
+    payload: Annotated[
+        str | None, typer.Option(envvar=_env("SUBMIT_PAYLOAD"), help="Payload text.")
+    ] = None,
+    payload_file: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("SUBMIT_PAYLOAD_FILE"), dir_okay=False,
+                     help="Read the payload from a file ('-': stdin)."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(envvar=_env("SUBMIT_KEY"),
+                     help="Idempotency key: a second submit returns the first task."),
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option(envvar=_env("SUBMIT_MAX_ATTEMPTS"), min=1, help="Attempts before DEAD."),
+    ] = None,
+    priority: Annotated[
+        int, typer.Option(envvar=_env("SUBMIT_PRIORITY"), help="Higher is claimed first.")
+    ] = 0,
+    lease_timeout: Annotated[
+        timedelta | None,
+        typer.Option(parser=_duration, metavar="DURATION", envvar=_env("SUBMIT_LEASE_TIMEOUT"),
+                     help="A worker's lease per attempt, e.g. 30s."),
+    ] = None,
+    misfire: Annotated[
+        Misfire,
+        typer.Option(envvar=_env("SUBMIT_MISFIRE"), help="What to do when fired late."),
+    ] = Misfire.fire_late,
+    misfire_grace: Annotated[
+        timedelta | None,
+        typer.Option(parser=_duration, metavar="DURATION", envvar=_env("SUBMIT_MISFIRE_GRACE"),
+                     help="How late 'skip' still fires, e.g. 60s."),
+    ] = None,
+    count: Annotated[
+        int,
+        typer.Option(envvar=_env("SUBMIT_COUNT"), min=1,
+                     help=f"Submit this many copies (in batches of {SUBMIT_BATCH})."),
+    ] = 1,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """Submit a task (or --count copies) and print its id.
+
+    Example: chronoq submit emails --in 5m --payload '{"to": "a@example.com"}'
+    """
+    if at is not None and in_ is not None:
+        raise typer.BadParameter("use --at or --in, not both", param_hint="--at / --in")
+    template = NewTask(
+        queue=queue, run_at=at, delay=in_, payload=_read_payload(payload, payload_file),
+        max_attempts=max_attempts, priority=priority, lease_timeout=lease_timeout,
+        misfire_policy=misfire.policy, misfire_grace=misfire_grace,
+    )
+    results = _run(_submit(address, namespace, template, key, count))
+    for result in results:
+        typer.echo(result.task.id)
+        if not result.created:
+            err.print(f"[yellow]{result.task.id}: already submitted with key "
+                      f"{escape(result.task.idempotency_key or '')!s}; not created again[/]")
+
+
+async def _submit(
+    address: str, namespace: str, template: NewTask, key: str | None, count: int
+) -> list[Submitted]:
+    def one(i: int) -> NewTask:
+        k = key if count == 1 or key is None else f"{key}-{i}"
+        return dataclasses.replace(template, idempotency_key=k)
+
+    results: list[Submitted] = []
+    async with Client(address, namespace=namespace) as client:
+        with _progress(count > SUBMIT_BATCH) as progress:
+            bar = progress.add_task("submitting", total=count)
+            for start in range(0, count, SUBMIT_BATCH):
+                batch = [one(i) for i in range(start, min(count, start + SUBMIT_BATCH))]
+                results += await client.submit_many(batch)
+                progress.advance(bar, len(batch))
+    return results
+
+
+def _progress(visible: bool = True) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, disable=not visible,
+    )
+
+
+# ---------------------------------------------------------------------- get, cancel, list, dlq
+
+
+@app.command()
+def get(
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
+    as_json: JsonOpt = False,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """Show one task.
+
+    Example: chronoq get 0b6f6a1e-8d4c-4c3a-9a57-3c1f0e7b1d2a --json
+    """
+    task = _run(_with_client(address, namespace, lambda c: c.get(task_id)))
+    if as_json:
+        _print_json(task)
+    else:
+        out.print(_task_table(task))
+
+
+@app.command()
+def cancel(
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
+    as_json: JsonOpt = False,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """Cancel a task that has not finished (a running worker learns it by heartbeat).
+
+    Example: chronoq cancel 0b6f6a1e-8d4c-4c3a-9a57-3c1f0e7b1d2a
+    """
+    task = _run(_with_client(address, namespace, lambda c: c.cancel(task_id)))
+    if as_json:
+        _print_json(task)
+    else:
+        out.print(f"{task.id} {_state(task.state)}")
+
+
+async def _with_client(
+    address: str, namespace: str, call: Callable[[Client], Coroutine[Any, Any, T]]
+) -> T:
+    async with Client(address, namespace=namespace) as client:
+        return await call(client)
+
+
+async def _collect(
+    address: str, namespace: str, *, queue: str | None, state: TaskState | None, dead: bool,
+    limit: int,
+) -> list[Task]:
+    tasks: list[Task] = []
+    token = ""
+    async with Client(address, namespace=namespace) as client:
+        while len(tasks) < limit:
+            page = await client.list(
+                queue=queue, state=state, dead=dead, page_token=token,
+                page_size=min(1000, limit - len(tasks)),
+            )
+            tasks += page.tasks
+            token = page.next_token
+            if not token:
+                break
+    return tasks
+
+
+@app.command("list")
+def list_tasks(
+    queue: Annotated[
+        str | None,
+        typer.Option("--queue", "-q", envvar=_env("LIST_QUEUE"), help="Only this queue."),
+    ] = None,
+    state: Annotated[
+        StateName | None,
+        typer.Option("--state", envvar=_env("LIST_STATE"), help="Only this state."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", envvar=_env("LIST_LIMIT"), min=1, help="At most this many.")
+    ] = 50,
+    as_json: JsonOpt = False,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """List tasks, ordered by id.
+
+    Example: chronoq list --queue emails --state scheduled --limit 20
+    """
+    tasks = _run(_collect(address, namespace, queue=queue,
+                          state=state.state if state else None, dead=False, limit=limit))
+    if as_json:
+        _print_json(tasks)
+    else:
+        out.print(_tasks_table(tasks, title=f"{len(tasks)} task(s)"))
+
+
+@dlq_app.command("list")
+def dlq_list(
+    queue: Annotated[
+        str | None, typer.Option("--queue", "-q", envvar=_env("DLQ_QUEUE"), help="Only this queue.")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", envvar=_env("DLQ_LIMIT"), min=1, help="At most this many.")
+    ] = 50,
+    as_json: JsonOpt = False,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """List DEAD tasks with their last error.
+
+    Example: chronoq dlq list --queue emails
+    """
+    tasks = _run(_collect(address, namespace, queue=queue, state=None, dead=True, limit=limit))
+    if as_json:
+        _print_json(tasks)
+    else:
+        out.print(_tasks_table(tasks, title=f"{len(tasks)} dead task(s)", errors=True))
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(
+    task_ids: Annotated[list[str], typer.Argument(metavar="ID...", help="Dead task ids.")],
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """Requeue DEAD tasks to run now with a fresh attempt budget (all or none).
+
+    Example: chronoq dlq requeue 0b6f6a1e-8d4c-4c3a-9a57-3c1f0e7b1d2a
+    """
+    tasks = _run(_with_client(address, namespace, _requeue(task_ids)))
+    for task in tasks:
+        out.print(f"{task.id} {_state(task.state)}")
+
+
+def _requeue(task_ids: list[str]) -> Callable[[Client], Coroutine[Any, Any, list[Task]]]:
+    async def call(client: Client) -> list[Task]:
+        tasks: Any = await client.requeue(task_ids)  # Any: Client.list shadows list in mypy
+        return list(tasks)
+
+    return call
+
+
+# ---------------------------------------------------------------------- status
+
+
+@app.command()
+def status(
+    buckets: Annotated[
+        int,
+        typer.Option("--buckets", envvar=_env("STATUS_BUCKETS"), min=1, max=1440,
+                     help="Upcoming buckets to count."),
+    ] = 10,
+    as_json: JsonOpt = False,
+    address: AddressOpt = DEFAULT_ADDRESS,
+) -> None:
+    """Show the cluster: members, pending tasks per upcoming bucket, partition ownership.
+
+    Example: chronoq status --buckets 30
+    """
+    cluster = _run(_with_client(address, DEFAULT_NAMESPACE, lambda c: c.status(buckets)))
+    if as_json:
+        _print_json(cluster)
+        return
+    out.print(
+        f"cluster [bold]{escape(cluster.cluster or '-')}[/], answered by "
+        f"{escape(cluster.node_id)} at {_when(cluster.now)}; {cluster.partitions} partitions, "
+        f"{cluster.bucket_seconds} s buckets"
+    )
+    out.print(_members_table(cluster))
+    out.print(_buckets_table(cluster))
+    out.print(_ownership_table(cluster))
+
+
+def _members_table(cluster: ClusterStatus) -> Table:
+    table = Table(title="members", title_justify="left")
+    for column in ("node", "address", "partitions", "lateness p50", "lateness p99", "fired"):
+        table.add_column(column, justify="left" if column in ("node", "address") else "right")
+    for m in cluster.members:
+        table.add_row(
+            escape(m.node_id), m.address, str(m.owned_partitions), f"{m.lateness_p50_ms:.1f} ms",
+            f"{m.lateness_p99_ms:.1f} ms", str(m.fired_total),
+        )
+    return table
+
+
+def _buckets_table(cluster: ClusterStatus) -> Table:
+    table = Table(title="pending tasks per bucket", title_justify="left")
+    table.add_column("bucket", justify="right")
+    table.add_column("starts at")
+    table.add_column("pending", justify="right")
+    for b in cluster.buckets:
+        table.add_row(str(b.bucket), _when(b.starts_at), str(b.pending))
+    return table
+
+
+def _ownership_table(cluster: ClusterStatus) -> Table:
+    owners: dict[str, list[tuple[int, int]]] = {}
+    for p in cluster.ownership:
+        owners.setdefault(p.owner or "(none)", []).append((p.fencing_token, p.watermark_bucket))
+    table = Table(title="partition ownership", title_justify="left")
+    for column in ("owner", "partitions", "fencing tokens", "watermarks"):
+        table.add_column(column, justify="left" if column == "owner" else "right")
+    for owner, rows in sorted(owners.items()):
+        tokens = sorted(t for t, _ in rows)
+        marks = sorted(w for _, w in rows)
+        table.add_row(
+            escape(owner), str(len(rows)), _span(tokens[0], tokens[-1]), _span(marks[0], marks[-1])
+        )
+    return table
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}..{high}"
+
+
+# ---------------------------------------------------------------------- worker
+
+
+def _import_handlers(module: str) -> dict[str, Handler]:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to you are importable
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise typer.BadParameter(
+            f"cannot import {module!r}: {exc}", param_hint="--module"
+        ) from None
+    handlers = getattr(mod, "HANDLERS", None)
+    if not isinstance(handlers, dict) or not handlers:
+        raise typer.BadParameter(
+            f"{module} must define HANDLERS = {{'queue': handler, ...}}", param_hint="--module"
+        )
+    bad = [q for q, h in handlers.items() if not isinstance(q, str) or not callable(h)]
+    if bad:
+        raise typer.BadParameter(f"{module}.HANDLERS: {bad!r} are not queue → callable",
+                                 param_hint="--module")
+    return handlers
+
+
+def _select_handlers(module: str | None, queues: Sequence[str]) -> dict[str, Handler]:
+    if module is None:
+        if not queues:
+            raise typer.BadParameter("name the queues to serve (or give --module)",
+                                     param_hint="--queue")
+        return handlers_for(queues)
+    handlers = _import_handlers(module)
+    missing = [q for q in queues if q not in handlers]
+    if missing:
+        raise typer.BadParameter(
+            f"{module}.HANDLERS has no handler for {', '.join(missing)} "
+            f"(it has {', '.join(handlers)})",
+            param_hint="--queue",
+        )
+    return {q: handlers[q] for q in queues} if queues else handlers
+
+
+@app.command()
+def worker(
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", "-q", envvar=_env("WORKER_QUEUES"),
+                     help="A queue to serve (repeat for more; env: space-separated)."),
+    ] = None,
+    module: Annotated[
+        str | None,
+        typer.Option("--module", "-m", envvar=_env("WORKER_MODULE"),
+                     help="Import HANDLERS = {queue: handler} from this module "
+                          "[default: the demo handler]."),
+    ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", "-c", envvar=_env("WORKER_CONCURRENCY"), min=1,
+                     help="Tasks run at once."),
+    ] = 10,
+    worker_id: Annotated[
+        str | None, typer.Option("--worker-id", envvar=_env("WORKER_ID"),
+                                 help="Name in leases and logs [default: host-pid].")
+    ] = None,
+    address: AddressOpt = DEFAULT_ADDRESS,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+) -> None:
+    """Run a worker until Ctrl-C or SIGTERM (in-flight tasks finish or are released).
+
+    Example: chronoq worker --queue emails --module myapp.handlers --concurrency 20
+    """
+    handlers = _select_handlers(module, queue or [])
+    stats = _run(_work(address, namespace, handlers, concurrency, worker_id))
+    out.print(
+        f"worker stopped: claimed {stats.claimed}, succeeded {stats.succeeded}, "
+        f"failed {stats.failed}, released {stats.released}, lost {stats.lost}"
+    )
+
+
+async def _work(
+    address: str, namespace: str, handlers: dict[str, Handler], concurrency: int,
+    worker_id: str | None,
+) -> WorkerStats:
+    async with Client(address, namespace=namespace) as client:
+        await client.wait_ready()
+        runner = Worker(client, handlers, concurrency=concurrency, worker_id=worker_id)
+        runner.install_signal_handlers()
+        err.print(f"worker {runner.worker_id} serving {', '.join(handlers)} on {address} "
+                  "(Ctrl-C to stop)")
+        return await runner.run()
+
+
+# ---------------------------------------------------------------------- demo
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    tasks: int
+    over: timedelta
+    workers: int
+    concurrency: int
+    fail_rate: float
+    data_dir: Path
+    seed: int
+
+    @property
+    def deadline(self) -> float:
+        return self.over.total_seconds() + 60.0
+
+
+@app.command()
+def demo(
+    tasks: Annotated[
+        int, typer.Option(envvar=_env("DEMO_TASKS"), min=1, help="Tasks to submit.")
+    ] = 3000,
+    over: Annotated[
+        timedelta,
+        typer.Option(parser=_duration, metavar="DURATION", envvar=_env("DEMO_OVER"),
+                     show_default="60s", help="Spread run_at uniformly over this long."),
+    ] = timedelta(seconds=60),
+    workers: Annotated[
+        int, typer.Option(envvar=_env("DEMO_WORKERS"), min=1, help="Workers (in-process).")
+    ] = 4,
+    concurrency: Annotated[
+        int, typer.Option(envvar=_env("DEMO_CONCURRENCY"), min=1, help="Tasks at once per worker.")
+    ] = 50,
+    fail_rate: Annotated[
+        float,
+        typer.Option(envvar=_env("DEMO_FAIL_RATE"), min=0.0, max=1.0,
+                     help="Share of tasks that fail at least once (a tenth of them fatally)."),
+    ] = 0.05,
+    data_dir: DataDirOpt = Path(".chronoq"),
+    seed: Annotated[
+        int, typer.Option(envvar=_env("DEMO_SEED"), help="Seed of the failure pattern.")
+    ] = 0,
+) -> None:
+    """A one-command tour: embedded stack, timed tasks, workers, retries, a dead-letter queue.
+
+    Uses a fresh database in the embedded PostgreSQL for each run and drops it at the end.
+    Example: chronoq demo --tasks 300 --over 5s --workers 2
+    """
+    options = DemoOptions(tasks, over, workers, concurrency, fail_rate, data_dir, seed)
+    raise typer.Exit(_run(_demo(options)))
+
+
+async def _demo(opts: DemoOptions) -> int:
+    stop = _stop_event()
+    database = f"demo_{datetime.now(UTC):%Y%m%d_%H%M%S}_{os.getpid()}"
+    settings = DevStackSettings(
+        data_dir=opts.data_dir, port=0, database=database, drop_database=True,
+    )
+    err.print(f"starting the embedded stack in {opts.data_dir} (database {database}) …")
+    async with DevStack(settings) as stack:
+        err.print(f"node on {stack.address}; submitting {opts.tasks} tasks over "
+                  f"{format_duration(opts.over)} to {opts.workers} workers")
+        started = time.monotonic()
+        payloads = demo_payloads(opts.tasks, fail_rate=opts.fail_rate, seed=opts.seed)
+        async with Client(stack.address, timeout=60) as client:
+            await _submit_demo(client, payloads, opts.over)
+            async with _demo_workers(stack.address, opts):
+                finished = await _watch(stack, opts, stop)
+            summary = summarize([t async for t in client.iter_tasks(queue=DEMO_QUEUE)])
+        wall = time.monotonic() - started
+    out.print(_summary_table(summary, payloads, wall))
+    return _verdict(summary, finished, stop, opts)
+
+
+async def _submit_demo(client: Client, payloads: list[DemoPayload], over: timedelta) -> None:
+    now = datetime.now(UTC)
+    specs = [
+        NewTask(
+            queue=DEMO_QUEUE, run_at=now + over * (i + 1) / len(payloads), payload=p.encode(),
+            idempotency_key=f"demo-{p.n}", max_attempts=3,
+            backoff_initial=timedelta(milliseconds=200), backoff_max=timedelta(seconds=2),
+        )
+        for i, p in enumerate(payloads)
+    ]
+    for start in range(0, len(specs), SUBMIT_BATCH):
+        await client.submit_many(specs[start : start + SUBMIT_BATCH])
+
+
+@contextlib.asynccontextmanager
+async def _demo_workers(address: str, opts: DemoOptions) -> AsyncIterator[list[Worker]]:
+    async with contextlib.AsyncExitStack() as resources:
+        workers = []
+        for i in range(opts.workers):
+            client = await resources.enter_async_context(Client(address, timeout=30))
+            workers.append(Worker(client, handlers_for([DEMO_QUEUE]),
+                                  concurrency=opts.concurrency, worker_id=f"demo-worker-{i + 1}"))
+        runs = [asyncio.create_task(w.run(), name=f"demo-worker-{i + 1}")
+                for i, w in enumerate(workers)]
+        try:
+            yield workers
+        finally:
+            for w in workers:
+                w.stop()
+            await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def _watch(stack: DevStack, opts: DemoOptions, stop: asyncio.Event) -> bool:
+    """Show progress until every task is terminal (True), or the deadline or a signal (False)."""
+    deadline = time.monotonic() + opts.deadline
+    with _progress() as progress:
+        bar = progress.add_task("finished", total=opts.tasks)
+        while True:
+            counts = await stack.store.count_by_state()
+            done = sum(n for s, n in counts.items() if s.terminal)
+            progress.update(bar, completed=done, description=_progress_line(counts))
+            if done >= opts.tasks:
+                return True
+            if stop.is_set() or time.monotonic() >= deadline:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+
+
+def _progress_line(counts: dict[TaskState, int]) -> str:
+    parts = [f"{s.name.lower()} {counts[s]}" for s in TaskState if counts.get(s)]
+    return "finished  (" + ", ".join(parts) + ")"
+
+
+def _ms(value: timedelta | None) -> str:
+    return "-" if value is None else f"{value / timedelta(milliseconds=1):.1f} ms"
+
+
+def _summary_table(summary: DemoSummary, payloads: list[DemoPayload], wall: float) -> Table:
+    fatal = sum(p.fatal for p in payloads)
+    exhausted = sum(not p.fatal and p.fail_attempts >= 3 for p in payloads)
+    table = Table(title="demo summary", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("submitted", str(summary.submitted)),
+        ("fired", str(summary.fired)),
+        ("succeeded", str(summary.succeeded)),
+        ("retried", str(summary.retried)),
+        ("dead", str(summary.dead)),
+        ("dead expected", f"{fatal + exhausted} ({fatal} fatal, {exhausted} out of attempts)"),
+        ("lateness p50", _ms(summary.lateness_p50)),
+        ("lateness p99", _ms(summary.lateness_p99)),
+        ("lateness max", _ms(summary.lateness_max)),
+        ("wall time", f"{wall:.1f} s"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _verdict(summary: DemoSummary, finished: bool, stop: asyncio.Event, opts: DemoOptions) -> int:
+    if finished:
+        out.print("[green]every task reached SUCCEEDED or DEAD[/]")
+        return 0
+    missing = ", ".join(f"{n} {s}" for s, n in summary.unfinished.items()) or "none"
+    if stop.is_set():
+        err.print(f"[yellow]interrupted; unfinished tasks: {missing}[/]")
+        return 130
+    err.print(f"[bold red]error:[/] [red]not finished after {opts.deadline:.0f} s: "
+              f"{summary.submitted - summary.succeeded - summary.dead} of {opts.tasks} tasks "
+              f"still open ({missing})[/]")
+    return 1
+
+
+# ---------------------------------------------------------------------- bench
+
+
+@bench_app.command("throughput")
+def bench_throughput(
+    tasks: Annotated[
+        int, typer.Option(envvar=_env("BENCH_TASKS"), min=1, help="Tasks to fire and run.")
+    ] = 20000,
+    workers: Annotated[int, typer.Option(envvar=_env("BENCH_WORKERS"), min=1)] = 4,
+    concurrency: Annotated[int, typer.Option(envvar=_env("BENCH_CONCURRENCY"), min=1)] = 64,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("BENCH_DATA_DIR"), file_okay=False,
+                     help="Embedded PostgreSQL data directory [default: a temporary one]."),
+    ] = None,
+    dsn: Annotated[
+        str | None,
+        typer.Option(
+            envvar=_env("BENCH_DSN"), help="Use this PostgreSQL instead of an embedded one."
+        ),
+    ] = None,
+    due_rate: Annotated[
+        int, typer.Option(envvar=_env("BENCH_DUE_RATE"), min=1, help="Tasks coming due per second.")
+    ] = 1000,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=_env("BENCH_JSON_OUT"), dir_okay=False, help="Also write results here."
+        ),
+    ] = None,
+    pending_sizes: Annotated[
+        str,
+        typer.Option(envvar=_env("BENCH_PENDING_SIZES"),
+                     help="Comma-separated pending-set sizes for the firing-cost sweep."),
+    ] = "10000,1000000",
+) -> None:
+    """Measure submit, firing and claim throughput, and firing cost against pending-set size.
+
+    Example: chronoq bench throughput --tasks 50000 --workers 8 --json-out bench.json
+    """
+    try:
+        module = importlib.import_module("chronoq.bench.throughput")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("chronoq.bench", "chronoq.bench.throughput"):
+            raise
+        _fail("the throughput benchmark (chronoq.bench.throughput) is not part of this install")
+    with _reported():
+        module.main(
+            tasks=tasks, workers=workers, concurrency=concurrency, data_dir=data_dir, dsn=dsn,
+            due_rate=due_rate, json_out=json_out, pending_sizes=pending_sizes,
+        )
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The console script: run the app, reporting every error as one line."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="chronoq", standalone_mode=False)
+    except typer.TyperException as exc:  # usage errors: bad flags, missing arguments
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one already printed the help
+            message = escape(exc.format_message())
+            err.print(f"[bold red]error:[/bold red] [red]{message}[/red]{_usage_hint(exc)}")
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except ChronoqError as exc:
+        err.print(f"[bold red]error:[/bold red] [red]{escape(exc.message)}[/red]")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_hint(exc: Exception) -> str:
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None)
+    return f" [dim](see '{escape(path)} --help')[/dim]" if path else ""
+
+
+if __name__ == "__main__":
+    main()

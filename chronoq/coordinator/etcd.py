@@ -1,0 +1,102 @@
+"""The etcd connection: endpoints, timeouts, keepalive, key layout and error translation.
+
+Every call has a timeout (aetcd has none by default, and a frozen etcd would hang a node);
+gRPC keepalive notices a silent server. Several endpoints go to gRPC as one ``ipv4:`` target,
+whose default pick-first policy fails over to the next member when one dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import aetcd
+import aetcd.exceptions
+
+from chronoq.errors import ConfigError, CoordinatorUnavailable
+
+KEEPALIVE_OPTIONS = {
+    "grpc.keepalive_time_ms": 2000,
+    "grpc.keepalive_timeout_ms": 2000,
+    "grpc.http2.ping_timeout_ms": 2000,
+    "grpc.keepalive_permit_without_calls": 1,
+    "grpc.http2.max_pings_without_data": 0,
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EtcdSettings:
+    """How to reach etcd. ``endpoints`` are ``host:port`` strings (loopback in tests)."""
+
+    endpoints: Sequence[str]
+    cluster: str = "default"  # the chronoq cluster name: the key prefix
+    timeout: float = 2.0
+    username: str | None = None
+    password: str | None = None
+
+
+def _target(endpoints: Sequence[str]) -> tuple[str, int]:
+    """aetcd builds ``f"{host}:{port}"``; a multi-address ``ipv4:`` target fits that shape."""
+    if not endpoints:
+        raise ConfigError("at least one etcd endpoint is needed")
+    parsed = []
+    for ep in endpoints:
+        ep = ep.removeprefix("http://")
+        host, sep, port = ep.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise ConfigError(f"etcd endpoint {ep!r} is not host:port")
+        parsed.append((host, int(port)))
+    if len(parsed) == 1:
+        return parsed[0]
+    head = ",".join(f"{h}:{p}" for h, p in parsed[:-1])
+    host, port = parsed[-1]
+    return f"ipv4:{head},{host}", port
+
+
+def connect(settings: EtcdSettings) -> aetcd.Client:
+    """An aetcd client (connects lazily) with timeouts and keepalive."""
+    host, port = _target(settings.endpoints)
+    return aetcd.Client(
+        host=host,
+        port=port,
+        username=settings.username,
+        password=settings.password,
+        timeout=settings.timeout,  # type: ignore[arg-type]
+        options=KEEPALIVE_OPTIONS,
+    )
+
+
+@contextlib.contextmanager
+def translated(what: str) -> Iterator[None]:
+    """etcd client errors as ``CoordinatorUnavailable`` (the one place they are translated)."""
+    try:
+        yield
+    except (aetcd.exceptions.ClientError, TimeoutError, OSError) as exc:
+        raise CoordinatorUnavailable(f"etcd: {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class Keys:
+    """The key layout of one chronoq cluster in etcd."""
+
+    def __init__(self, cluster: str) -> None:
+        self.root = f"/chronoq/{cluster}/"
+        self.members = f"{self.root}members/".encode()
+        self.owners = f"{self.root}owners/".encode()
+        self.stats = f"{self.root}stats/".encode()
+        self.loads = f"{self.root}loads".encode()
+        self.clock = f"{self.root}clock".encode()
+
+    def member(self, node_id: str) -> bytes:
+        return self.members + node_id.encode()
+
+    def owner(self, partition: int) -> bytes:
+        return self.owners + f"{partition:05d}".encode()
+
+    def partition_of(self, key: bytes) -> int:
+        return int(key[len(self.owners):])
+
+    def stat(self, node_id: str) -> bytes:
+        return self.stats + node_id.encode()

@@ -1,0 +1,354 @@
+"""Partition ownership through etcd, with fencing tokens checked by the store.
+
+Each partition this node should own (by ``ring.assign`` over the live members and the
+published loads) moves through a small state machine::
+
+    (absent) ──claim key──▶ ACQUIRING ──store accepts token──▶ OWNED
+    OWNED ──no longer assigned / graceful stop──▶ RELEASING ──key deleted──▶ (absent)
+    any ──lease lost or local deadline passed──▶ LOST (final for that lease; a new lease
+                                                        starts a new epoch)
+
+The owner key ``/chronoq/<cluster>/owners/<p>`` is created only if absent, attached to this
+node's lease; its create revision is the fencing token, recorded in the store before the
+first owner write. ``owned()`` answers nothing once the local lease deadline has passed, so a
+node that cannot renew stops firing by itself, and a node that wakes from a pause is refused
+by the store anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aetcd
+
+from chronoq.buckets import bucket_of
+from chronoq.clock import Clock
+from chronoq.coordinator import ring
+from chronoq.coordinator.etcd import EtcdSettings, Keys, connect, translated
+from chronoq.coordinator.lease import NodeLease
+from chronoq.coordinator.view import PrefixView
+from chronoq.errors import CoordinatorUnavailable, StoreUnavailable
+from chronoq.store import Store
+
+log = logging.getLogger("chronoq.coordinator")
+
+
+class PartitionState(enum.Enum):
+    ACQUIRING = "acquiring"
+    OWNED = "owned"
+    RELEASING = "releasing"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSettings:
+    etcd: EtcdSettings
+    lease_ttl: int = 5
+    epsilon: float = ring.DEFAULT_EPSILON
+    load_horizon_buckets: int = 5  # "the coming minutes" that make a partition's load
+    load_interval: float = 2.0
+    stats_interval: float = 1.0
+    reconcile_interval: float = 1.0
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    node_id: str
+    address: str
+
+
+class EtcdOwnership:
+    """Owns the partitions ``assign`` gives this node; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        node_id: str,
+        address: str,
+        settings: ClusterSettings,
+        clock: Clock,
+        *,
+        stats: Callable[[], dict[str, float]] = dict,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self.node_id = node_id
+        self.address = address
+        self.settings = settings
+        self._clock = clock
+        self._stats = stats
+        self.keys = Keys(settings.etcd.cluster)
+        self.client: aetcd.Client = connect(settings.etcd)
+        self.lease = NodeLease(self.client, settings.lease_ttl, on_lost=self._lease_lost, monotonic=monotonic)
+        self.members = PrefixView(self.client, self.keys.members, self._changed)
+        self.owners = PrefixView(self.client, self.keys.owners, self._changed)
+        self.loads_view = PrefixView(self.client, self.keys.loads, self._changed)
+        self.stats_view = PrefixView(self.client, self.keys.stats)
+        self.cluster_id = ""
+        self.states: dict[int, PartitionState] = {}
+        self.tokens: dict[int, int] = {}
+        self.gate = asyncio.Lock()  # held by owner writes; a release waits for the one in flight
+        self.on_acquired: Callable[[set[int]], None] = lambda _p: None
+        self.on_released: Callable[[set[int]], None] = lambda _p: None
+        self.handoffs = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    # ------------------------------------------------------------------ Ownership protocol
+
+    def owned(self) -> Mapping[int, int]:
+        if self._stopping or not self.lease.valid():
+            return {}
+        return {p: self.tokens[p] for p, s in self.states.items() if s is PartitionState.OWNED}
+
+    async def start(self) -> None:
+        with translated("connect"):
+            probe = await self.client.get_prefix(self.keys.members)
+        self.cluster_id = str(probe.header.cluster_id)
+        await self._register()
+        for view in (self.members, self.owners, self.loads_view, self.stats_view):
+            with translated(f"read {view.prefix!r}"):
+                await view.start()
+        self.lease.start()
+        self._tasks = [
+            asyncio.create_task(self._reconcile_loop(), name="chronoq-reconcile"),
+            asyncio.create_task(self._publish_loads_loop(), name="chronoq-loads"),
+            asyncio.create_task(self._publish_stats_loop(), name="chronoq-stats"),
+        ]
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Graceful: stop owner writes, wait for the one in flight, then revoke the lease
+        so every owner key disappears at once and the watchers take over."""
+        self._stopping = True
+        async with self.gate:
+            released = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+            self.states.clear()
+            self.tokens.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.lease.stop(revoke=True)
+        for view in (self.members, self.owners, self.loads_view, self.stats_view):
+            await view.stop()
+        with contextlib.suppress(Exception):
+            await self.client.close()
+        if released:
+            self.on_released(released)
+
+    # ------------------------------------------------------------------ membership
+
+    async def _register(self) -> None:
+        lease_id = await self.lease.grant()
+        value = json.dumps({"address": self.address}).encode()
+        with translated("register member"):
+            await self.client.put(self.keys.member(self.node_id), value, lease=lease_id)
+
+    def live_members(self) -> list[MemberInfo]:
+        out = []
+        for entry in self.members.items.values():
+            node_id = entry.key[len(self.keys.members):].decode()
+            try:
+                address = json.loads(entry.value)["address"]
+            except (ValueError, KeyError):
+                address = ""
+            out.append(MemberInfo(node_id, address))
+        return sorted(out, key=lambda m: m.node_id)
+
+    def published_loads(self) -> dict[int, float]:
+        entry = self.loads_view.items.get(self.keys.loads)
+        if entry is None:
+            return {}
+        try:
+            return {int(p): float(v) for p, v in json.loads(entry.value)["loads"].items()}
+        except (ValueError, KeyError, TypeError):
+            return {}
+
+    def assignment(self) -> dict[int, str]:
+        members = [m.node_id for m in self.live_members()]
+        return ring.assign(
+            self._store.partitions, members, self.published_loads(), epsilon=self.settings.epsilon
+        )
+
+    def owner_of(self) -> dict[int, tuple[str, int]]:
+        """Partition → (owner node, fencing token) as etcd holds it now."""
+        return {
+            self.keys.partition_of(e.key): (e.value.decode(), e.create_revision)
+            for e in self.owners.items.values()
+        }
+
+    # ------------------------------------------------------------------ reconcile
+
+    def _changed(self) -> None:
+        self._wake.set()
+
+    def _lease_lost(self) -> None:
+        lost = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+        for p in self.states:
+            self.states[p] = PartitionState.LOST
+        log.warning("lease lost: %d partitions LOST", len(lost))
+        if lost:
+            self.on_released(lost)
+        self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.reconcile_interval)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except (CoordinatorUnavailable, StoreUnavailable) as exc:
+                log.warning("reconcile failed: %s", exc)
+                await asyncio.sleep(0.2)
+                self._wake.set()
+
+    async def reconcile(self) -> None:
+        """Release what is no longer ours, claim what is ours and free."""
+        if self._stopping:
+            return
+        if self.lease.id is None:  # lost: a new lease starts a new epoch
+            self.states.clear()
+            self.tokens.clear()
+            await self._register()
+            self.lease.start()
+        assignment = self.assignment()
+        if self.node_id not in {m.node_id for m in self.live_members()}:
+            return  # our member key is not visible yet
+        desired = {p for p, n in assignment.items() if n == self.node_id}
+        holding = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+        if holding - desired:
+            await self._release(holding - desired)
+        owners = self.owner_of()
+        free = sorted(p for p in desired - holding if p not in owners)
+        acquired = set()
+        for p in free:
+            if await self._acquire(p):
+                acquired.add(p)
+        if acquired:
+            self.on_acquired(acquired)
+
+    async def _acquire(self, partition: int) -> bool:
+        key = self.keys.owner(partition)
+        lease_id = self.lease.id
+        if lease_id is None or not self.lease.valid():
+            return False
+        self.states[partition] = PartitionState.ACQUIRING
+        tx = self.client.transactions
+        with translated("claim partition"):
+            ok, responses = await self.client.transaction(
+                compare=[tx.create(key) == 0],
+                success=[tx.put(key, self.node_id.encode(), lease=lease_id)],
+                failure=[tx.get(key)],
+            )
+        if not ok:
+            self.states.pop(partition, None)
+            return False
+        token = responses[0].response_put.header.revision
+        fence = await self._store.take_fence(partition, token, self.cluster_id, self.node_id)
+        if fence is None:  # the store holds a newer token: never fire with ours
+            log.error("partition %d: store refused token %d", partition, token)
+            await self._delete_key(partition, token)
+            self.states.pop(partition, None)
+            return False
+        self.tokens[partition] = token
+        self.states[partition] = PartitionState.OWNED
+        return True
+
+    async def _release(self, partitions: set[int]) -> None:
+        async with self.gate:  # the owner statement in flight finishes first
+            for p in partitions:
+                self.states[p] = PartitionState.RELEASING
+        self.on_released(partitions)
+        for p in sorted(partitions):
+            await self._delete_key(p, self.tokens.get(p, 0))
+            self.states.pop(p, None)
+            self.tokens.pop(p, None)
+            self.handoffs += 1
+
+    async def _delete_key(self, partition: int, token: int) -> None:
+        key = self.keys.owner(partition)
+        tx = self.client.transactions
+        with translated("release partition"):
+            await self.client.transaction(
+                compare=[tx.create(key) == token], success=[tx.delete(key)], failure=[]
+            )
+
+    # ------------------------------------------------------------------ loads and stats
+
+    def _is_load_publisher(self) -> bool:
+        members = self.live_members()
+        return bool(members) and members[0].node_id == self.node_id
+
+    async def _publish_loads_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.load_interval)
+            if not self._is_load_publisher() or not self.lease.valid():
+                continue
+            try:
+                await self.publish_loads()
+            except (CoordinatorUnavailable, StoreUnavailable) as exc:
+                log.warning("publishing loads failed: %s", exc)
+
+    async def publish_loads(self) -> bool:
+        """Publish per-partition due work of the coming buckets when the current assignment
+        would overload a member with it; returns whether it published."""
+        current = bucket_of(self._clock.now(), self._store.bucket_seconds)
+        counts = await self._store.pending_by_bucket(
+            range(self._store.partitions), current, current + self.settings.load_horizon_buckets - 1
+        )
+        fresh: dict[int, float] = {}
+        for (p, _b), n in counts.items():
+            fresh[p] = fresh.get(p, 0.0) + n
+        fresh = {p: _quantize(n) for p, n in fresh.items() if n > 0}
+        if fresh == self.published_loads():
+            return False
+        members = [m.node_id for m in self.live_members()]
+        current_map = self.assignment()
+        weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in range(self._store.partitions)}
+        cap = ring.capacity(sum(weights.values()), len(members), self.settings.epsilon)
+        per_member: dict[str, float] = {}
+        for p, n in current_map.items():
+            per_member[n] = per_member.get(n, 0.0) + weights[p]
+        overloaded = any(v > cap for v in per_member.values())
+        stale_hot = bool(self.published_loads()) and not fresh
+        if not (overloaded or stale_hot):
+            return False
+        with translated("publish loads"):
+            await self.client.put(
+                self.keys.loads, json.dumps({"bucket": current, "loads": fresh}).encode()
+            )
+        return True
+
+    async def _publish_stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.stats_interval)
+            lease_id = self.lease.id
+            if lease_id is None:
+                continue
+            body = {"address": self.address, "owned": len(self.owned()), **self._stats()}
+            with contextlib.suppress(CoordinatorUnavailable), translated("publish stats"):
+                await self.client.put(self.keys.stat(self.node_id), json.dumps(body).encode(), lease=lease_id)
+
+    def member_stats(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for entry in self.stats_view.items.values():
+            with contextlib.suppress(ValueError):
+                out[entry.key[len(self.keys.stats):].decode()] = json.loads(entry.value)
+        return out
+
+
+def _quantize(n: float) -> float:
+    """Round a due count to a power of two, so small drifts do not move partitions."""
+    return float(2 ** round(math.log2(n))) if n >= 1 else 0.0
