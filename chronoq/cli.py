@@ -267,6 +267,11 @@ def _when(value: datetime | None) -> str:
     return value.isoformat(timespec="milliseconds") if value is not None else "-"
 
 
+def _utc(value: datetime) -> str:
+    """Compact UTC time for table cells (the column header says UTC)."""
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}"[:-3]
+
+
 _STATE_STYLE = {
     TaskState.SCHEDULED: "cyan", TaskState.READY: "yellow", TaskState.RUNNING: "blue",
     TaskState.SUCCEEDED: "green", TaskState.DEAD: "red", TaskState.CANCELLED: "dim",
@@ -306,13 +311,14 @@ def _short(text: str, limit: int) -> str:
 
 def _tasks_table(tasks: Sequence[Task], *, title: str, errors: bool = False) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in ("id", "queue", "state", "run_at", "attempt"):
-        table.add_column(column, no_wrap=True)
+    table.add_column("id", no_wrap=True, min_width=36)
+    for column in ("queue", "state", "run_at (UTC)", "attempt"):
+        table.add_column(column)
     table.add_column("last error" if errors else "payload", overflow="fold")
     for t in tasks:
         detail = t.last_error or "" if errors else _payload_text(t.payload)
         table.add_row(
-            t.id, escape(t.queue), _state(t.state), _when(t.run_at),
+            t.id, escape(t.queue), _state(t.state), _utc(t.run_at),
             f"{t.attempt}/{t.max_attempts}", escape(_short(detail, 60)),
         )
     return table
@@ -1054,8 +1060,34 @@ def bench_throughput(
     pending_sizes: Annotated[
         str,
         typer.Option(envvar=_env("BENCH_PENDING_SIZES"),
-                     help="Comma-separated pending-set sizes for the firing-cost sweep."),
+                     help="Comma-separated pending-task counts for the node memory phase "
+                          "(10k, 1M allowed)."),
     ] = "10000,1000000",
+    lateness_seconds: Annotated[
+        float,
+        typer.Option(envvar=_env("BENCH_LATENESS_SECONDS"), min=0.1,
+                     help="How long tasks keep coming due in the lateness phase."),
+    ] = 20.0,
+    submitters: Annotated[
+        str,
+        typer.Option(envvar=_env("BENCH_SUBMITTERS"),
+                     help="Comma-separated counts of concurrent submitters."),
+    ] = "1,2,4",
+    layouts: Annotated[
+        str,
+        typer.Option(envvar=_env("BENCH_LAYOUTS"),
+                     help="Worker layouts end to end: in-process, processes."),
+    ] = "in-process,processes",
+    phases: Annotated[
+        str,
+        typer.Option(envvar=_env("BENCH_PHASES"),
+                     help="Phases to run: raw, submit, fire, e2e, lateness, rss."),
+    ] = "raw,submit,fire,e2e,lateness,rss",
+    rss_settle_seconds: Annotated[
+        float,
+        typer.Option(envvar=_env("BENCH_RSS_SETTLE_SECONDS"), min=0.0,
+                     help="How long a node fires before its memory is read."),
+    ] = 5.0,
 ) -> None:
     """Measure submit, firing and claim throughput, and firing cost against pending-set size.
 
@@ -1068,10 +1100,15 @@ def bench_throughput(
             raise
         _fail("the throughput benchmark (chronoq.bench.throughput) is not part of this install")
     with _reported():
-        module.main(
-            tasks=tasks, workers=workers, concurrency=concurrency, data_dir=data_dir, dsn=dsn,
-            due_rate=due_rate, json_out=json_out, pending_sizes=pending_sizes,
-        )
+        try:
+            module.main(
+                tasks=tasks, workers=workers, concurrency=concurrency, data_dir=data_dir,
+                dsn=dsn, due_rate=due_rate, json_out=json_out, pending_sizes=pending_sizes,
+                lateness_seconds=lateness_seconds, submitters=submitters, layouts=layouts,
+                phases=phases, rss_settle_seconds=rss_settle_seconds,
+            )
+        except ValueError as exc:  # a malformed list option
+            _fail(str(exc), 2)
 
 
 # ---------------------------------------------------------------------- entry point

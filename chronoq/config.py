@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from chronoq.api.convert import SpecDefaults
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.coordinator.etcd import ClusterSettings
 from chronoq.errors import ConfigError
 from chronoq.models import Limits
 
@@ -37,6 +38,7 @@ class NodeSettings:
     pool_size: int = 10
     limits: Limits = field(default_factory=Limits)
     defaults: SpecDefaults = field(default_factory=SpecDefaults)
+    cluster: ClusterSettings | None = None  # None: a single node owning every partition
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= 32767:

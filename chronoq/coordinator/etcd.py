@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import aetcd
 import aetcd.exceptions
 
+from chronoq.coordinator.ring import DEFAULT_EPSILON
 from chronoq.errors import ConfigError, CoordinatorUnavailable
 
 KEEPALIVE_OPTIONS = {
@@ -36,6 +37,17 @@ class EtcdSettings:
     timeout: float = 2.0
     username: str | None = None
     password: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSettings:
+    etcd: EtcdSettings
+    lease_ttl: int = 5
+    epsilon: float = DEFAULT_EPSILON
+    load_horizon_buckets: int = 5  # "the coming minutes" that make a partition's load
+    load_interval: float = 2.0
+    stats_interval: float = 1.0
+    reconcile_interval: float = 1.0
 
 
 def _target(endpoints: Sequence[str]) -> tuple[str, int]:

@@ -32,10 +32,11 @@ import aetcd
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.coordinator import ring
-from chronoq.coordinator.etcd import EtcdSettings, Keys, connect, translated
+from chronoq.coordinator.etcd import ClusterSettings, Keys, connect, translated
 from chronoq.coordinator.lease import NodeLease
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import CoordinatorUnavailable, StoreUnavailable
+from chronoq.node.ownership import ClusterView, MemberView
 from chronoq.store import Store
 
 log = logging.getLogger("chronoq.coordinator")
@@ -46,17 +47,6 @@ class PartitionState(enum.Enum):
     OWNED = "owned"
     RELEASING = "releasing"
     LOST = "lost"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterSettings:
-    etcd: EtcdSettings
-    lease_ttl: int = 5
-    epsilon: float = ring.DEFAULT_EPSILON
-    load_horizon_buckets: int = 5  # "the coming minutes" that make a partition's load
-    load_interval: float = 2.0
-    stats_interval: float = 1.0
-    reconcile_interval: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +99,14 @@ class EtcdOwnership:
         if self._stopping or not self.lease.valid():
             return {}
         return {p: self.tokens[p] for p, s in self.states.items() if s is PartitionState.OWNED}
+
+    def describe(self) -> ClusterView:
+        stats = self.member_stats()
+        return ClusterView(
+            f"{self.settings.etcd.cluster} (etcd {self.cluster_id})",
+            [MemberView(m.node_id, m.address, stats.get(m.node_id, {})) for m in self.live_members()],
+            self.owner_of(),
+        )
 
     async def start(self) -> None:
         with translated("connect"):

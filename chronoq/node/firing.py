@@ -90,10 +90,14 @@ class Firer:
         unfinished: set[int] = set()
         pending = owned
         for _ in range(self._rounds):
-            if not pending:
-                break
-            per_partition = max(50, math.ceil(self._batch / len(pending)))
-            result = await self._store.fire_due(pending, now, batch=per_partition)
+            async with self._ownership.gate:
+                # Re-read ownership before each statement: a release may have happened.
+                still = self._ownership.owned()
+                pending = {p: t for p, t in pending.items() if still.get(p) == t}
+                if not pending:
+                    break
+                per_partition = max(50, math.ceil(self._batch / len(pending)))
+                result = await self._store.fire_due(pending, now, batch=per_partition)
             self.stats.statements += 1
             self._account(result, total)
             saturated = result.saturated(per_partition)
@@ -121,7 +125,10 @@ class Firer:
         }
         if not behind:
             return
-        advanced = await self._store.advance_watermarks(behind, current)
+        async with self._ownership.gate:
+            still = self._ownership.owned()
+            behind = {p: t for p, t in behind.items() if still.get(p) == t}
+            advanced = await self._store.advance_watermarks(behind, current)
         for p in behind:
             # Either advanced now, or already at/above `current` (or no longer ours).
             self._watermarks[p] = current

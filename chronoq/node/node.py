@@ -20,7 +20,7 @@ from chronoq.node.firing import Firer
 from chronoq.node.ownership import LocalOwnership, Ownership
 from chronoq.node.readiness import ReadyNotifier
 from chronoq.node.reaper import Reaper
-from chronoq.node.service import ClusterService, TaskService, WorkerService
+from chronoq.node.service import ClusterService, TaskService, WorkerService, node_stats
 from chronoq.store import FireResult, Store
 
 log = logging.getLogger("chronoq.node")
@@ -31,11 +31,23 @@ SERVICE_NAMES = (
     cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
 )
 
-OwnershipFactory = Callable[[Store, NodeSettings], Ownership]
+OwnershipFactory = Callable[["Node", Store], Ownership]
 
 
-def local_ownership(store: Store, settings: NodeSettings) -> Ownership:
-    return LocalOwnership(store, settings.node_id)
+def default_ownership(node: Node, store: Store) -> Ownership:
+    """Every partition on a single node, or the etcd-coordinated share of a cluster."""
+    s = node.settings
+    if s.cluster is None:
+        return LocalOwnership(store, s.node_id, node.address)
+    from chronoq.coordinator.ownership import EtcdOwnership
+
+    ownership = EtcdOwnership(
+        store, s.node_id, node.address, s.cluster, node.clock,
+        stats=lambda: node_stats(node.firer) if node.firer is not None else {},
+    )
+    ownership.on_acquired = node.partitions_changed
+    ownership.on_released = node.partitions_changed
+    return ownership
 
 
 class Node:
@@ -46,7 +58,7 @@ class Node:
         settings: NodeSettings,
         *,
         clock: Clock | None = None,
-        ownership: OwnershipFactory = local_ownership,
+        ownership: OwnershipFactory = default_ownership,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -66,12 +78,22 @@ class Node:
         return f"{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
+        """Connect the store, bind the port, take ownership, then fire and serve."""
         s = self.settings
         self.store = await Store.connect(
             s.dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds, max_size=s.pool_size
         )
-        self.ownership = self._ownership_factory(self.store, s)
-        await self.ownership.start()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ]
+        )
+        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        self._server = server
+        self.ownership = self._ownership_factory(self, self.store)
         self.firer = Firer(
             self.store, self.ownership, self.clock,
             tick=s.tick.total_seconds(), batch=s.fire_batch, rounds=s.fire_rounds,
@@ -82,7 +104,9 @@ class Node:
             interval=s.reap_interval.total_seconds(), batch=s.reap_batch,
             on_requeued=self._requeued,
         )
-        await self._start_server()
+        self._add_services(server)
+        await server.start()
+        await self.ownership.start()
         self._tasks = [
             asyncio.create_task(self.firer.run(), name="chronoq-firing"),
             asyncio.create_task(self.reaper.run(), name="chronoq-reaper"),
@@ -91,34 +115,28 @@ class Node:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("node %s serving on %s", s.node_id, self.address)
 
-    async def _start_server(self) -> None:
+    def _add_services(self, server: grpc.aio.Server) -> None:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ]
-        )
-        tasks_pb2_grpc.add_TaskServiceServicer_to_server(
+        tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
             TaskService(self.store, self.clock, s, self.notifier), server
         )
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server(
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             WorkerService(self.store, self.clock, s, self.notifier), server
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
-        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(
-            ClusterService(self.store, self.clock, s, self.ownership, self.firer, self.address),
-            server,
+        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            ClusterService(self.store, self.clock, s, self.ownership, self.firer), server
         )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        await server.start()
-        self._server = server
+
+    def partitions_changed(self, partitions: set[int]) -> None:
+        """Ownership moved: forget cached watermarks and fire at once (backfill included)."""
+        if self.firer is not None:
+            self.firer.forget(partitions)
+            self.firer.poke()
 
     def _fired(self, result: FireResult) -> None:
         self.notifier.notify(result.ready_by_queue)
@@ -129,8 +147,10 @@ class Node:
     async def stop(self, grace: float = 2.0) -> None:
         """Stop firing first (no owner write after this returns), then the server, then the pool."""
         await self._health.enter_graceful_shutdown()
-        for task in self._tasks:
-            task.cancel()
+        if self.ownership is not None:
+            async with self.ownership.gate:  # the owner statement in flight finishes first
+                for task in self._tasks:
+                    task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

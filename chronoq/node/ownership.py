@@ -7,16 +7,41 @@ asks ``owned()`` before each statement and never caches the answer.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from chronoq.store import Store
 
 
+@dataclass(frozen=True)
+class MemberView:
+    node_id: str
+    address: str
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What a node knows of the cluster, for status: members and partition owners."""
+
+    cluster: str
+    members: list[MemberView]
+    owners: dict[int, tuple[str, int]]  # partition → (node id, fencing token)
+
+
 class Ownership(Protocol):
-    """A view of the partitions this node currently owns: partition → fencing token."""
+    """A view of the partitions this node currently owns: partition → fencing token.
+
+    Owner writes hold ``gate`` while they run, so a release can wait for the one in flight.
+    """
+
+    gate: asyncio.Lock
 
     def owned(self) -> Mapping[int, int]: ...
+
+    def describe(self) -> ClusterView: ...
 
     async def start(self) -> None: ...
 
@@ -30,10 +55,12 @@ class LocalOwnership:
     partitions (a stale ``chronoq node`` left running against the same database).
     """
 
-    def __init__(self, store: Store, node_id: str) -> None:
+    def __init__(self, store: Store, node_id: str, address: str = "") -> None:
         self._store = store
         self._node_id = node_id
+        self._address = address
         self._owned: dict[int, int] = {}
+        self.gate = asyncio.Lock()
 
     async def start(self) -> None:
         fences = await self._store.take_fences_local(range(self._store.partitions), self._node_id)
@@ -44,3 +71,10 @@ class LocalOwnership:
 
     def owned(self) -> Mapping[int, int]:
         return self._owned
+
+    def describe(self) -> ClusterView:
+        return ClusterView(
+            "local",
+            [MemberView(self._node_id, self._address)],
+            {p: (self._node_id, t) for p, t in self._owned.items()},
+        )

@@ -51,10 +51,11 @@ class Reaper:
         """One pass, in bounded batches until nothing expired is left."""
         done: list[Task] = []
         while True:
-            owned = dict(self._ownership.owned())
-            batch = await self._store.reap_expired(
-                owned, self._clock.now(), batch=self._batch, rng=self._rng
-            )
+            async with self._ownership.gate:
+                owned = dict(self._ownership.owned())
+                batch = await self._store.reap_expired(
+                    owned, self._clock.now(), batch=self._batch, rng=self._rng
+                )
             done.extend(batch)
             self.reaped += len(batch)
             if batch:

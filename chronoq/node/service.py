@@ -223,14 +223,12 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         settings: NodeSettings,
         ownership: Ownership,
         firer: Firer,
-        address: str,
     ) -> None:
         self._store = store
         self._clock = clock
         self._settings = settings
         self._ownership = ownership
         self._firer = firer
-        self._address = address
 
     @translated
     async def Status(self, request: cluster_pb2.StatusRequest, context: Ctx) -> cluster_pb2.StatusResponse:
@@ -246,30 +244,35 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         per_bucket: dict[int, int] = {}
         for (_p, b), n in counts.items():
             per_bucket[b] = per_bucket.get(b, 0) + n
-        owned = self._ownership.owned()
-        fences = await self._store.fences()
+        view = self._ownership.describe()
+        watermarks = {f.partition: f.watermark for f in await self._store.fences()}
+        members = []
+        for m in view.members:
+            stats = m.stats
+            if m.node_id == self._settings.node_id:
+                stats = self._local_stats()
+            members.append(
+                cluster_pb2.Member(
+                    node_id=m.node_id, address=m.address,
+                    owned_partitions=sum(1 for n, _t in view.owners.values() if n == m.node_id),
+                    lateness_p50_ms=stats.get("lateness_p50_ms", 0.0),
+                    lateness_p99_ms=stats.get("lateness_p99_ms", 0.0),
+                    fired_total=int(stats.get("fired", 0)),
+                )
+            )
         return cluster_pb2.StatusResponse(
-            cluster="local",
+            cluster=view.cluster,
             node_id=self._settings.node_id,
             now=convert.to_timestamp(now),
             partitions=self._settings.partitions,
             bucket_seconds=width,
-            members=[
-                cluster_pb2.Member(
-                    node_id=self._settings.node_id,
-                    address=self._address,
-                    owned_partitions=len(owned),
-                    lateness_p50_ms=self._firer.lateness.percentile(50) * 1000,
-                    lateness_p99_ms=self._firer.lateness.percentile(99) * 1000,
-                    fired_total=self._firer.stats.fired,
-                )
-            ],
+            members=members,
             ownership=[
                 cluster_pb2.PartitionOwnership(
-                    partition=f.partition, owner=f.owner, fencing_token=f.token,
-                    watermark_bucket=f.watermark,
+                    partition=p, owner=node, fencing_token=token,
+                    watermark_bucket=watermarks.get(p, 0),
                 )
-                for f in fences
+                for p, (node, token) in sorted(view.owners.items())
             ],
             buckets=[
                 cluster_pb2.BucketCount(
@@ -279,6 +282,18 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
                 for b in range(first - 1, first + horizon)
             ],
         )
+
+    def _local_stats(self) -> dict[str, float]:
+        return node_stats(self._firer)
+
+
+def node_stats(firer: Firer) -> dict[str, float]:
+    """The figures a node publishes about itself (status, the lab)."""
+    return {
+        "lateness_p50_ms": firer.lateness.percentile(50) * 1000,
+        "lateness_p99_ms": firer.lateness.percentile(99) * 1000,
+        "fired": float(firer.stats.fired),
+    }
 
 
 def _required_id(task_id: str) -> str:
