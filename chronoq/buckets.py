@@ -38,7 +38,9 @@ def partition_of(key: str | bytes, partitions: int = DEFAULT_PARTITIONS) -> int:
     return int.from_bytes(digest, "big") % partitions
 
 
-def average_per_bucket(pending: int, horizon_minutes: int = 1440, bucket_seconds: int = 60) -> float:
+def average_per_bucket(
+    pending: int, horizon_minutes: int = 1440, bucket_seconds: int = 60
+) -> float:
     """Expected pending tasks per bucket when ``pending`` spread evenly over the horizon."""
     buckets = max(1, horizon_minutes * 60 // bucket_seconds)
     return pending / buckets

@@ -44,11 +44,11 @@ def check_name(field_name: str, value: str) -> str:
     if not value:
         raise InvalidArgument(field_name, "must not be empty")
     if len(value) > MAX_NAME:
-        raise InvalidArgument(field_name, f"is {len(value)} characters long; the limit is {MAX_NAME}")
-    if not _NAME.match(value):
         raise InvalidArgument(
-            field_name, f"{value!r} has characters outside [A-Za-z0-9._:-]"
+            field_name, f"is {len(value)} characters long; the limit is {MAX_NAME}"
         )
+    if not _NAME.match(value):
+        raise InvalidArgument(field_name, f"{value!r} has characters outside [A-Za-z0-9._:-]")
     return value
 
 
@@ -103,14 +103,16 @@ class Limits:
             )
         if not 1 <= spec.max_attempts <= self.max_attempts_limit:
             raise InvalidArgument(
-                "max_attempts", f"must be between 1 and {self.max_attempts_limit}, got {spec.max_attempts}"
+                "max_attempts",
+                f"must be between 1 and {self.max_attempts_limit}, got {spec.max_attempts}",
             )
         if spec.backoff_initial < timedelta(0) or spec.backoff_max < spec.backoff_initial:
             raise InvalidArgument("retry", "need 0 <= backoff_initial <= backoff_max")
         if not self.min_lease_timeout <= spec.lease_timeout <= self.max_lease_timeout:
             raise InvalidArgument(
                 "lease_timeout",
-                f"must be between {_human(self.min_lease_timeout)} and {_human(self.max_lease_timeout)}",
+                f"must be between {_human(self.min_lease_timeout)} "
+                f"and {_human(self.max_lease_timeout)}",
             )
         if spec.misfire_grace < timedelta(0):
             raise InvalidArgument("misfire_grace", "must be >= 0")
@@ -154,6 +156,8 @@ class Task:
     created_at: datetime | None = None
     fired_at: datetime | None = None
     finished_at: datetime | None = None
+    fired_by: str | None = None  # the node that fired it, and under which fencing token
+    fire_token: int | None = None
 
     @property
     def lease_token(self) -> int:

@@ -21,7 +21,7 @@ _IMPORT = re.compile(r"^from chronoq\.v1 import", re.MULTILINE)
 
 def generate(out_dir: Path) -> list[Path]:
     """Generate the stubs into ``out_dir``; returns the files written."""
-    from grpc_tools import protoc  # only needed by developers, not at run time
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # developers only
 
     protos = sorted((PROTO_DIR / "chronoq" / "v1").glob("*.proto"))
     with tempfile.TemporaryDirectory() as tmp:

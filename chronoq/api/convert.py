@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -52,7 +53,9 @@ def from_timestamp(field: str, ts: timestamp_pb2.Timestamp) -> datetime:
         raise InvalidArgument(field, f"is not a valid timestamp ({exc})") from None
 
 
-def from_duration(field: str, d: duration_pb2.Duration, *, allow_negative: bool = False) -> timedelta:
+def from_duration(
+    field: str, d: duration_pb2.Duration, *, allow_negative: bool = False
+) -> timedelta:
     try:
         out = d.ToTimedelta()
     except (ValueError, OverflowError) as exc:
@@ -74,7 +77,9 @@ def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) 
     elif which == "delay":
         run_at = now + from_duration("delay", pb.delay)
     else:
-        raise InvalidArgument("run_at", "is required: set run_at (a timestamp) or delay (a duration)")
+        raise InvalidArgument(
+            "run_at", "is required: set run_at (a timestamp) or delay (a duration)"
+        )
     retry = pb.retry
     return TaskSpec(
         namespace=namespace_of(pb.namespace),
@@ -82,27 +87,34 @@ def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) 
         run_at=run_at,
         payload=pb.payload,
         idempotency_key=pb.idempotency_key or None,
-        max_attempts=retry.max_attempts if retry.HasField("max_attempts") else defaults.max_attempts,
+        max_attempts=retry.max_attempts
+        if retry.HasField("max_attempts")
+        else defaults.max_attempts,
         backoff_initial=(
             from_duration("retry.backoff_initial", retry.backoff_initial)
-            if retry.HasField("backoff_initial") else defaults.backoff_initial
+            if retry.HasField("backoff_initial")
+            else defaults.backoff_initial
         ),
         backoff_max=(
             from_duration("retry.backoff_max", retry.backoff_max)
-            if retry.HasField("backoff_max") else max(defaults.backoff_max, timedelta(0))
+            if retry.HasField("backoff_max")
+            else max(defaults.backoff_max, timedelta(0))
         ),
         lease_timeout=(
             from_duration("lease_timeout", pb.lease_timeout)
-            if pb.HasField("lease_timeout") else defaults.lease_timeout
+            if pb.HasField("lease_timeout")
+            else defaults.lease_timeout
         ),
         priority=pb.priority,
         misfire_policy=(
-            MisfirePolicy.SKIP if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
+            MisfirePolicy.SKIP
+            if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
             else MisfirePolicy.FIRE_LATE
         ),
         misfire_grace=(
             from_duration("misfire_grace", pb.misfire_grace)
-            if pb.HasField("misfire_grace") else defaults.misfire_grace
+            if pb.HasField("misfire_grace")
+            else defaults.misfire_grace
         ),
     )
 
@@ -126,14 +138,14 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
     )
 
 
-def state_policy_to_pb(policy: MisfirePolicy) -> tasks_pb2.MisfirePolicy.ValueType:
+def state_policy_to_pb(policy: MisfirePolicy) -> Any:
     if policy is MisfirePolicy.SKIP:
         return tasks_pb2.MISFIRE_POLICY_SKIP
     return tasks_pb2.MISFIRE_POLICY_FIRE_LATE
 
 
-def state_to_pb(state: TaskState) -> tasks_pb2.TaskState.ValueType:
-    return tasks_pb2.TaskState.ValueType(int(state) + 1)
+def state_to_pb(state: TaskState) -> Any:
+    return int(state) + 1
 
 
 def state_from_pb(value: int) -> TaskState | None:
@@ -175,7 +187,7 @@ def task_to_pb(task: Task) -> tasks_pb2.Task:
 
 
 def _opt_ts(pb: tasks_pb2.Task, name: str) -> datetime | None:
-    if not pb.HasField(name):  # type: ignore[arg-type]
+    if not pb.HasField(name):
         return None
     return from_timestamp(name, getattr(pb, name))
 
@@ -199,7 +211,8 @@ def task_from_pb(pb: tasks_pb2.Task) -> Task:
         backoff_max=pb.backoff_max.ToTimedelta(),
         lease_timeout=pb.lease_timeout.ToTimedelta(),
         misfire_policy=(
-            MisfirePolicy.SKIP if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
+            MisfirePolicy.SKIP
+            if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
             else MisfirePolicy.FIRE_LATE
         ),
         misfire_grace=pb.misfire_grace.ToTimedelta(),

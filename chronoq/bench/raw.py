@@ -175,26 +175,32 @@ async def copy_tasks(
 
 @dataclass
 class RawCeilings:
-    """Rows per second of chronoq's statements run bare, one connection unless said otherwise."""
+    """Rows per second of chronoq's statements run bare; keyed by connections where it varies."""
 
     rows: int
     insert_batch: int
     claim_batch: int
-    claim_connections: int
-    insert_per_s: float
+    insert_per_s: dict[int, float]
     fire_per_s: float
     fire_statements: int
-    claim_complete_per_s: float
+    claim_complete_per_s: dict[int, float]
+
+    def insert_with(self, connections: int) -> float:
+        """The insert ceiling at ``connections`` (or the best one when not measured)."""
+        return self.insert_per_s.get(connections, max(self.insert_per_s.values()))
+
+    @property
+    def claim_complete_best(self) -> tuple[int, float]:
+        """(connections, rows/s) of the fastest claim-and-complete run."""
+        return max(self.claim_complete_per_s.items(), key=lambda kv: kv[1])
 
     @property
     def pipeline_per_s(self) -> float:
         """Fire, then claim and complete, one after the other: the serial end-to-end ceiling."""
-        return 1 / (1 / self.fire_per_s + 1 / self.claim_complete_per_s)
+        return 1 / (1 / self.fire_per_s + 1 / self.claim_complete_best[1])
 
 
-def _insert_columns(
-    batch: Sequence[tuple[Any, ...]],
-) -> list[list[Any]]:
+def _insert_columns(batch: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
     """``insert_tasks`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` has them."""
     cols: list[list[Any]] = [[] for _ in range(16)]
     for r in batch:
@@ -207,18 +213,31 @@ def _insert_columns(
     return cols
 
 
-async def _raw_insert(
-    conn: asyncpg.Connection, rows: int, batch: int, partitions: int, now: datetime
+async def _on_each(
+    conns: Sequence[asyncpg.Connection], job: Callable[[asyncpg.Connection], Any]
 ) -> float:
+    """Run ``job`` on every connection at once; the seconds until all are done."""
+    started = time.perf_counter()
+    await asyncio.gather(*(job(c) for c in conns))
+    return time.perf_counter() - started
+
+
+async def _raw_insert(
+    conns: Sequence[asyncpg.Connection], rows: int, batch: int, partitions: int, now: datetime
+) -> float:
+    """Insert ``rows`` in batches of ``batch``, the connections taking batches in turn."""
     source = list(task_rows(
         rows, now + timedelta(minutes=5), timedelta(hours=1), now=now, partitions=partitions
     ))
     batches = [_insert_columns(source[i:i + batch]) for i in range(0, rows, batch)]
-    insert = q("insert_tasks")
-    started = time.perf_counter()
-    for cols in batches:
-        await conn.fetch(insert, *cols, now)
-    return rows / (time.perf_counter() - started)
+    statements = {c: await c.prepare(q("insert_tasks")) for c in conns}
+    queue = iter(batches)
+
+    async def job(conn: asyncpg.Connection) -> None:
+        for cols in queue:
+            await statements[conn].fetch(*cols, now)
+
+    return rows / await _on_each(conns, job)
 
 
 async def _raw_fire(
@@ -229,7 +248,9 @@ async def _raw_fire(
     owned = {r["partition"]: r["token"] for r in fences}
     fire_at = now + timedelta(hours=2)
     current = bucket_of(fire_at, DEFAULT_BUCKET_SECONDS)
-    fire = q("fire_due")
+    fire = await conn.prepare(q("fire_due"))
+    # Parameters past $5 say who fires (the node id, since migration 0002): name this bench.
+    who = ["raw-bench"] * (len(fire.get_parameters()) - 5)
     fired = statements = 0
     pending = owned
     started = time.perf_counter()
@@ -237,8 +258,8 @@ async def _raw_fire(
         if not pending:
             pending = owned
         per_partition = max(50, math.ceil(fire_batch / len(pending)))
-        result = await conn.fetch(
-            fire, list(pending), list(pending.values()), current, fire_at, per_partition
+        result = await fire.fetch(
+            list(pending), list(pending.values()), current, fire_at, per_partition, *who
         )
         statements += 1
         if not result:
@@ -251,60 +272,67 @@ async def _raw_fire(
     return fired / (time.perf_counter() - started), statements
 
 
-async def _raw_claim_complete(pool: asyncpg.Pool, connections: int, claim_batch: int) -> float:
+async def _raw_claim_complete(
+    conns: Sequence[asyncpg.Connection], rows: int, claim_batch: int
+) -> float:
+    """Claim ``claim_batch`` and complete them, on every connection, until ``rows`` are done."""
     now = datetime.now(UTC) + timedelta(hours=2)
-    claim, complete = q("claim"), q("complete")
+    claims = {c: await c.prepare(q("claim")) for c in conns}
+    completes = {c: await c.prepare(q("complete")) for c in conns}
+    done = 0
 
-    async def loop(worker: str) -> int:
-        done = 0
-        async with pool.acquire() as conn:
-            while True:
-                rows = await conn.fetch(claim, NAMESPACE, [QUEUE], claim_batch, worker, now)
-                if not rows:
-                    return done
-                await conn.fetch(
-                    complete, NAMESPACE, [r["id"] for r in rows], [r["attempt"] for r in rows], now
-                )
-                done += len(rows)
+    async def job(conn: asyncpg.Connection) -> None:
+        nonlocal done
+        while done < rows:
+            got = await claims[conn].fetch(
+                NAMESPACE, [QUEUE], min(claim_batch, rows - done), f"raw-{id(conn)}", now
+            )
+            if not got:
+                return
+            done += len(got)
+            await completes[conn].fetch(
+                NAMESPACE, [r["id"] for r in got], [r["attempt"] for r in got], now
+            )
 
-    started = time.perf_counter()
-    counts = await asyncio.gather(*(loop(f"raw-{i}") for i in range(connections)))
-    return sum(counts) / (time.perf_counter() - started)
+    seconds = await _on_each(conns, job)
+    return done / seconds
 
 
 async def measure_ceilings(
     dsn: str,
     *,
     rows: int,
+    connections: Sequence[int] = (1, 2, 4),
     insert_batch: int = 1000,
     claim_batch: int = 64,
-    claim_connections: int = 2,
     partitions: int = DEFAULT_PARTITIONS,
     fire_batch: int = 5000,
 ) -> RawCeilings:
-    """Insert ``rows`` (batches of ``insert_batch``), fire them all, then claim and complete them.
+    """Insert ``rows`` (batches of ``insert_batch``), fire them all, then claim and complete.
 
-    ``dsn`` must be a fresh, migrated database.
+    Insert and claim-and-complete run once per count in ``connections``, each on its share of
+    the rows; firing runs on one connection, as the firing loop does. Statements are prepared
+    before the clock starts. ``dsn`` must be a fresh, migrated database.
     """
-    now = datetime.now(UTC)
-    conn = await asyncpg.connect(dsn, server_settings={"timezone": "UTC"})
+    counts = sorted(set(connections))
+    share = max(1, rows // len(counts))
+    conns = [
+        await asyncpg.connect(dsn, server_settings={"timezone": "UTC"}) for _ in range(max(counts))
+    ]
     try:
-        insert = await _raw_insert(conn, rows, insert_batch, partitions, now)
-        await conn.execute("ANALYZE tasks")
-        fire, statements = await _raw_fire(conn, rows, partitions, fire_batch, now)
-        await conn.execute("ANALYZE tasks")
+        now = datetime.now(UTC)
+        inserts = {
+            n: await _raw_insert(conns[:n], share, insert_batch, partitions, now) for n in counts
+        }
+        await conns[0].execute("ANALYZE tasks")
+        fire, statements = await _raw_fire(conns[0], share * len(counts), partitions, fire_batch,
+                                           now)
+        await conns[0].execute("ANALYZE tasks")
+        claims = {n: await _raw_claim_complete(conns[:n], share, claim_batch) for n in counts}
     finally:
-        await conn.close()
-    pool = await asyncpg.create_pool(
-        dsn, min_size=claim_connections, max_size=claim_connections,
-        server_settings={"timezone": "UTC"},
-    )
-    try:
-        claim_complete = await _raw_claim_complete(pool, claim_connections, claim_batch)
-    finally:
-        await pool.close()
+        for conn in conns:
+            await conn.close()
     return RawCeilings(
-        rows=rows, insert_batch=insert_batch, claim_batch=claim_batch,
-        claim_connections=claim_connections, insert_per_s=insert, fire_per_s=fire,
-        fire_statements=statements, claim_complete_per_s=claim_complete,
+        rows=rows, insert_batch=insert_batch, claim_batch=claim_batch, insert_per_s=inserts,
+        fire_per_s=fire, fire_statements=statements, claim_complete_per_s=claims,
     )

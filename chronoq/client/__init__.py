@@ -1,6 +1,6 @@
 """The async Python client and worker SDK of chronoq."""
 
-from chronoq.client.client import ClusterStatus, Client, NewTask, Submitted
+from chronoq.client.client import Client, ClusterStatus, NewTask, Submitted
 from chronoq.client.worker import FatalTaskError, Handler, TaskContext, Worker, WorkerStats
 
 __all__ = [

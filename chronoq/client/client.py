@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -11,8 +13,14 @@ import grpc
 
 from chronoq import errors
 from chronoq.api import convert
-from chronoq.api.v1 import cluster_pb2, cluster_pb2_grpc, tasks_pb2, tasks_pb2_grpc
-from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
+from chronoq.api.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    tasks_pb2,
+    tasks_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     AckOutcome,
@@ -58,8 +66,11 @@ class NewTask:
 
     def to_pb(self, namespace: str) -> tasks_pb2.TaskSpec:
         pb = tasks_pb2.TaskSpec(
-            namespace=namespace, queue=self.queue, payload=self.payload,
-            idempotency_key=self.idempotency_key or "", priority=self.priority,
+            namespace=namespace,
+            queue=self.queue,
+            payload=self.payload,
+            idempotency_key=self.idempotency_key or "",
+            priority=self.priority,
             misfire_policy=convert.state_policy_to_pb(self.misfire_policy),
         )
         if self.run_at is not None and self.delay is not None:
@@ -126,6 +137,7 @@ class ClusterStatus:
     members: list[MemberStatus] = field(default_factory=list)
     ownership: list[PartitionStatus] = field(default_factory=list)
     buckets: list[BucketCount] = field(default_factory=list)
+    firing_partitions: list[int] = field(default_factory=list)  # what this node fires now
 
 
 def translate(exc: grpc.aio.AioRpcError) -> errors.RemoteError:
@@ -161,9 +173,9 @@ class Client:
                 ("grpc.keepalive_timeout_ms", 5_000),
             ],
         )
-        self._tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)
-        self._workers = worker_pb2_grpc.WorkerServiceStub(self._channel)
-        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        self._tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._workers = worker_pb2_grpc.WorkerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         await self._channel.close()
@@ -179,7 +191,9 @@ class Client:
         try:
             await _wait_for(self._channel.channel_ready(), timeout)
         except TimeoutError:
-            raise errors.Unavailable(f"no chronoq node answered at {self.target} within {timeout} s") from None
+            raise errors.Unavailable(
+                f"no chronoq node answered at {self.target} within {timeout} s"
+            ) from None
 
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
@@ -195,12 +209,13 @@ class Client:
         resp = await self._call(self._tasks.Submit, tasks_pb2.SubmitRequest(task=pb))
         return Submitted(convert.task_from_pb(resp.task), resp.created)
 
-    async def submit_many(self, tasks: Sequence[NewTask]) -> list[Submitted]:
+    async def submit_many(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
         """Submit a batch in one request and one transaction; results in request order."""
         req = tasks_pb2.SubmitBatchRequest(tasks=[t.to_pb(self.namespace) for t in tasks])
         resp = await self._call(self._tasks.SubmitBatch, req)
         return [
-            Submitted(convert.task_from_pb(t), c) for t, c in zip(resp.tasks, resp.created, strict=True)
+            Submitted(convert.task_from_pb(t), c)
+            for t, c in zip(resp.tasks, resp.created, strict=True)
         ]
 
     async def get(self, task_id: str) -> Task:
@@ -221,8 +236,13 @@ class Client:
         dead: bool = False,
     ) -> Page:
         req = tasks_pb2.ListTasksRequest(
-            namespace=self.namespace, queue=queue or "", page_size=page_size, page_token=page_token,
-            state=convert.state_to_pb(state) if state is not None else tasks_pb2.TASK_STATE_UNSPECIFIED,
+            namespace=self.namespace,
+            queue=queue or "",
+            page_size=page_size,
+            page_token=page_token,
+            state=convert.state_to_pb(state)
+            if state is not None
+            else tasks_pb2.TASK_STATE_UNSPECIFIED,
         )
         method = self._tasks.ListDead if dead else self._tasks.ListTasks
         resp = await self._call(method, req)
@@ -234,27 +254,39 @@ class Client:
         """Every matching task, page by page."""
         token = ""
         while True:
-            page = await self.list(queue=queue, state=state, page_token=token, dead=dead, page_size=500)
+            page = await self.list(
+                queue=queue, state=state, page_token=token, dead=dead, page_size=500
+            )
             for task in page.tasks:
                 yield task
             if not page.next_token:
                 return
             token = page.next_token
 
-    async def requeue(self, task_ids: Sequence[str]) -> list[Task]:
+    async def requeue(self, task_ids: Sequence[str]) -> builtins.list[Task]:
         req = tasks_pb2.RequeueRequest(namespace=self.namespace, ids=list(task_ids))
         resp = await self._call(self._tasks.Requeue, req)
         return [convert.task_from_pb(t) for t in resp.tasks]
 
     async def status(self, bucket_horizon: int = 10) -> ClusterStatus:
-        resp = await self._call(self._cluster.Status, cluster_pb2.StatusRequest(bucket_horizon=bucket_horizon))
+        resp = await self._call(
+            self._cluster.Status, cluster_pb2.StatusRequest(bucket_horizon=bucket_horizon)
+        )
         return ClusterStatus(
-            cluster=resp.cluster, node_id=resp.node_id,
+            cluster=resp.cluster,
+            node_id=resp.node_id,
             now=convert.from_timestamp("now", resp.now),
-            partitions=resp.partitions, bucket_seconds=resp.bucket_seconds,
+            partitions=resp.partitions,
+            bucket_seconds=resp.bucket_seconds,
             members=[
-                MemberStatus(m.node_id, m.address, m.owned_partitions, m.lateness_p50_ms,
-                             m.lateness_p99_ms, m.fired_total)
+                MemberStatus(
+                    m.node_id,
+                    m.address,
+                    m.owned_partitions,
+                    m.lateness_p50_ms,
+                    m.lateness_p99_ms,
+                    m.fired_total,
+                )
                 for m in resp.members
             ],
             ownership=[
@@ -265,6 +297,7 @@ class Client:
                 BucketCount(b.bucket, convert.from_timestamp("starts_at", b.starts_at), b.pending)
                 for b in resp.buckets
             ],
+            firing_partitions=list(resp.firing_partitions),
         )
 
     # ------------------------------------------------------------------ workers
@@ -276,16 +309,21 @@ class Client:
         worker_id: str = "",
         max_tasks: int = 1,
         wait: timedelta = timedelta(0),
-    ) -> list[Task]:
+    ) -> builtins.list[Task]:
         """Claim up to ``max_tasks`` ready tasks, waiting up to ``wait`` for one to come due."""
         req = worker_pb2.ClaimRequest(
-            namespace=self.namespace, queues=list(queues), worker_id=worker_id,
-            max_tasks=max_tasks, wait=convert.to_duration(wait),
+            namespace=self.namespace,
+            queues=list(queues),
+            worker_id=worker_id,
+            max_tasks=max_tasks,
+            wait=convert.to_duration(wait),
         )
-        resp = await self._call(self._workers.Claim, req, timeout=self.timeout + wait.total_seconds())
+        resp = await self._call(
+            self._workers.Claim, req, timeout=self.timeout + wait.total_seconds()
+        )
         return [convert.task_from_pb(t) for t in resp.tasks]
 
-    async def heartbeat(self, leases: Sequence[Lease]) -> list[HeartbeatOutcome]:
+    async def heartbeat(self, leases: Sequence[Lease]) -> builtins.list[HeartbeatOutcome]:
         req = worker_pb2.HeartbeatRequest(
             namespace=self.namespace, leases=[convert.lease_to_pb(lease) for lease in leases]
         )
@@ -296,7 +334,7 @@ class Client:
         req = worker_pb2.CompleteRequest(namespace=self.namespace, lease=convert.lease_to_pb(lease))
         return convert.task_from_pb(await self._call(self._workers.Complete, req))
 
-    async def complete_many(self, leases: Sequence[Lease]) -> list[AckOutcome]:
+    async def complete_many(self, leases: Sequence[Lease]) -> builtins.list[AckOutcome]:
         req = worker_pb2.CompleteBatchRequest(
             namespace=self.namespace, leases=[convert.lease_to_pb(lease) for lease in leases]
         )

@@ -54,9 +54,9 @@ def _target(endpoints: Sequence[str]) -> tuple[str, int]:
     """aetcd builds ``f"{host}:{port}"``; a multi-address ``ipv4:`` target fits that shape."""
     if not endpoints:
         raise ConfigError("at least one etcd endpoint is needed")
-    parsed = []
-    for ep in endpoints:
-        ep = ep.removeprefix("http://")
+    parsed: list[tuple[str, int]] = []
+    for endpoint in endpoints:
+        ep = endpoint.removeprefix("http://")
         host, sep, port = ep.rpartition(":")
         if not sep or not port.isdigit() or not host:
             raise ConfigError(f"etcd endpoint {ep!r} is not host:port")
@@ -64,8 +64,8 @@ def _target(endpoints: Sequence[str]) -> tuple[str, int]:
     if len(parsed) == 1:
         return parsed[0]
     head = ",".join(f"{h}:{p}" for h, p in parsed[:-1])
-    host, port = parsed[-1]
-    return f"ipv4:{head},{host}", port
+    last_host, last_port = parsed[-1]
+    return f"ipv4:{head},{last_host}", last_port
 
 
 def connect(settings: EtcdSettings) -> aetcd.Client:
@@ -76,7 +76,7 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
         port=port,
         username=settings.username,
         password=settings.password,
-        timeout=settings.timeout,  # type: ignore[arg-type]
+        timeout=settings.timeout,
         options=KEEPALIVE_OPTIONS,
     )
 
@@ -108,7 +108,7 @@ class Keys:
         return self.owners + f"{partition:05d}".encode()
 
     def partition_of(self, key: bytes) -> int:
-        return int(key[len(self.owners):])
+        return int(key[len(self.owners) :])
 
     def stat(self, node_id: str) -> bytes:
         return self.stats + node_id.encode()

@@ -77,7 +77,9 @@ class EtcdOwnership:
         self._stats = stats
         self.keys = Keys(settings.etcd.cluster)
         self.client: aetcd.Client = connect(settings.etcd)
-        self.lease = NodeLease(self.client, settings.lease_ttl, on_lost=self._lease_lost, monotonic=monotonic)
+        self.lease = NodeLease(
+            self.client, settings.lease_ttl, on_lost=self._lease_lost, monotonic=monotonic
+        )
         self.members = PrefixView(self.client, self.keys.members, self._changed)
         self.owners = PrefixView(self.client, self.keys.owners, self._changed)
         self.loads_view = PrefixView(self.client, self.keys.loads, self._changed)
@@ -104,7 +106,10 @@ class EtcdOwnership:
         stats = self.member_stats()
         return ClusterView(
             f"{self.settings.etcd.cluster} (etcd {self.cluster_id})",
-            [MemberView(m.node_id, m.address, stats.get(m.node_id, {})) for m in self.live_members()],
+            [
+                MemberView(m.node_id, m.address, stats.get(m.node_id, {}))
+                for m in self.live_members()
+            ],
             self.owner_of(),
         )
 
@@ -156,7 +161,7 @@ class EtcdOwnership:
     def live_members(self) -> list[MemberInfo]:
         out = []
         for entry in self.members.items.values():
-            node_id = entry.key[len(self.keys.members):].decode()
+            node_id = entry.key[len(self.keys.members) :].decode()
             try:
                 address = json.loads(entry.value)["address"]
             except (ValueError, KeyError):
@@ -307,9 +312,9 @@ class EtcdOwnership:
             range(self._store.partitions), current, current + self.settings.load_horizon_buckets - 1
         )
         fresh: dict[int, float] = {}
-        for (p, _b), n in counts.items():
-            fresh[p] = fresh.get(p, 0.0) + n
-        fresh = {p: _quantize(n) for p, n in fresh.items() if n > 0}
+        for (part, _b), count in counts.items():
+            fresh[part] = fresh.get(part, 0.0) + count
+        fresh = {part: _quantize(count) for part, count in fresh.items() if count > 0}
         if fresh == self.published_loads():
             return False
         members = [m.node_id for m in self.live_members()]
@@ -317,8 +322,8 @@ class EtcdOwnership:
         weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in range(self._store.partitions)}
         cap = ring.capacity(sum(weights.values()), len(members), self.settings.epsilon)
         per_member: dict[str, float] = {}
-        for p, n in current_map.items():
-            per_member[n] = per_member.get(n, 0.0) + weights[p]
+        for part, member in current_map.items():
+            per_member[member] = per_member.get(member, 0.0) + weights[part]
         overloaded = any(v > cap for v in per_member.values())
         stale_hot = bool(self.published_loads()) and not fresh
         if not (overloaded or stale_hot):
@@ -337,13 +342,15 @@ class EtcdOwnership:
                 continue
             body = {"address": self.address, "owned": len(self.owned()), **self._stats()}
             with contextlib.suppress(CoordinatorUnavailable), translated("publish stats"):
-                await self.client.put(self.keys.stat(self.node_id), json.dumps(body).encode(), lease=lease_id)
+                await self.client.put(
+                    self.keys.stat(self.node_id), json.dumps(body).encode(), lease=lease_id
+                )
 
     def member_stats(self) -> dict[str, dict[str, float]]:
         out = {}
         for entry in self.stats_view.items.values():
             with contextlib.suppress(ValueError):
-                out[entry.key[len(self.keys.stats):].decode()] = json.loads(entry.value)
+                out[entry.key[len(self.keys.stats) :].decode()] = json.loads(entry.value)
         return out
 
 

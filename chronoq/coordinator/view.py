@@ -79,7 +79,9 @@ class PrefixView:
                 await self._retry(self.resync)
                 continue
             except Exception as exc:  # noqa: BLE001 - any broken stream: resume, never die
-                log.info("watch of %r broke (%s); resuming from %d", self.prefix, exc, self.revision + 1)
+                log.info(
+                    "watch of %r broke (%s); resuming from %d", self.prefix, exc, self.revision + 1
+                )
             await asyncio.sleep(self._retry_delay)
 
     async def _follow(self) -> None:

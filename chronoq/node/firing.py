@@ -46,7 +46,9 @@ class Firer:
         batch: int,
         rounds: int,
         on_ready: Callable[[FireResult], None] = lambda _r: None,
+        node_id: str = "",
     ) -> None:
+        self.node_id = node_id
         self._store = store
         self._ownership = ownership
         self._clock = clock
@@ -97,7 +99,9 @@ class Firer:
                 if not pending:
                     break
                 per_partition = max(50, math.ceil(self._batch / len(pending)))
-                result = await self._store.fire_due(pending, now, batch=per_partition)
+                result = await self._store.fire_due(
+                    pending, now, batch=per_partition, node_id=self.node_id
+                )
             self.stats.statements += 1
             self._account(result, total)
             saturated = result.saturated(per_partition)
@@ -120,7 +124,8 @@ class Firer:
     async def _advance(self, owned: Mapping[int, int], unfinished: set[int], current: int) -> None:
         """Move watermarks up to the current bucket for partitions with nothing left behind."""
         behind = {
-            p: tok for p, tok in owned.items()
+            p: tok
+            for p, tok in owned.items()
             if p not in unfinished and self._watermarks.get(p, -1) < current
         }
         if not behind:

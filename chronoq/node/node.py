@@ -11,8 +11,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from chronoq.api.v1 import cluster_pb2, cluster_pb2_grpc, tasks_pb2, tasks_pb2_grpc
-from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
+from chronoq.api.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    tasks_pb2,
+    tasks_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
 from chronoq.models import Task
@@ -42,7 +48,11 @@ def default_ownership(node: Node, store: Store) -> Ownership:
     from chronoq.coordinator.ownership import EtcdOwnership
 
     ownership = EtcdOwnership(
-        store, s.node_id, node.address, s.cluster, node.clock,
+        store,
+        s.node_id,
+        node.address,
+        s.cluster,
+        node.clock,
         stats=lambda: node_stats(node.firer) if node.firer is not None else {},
     )
     ownership.on_acquired = node.partitions_changed
@@ -95,13 +105,21 @@ class Node:
         self._server = server
         self.ownership = self._ownership_factory(self, self.store)
         self.firer = Firer(
-            self.store, self.ownership, self.clock,
-            tick=s.tick.total_seconds(), batch=s.fire_batch, rounds=s.fire_rounds,
+            self.store,
+            self.ownership,
+            self.clock,
+            tick=s.tick.total_seconds(),
+            batch=s.fire_batch,
+            rounds=s.fire_rounds,
             on_ready=self._fired,
+            node_id=s.node_id,
         )
         self.reaper = Reaper(
-            self.store, self.ownership, self.clock,
-            interval=s.reap_interval.total_seconds(), batch=s.reap_batch,
+            self.store,
+            self.ownership,
+            self.clock,
+            interval=s.reap_interval.total_seconds(),
+            batch=s.reap_batch,
             on_requeued=self._requeued,
         )
         self._add_services(server)

@@ -23,7 +23,9 @@ class ReadyNotifier:
         events = [self._events.setdefault((namespace, q), asyncio.Event()) for q in queues]
         waiters = [asyncio.ensure_future(e.wait()) for e in events]
         try:
-            done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for w in waiters:
                 w.cancel()

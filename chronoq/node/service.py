@@ -10,8 +10,14 @@ from typing import Any
 import grpc
 
 from chronoq.api import convert
-from chronoq.api.v1 import cluster_pb2, cluster_pb2_grpc, tasks_pb2, tasks_pb2_grpc
-from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
+from chronoq.api.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    tasks_pb2,
+    tasks_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
@@ -45,7 +51,9 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
             except InvalidArgument as exc:
                 if len(specs) == 1:
                     raise
-                raise InvalidArgument(f"tasks[{i}].{exc.field}", exc.message.split(": ", 1)[1]) from None
+                raise InvalidArgument(
+                    f"tasks[{i}].{exc.field}", exc.message.split(": ", 1)[1]
+                ) from None
         outcomes = await self._store.submit(checked, now)
         self._notifier.notify(
             {(o.task.namespace, o.task.queue) for o in outcomes if o.task.state is TaskState.READY}
@@ -53,11 +61,15 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         return outcomes
 
     @translated
-    async def Submit(self, request: tasks_pb2.SubmitRequest, context: Ctx) -> tasks_pb2.SubmitResponse:
+    async def Submit(
+        self, request: tasks_pb2.SubmitRequest, context: Ctx
+    ) -> tasks_pb2.SubmitResponse:
         if not request.HasField("task"):
             raise InvalidArgument("task", "is required")
         (outcome,) = await self._submit([request.task])
-        return tasks_pb2.SubmitResponse(task=convert.task_to_pb(outcome.task), created=outcome.created)
+        return tasks_pb2.SubmitResponse(
+            task=convert.task_to_pb(outcome.task), created=outcome.created
+        )
 
     @translated
     async def SubmitBatch(
@@ -67,7 +79,9 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
             raise InvalidArgument("tasks", "must hold at least one task")
         if len(request.tasks) > self._settings.max_batch:
             raise InvalidArgument(
-                "tasks", f"holds {len(request.tasks)} tasks; the limit is {self._settings.max_batch} per batch"
+                "tasks",
+                f"holds {len(request.tasks)} tasks; "
+                f"the limit is {self._settings.max_batch} per batch",
             )
         outcomes = await self._submit(list(request.tasks))
         return tasks_pb2.SubmitBatchResponse(
@@ -77,11 +91,15 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
 
     @translated
     async def GetTask(self, request: tasks_pb2.GetTaskRequest, context: Ctx) -> tasks_pb2.Task:
-        task = await self._store.get(_required_id(request.id), convert.namespace_of(request.namespace))
+        task = await self._store.get(
+            _required_id(request.id), convert.namespace_of(request.namespace)
+        )
         return convert.task_to_pb(task)
 
     @translated
-    async def CancelTask(self, request: tasks_pb2.CancelTaskRequest, context: Ctx) -> tasks_pb2.Task:
+    async def CancelTask(
+        self, request: tasks_pb2.CancelTaskRequest, context: Ctx
+    ) -> tasks_pb2.Task:
         task = await self._store.cancel(
             _required_id(request.id), convert.namespace_of(request.namespace), self._clock.now()
         )
@@ -116,7 +134,9 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         return await self._list(request, TaskState.DEAD)
 
     @translated
-    async def Requeue(self, request: tasks_pb2.RequeueRequest, context: Ctx) -> tasks_pb2.RequeueResponse:
+    async def Requeue(
+        self, request: tasks_pb2.RequeueRequest, context: Ctx
+    ) -> tasks_pb2.RequeueResponse:
         tasks = await self._store.requeue(
             convert.namespace_of(request.namespace), list(request.ids), self._clock.now()
         )
@@ -135,7 +155,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._rng = random.Random()
 
     @translated
-    async def Claim(self, request: worker_pb2.ClaimRequest, context: Ctx) -> worker_pb2.ClaimResponse:
+    async def Claim(
+        self, request: worker_pb2.ClaimRequest, context: Ctx
+    ) -> worker_pb2.ClaimResponse:
         namespace = check_name("namespace", convert.namespace_of(request.namespace))
         if not request.queues:
             raise InvalidArgument("queues", "name at least one queue to claim from")
@@ -143,14 +165,20 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         max_tasks = request.max_tasks or 1
         if max_tasks > 1000:
             raise InvalidArgument("max_tasks", f"is {max_tasks}; the limit is 1000")
-        wait = convert.from_duration("wait", request.wait) if request.HasField("wait") else timedelta(0)
+        wait = (
+            convert.from_duration("wait", request.wait)
+            if request.HasField("wait")
+            else timedelta(0)
+        )
         wait = min(wait, self._settings.max_claim_wait)
         worker_id = request.worker_id or (context.peer() or "unknown")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait.total_seconds()
         poll = self._settings.claim_poll.total_seconds()
         while True:
-            tasks = await self._store.claim(namespace, queues, worker_id, max_tasks, self._clock.now())
+            tasks = await self._store.claim(
+                namespace, queues, worker_id, max_tasks, self._clock.now()
+            )
             remaining = deadline - loop.time()
             if tasks or remaining <= 0:
                 return worker_pb2.ClaimResponse(tasks=[convert.task_to_pb(t) for t in tasks])
@@ -166,7 +194,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
         return worker_pb2.HeartbeatResponse(
             results=[
-                worker_pb2.HeartbeatResult(task_id=o.task_id, ok=o.ok, cancelled=o.cancelled, error=o.error)
+                worker_pb2.HeartbeatResult(
+                    task_id=o.task_id, ok=o.ok, cancelled=o.cancelled, error=o.error
+                )
                 for o in outcomes
             ]
         )
@@ -191,18 +221,26 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             convert.namespace_of(request.namespace), leases, self._clock.now()
         )
         return worker_pb2.CompleteBatchResponse(
-            results=[worker_pb2.AckResult(task_id=o.task_id, ok=o.ok, error=o.error) for o in outcomes]
+            results=[
+                worker_pb2.AckResult(task_id=o.task_id, ok=o.ok, error=o.error) for o in outcomes
+            ]
         )
 
     @translated
     async def Fail(self, request: worker_pb2.FailRequest, context: Ctx) -> tasks_pb2.Task:
         retry_after = (
             convert.from_duration("retry_after", request.retry_after)
-            if request.HasField("retry_after") else None
+            if request.HasField("retry_after")
+            else None
         )
         task = await self._store.fail(
-            convert.namespace_of(request.namespace), _lease(request), request.error,
-            self._clock.now(), fatal=request.fatal, retry_after=retry_after, rng=self._rng,
+            convert.namespace_of(request.namespace),
+            _lease(request),
+            request.error,
+            self._clock.now(),
+            fatal=request.fatal,
+            retry_after=retry_after,
+            rng=self._rng,
         )
         if task.state is TaskState.READY:
             self._notifier.notify([(task.namespace, task.queue)])
@@ -231,7 +269,9 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         self._firer = firer
 
     @translated
-    async def Status(self, request: cluster_pb2.StatusRequest, context: Ctx) -> cluster_pb2.StatusResponse:
+    async def Status(
+        self, request: cluster_pb2.StatusRequest, context: Ctx
+    ) -> cluster_pb2.StatusResponse:
         now = self._clock.now()
         width = self._settings.bucket_seconds
         horizon = request.bucket_horizon or 10
@@ -253,7 +293,8 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
                 stats = self._local_stats()
             members.append(
                 cluster_pb2.Member(
-                    node_id=m.node_id, address=m.address,
+                    node_id=m.node_id,
+                    address=m.address,
                     owned_partitions=sum(1 for n, _t in view.owners.values() if n == m.node_id),
                     lateness_p50_ms=stats.get("lateness_p50_ms", 0.0),
                     lateness_p99_ms=stats.get("lateness_p99_ms", 0.0),
@@ -269,18 +310,22 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
             members=members,
             ownership=[
                 cluster_pb2.PartitionOwnership(
-                    partition=p, owner=node, fencing_token=token,
+                    partition=p,
+                    owner=node,
+                    fencing_token=token,
                     watermark_bucket=watermarks.get(p, 0),
                 )
                 for p, (node, token) in sorted(view.owners.items())
             ],
             buckets=[
                 cluster_pb2.BucketCount(
-                    bucket=b, starts_at=convert.to_timestamp(bucket_start(b, width)),
+                    bucket=b,
+                    starts_at=convert.to_timestamp(bucket_start(b, width)),
                     pending=per_bucket.get(b, 0),
                 )
                 for b in range(first - 1, first + horizon)
             ],
+            firing_partitions=sorted(self._ownership.owned()),
         )
 
     def _local_stats(self) -> dict[str, float]:

@@ -28,7 +28,7 @@ STATUS_OF: dict[type[errors.ChronoqError], grpc.StatusCode] = {
 def code_for(exc: errors.ChronoqError) -> grpc.StatusCode:
     for cls in type(exc).__mro__:
         if cls in STATUS_OF:
-            return STATUS_OF[cls]  # type: ignore[index]
+            return STATUS_OF[cls]
     return grpc.StatusCode.INTERNAL
 
 

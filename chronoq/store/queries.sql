@@ -79,6 +79,8 @@ SET state = CASE WHEN t.misfire_policy = 1
                   AND t.run_at + t.misfire_grace_ms * interval '1 millisecond' < $4
                  THEN 6 ELSE 1 END,
     fired_at = $4,
+    fired_by = $6,
+    fire_token = (SELECT f.token FROM partition_fences f WHERE f.partition = t.partition),
     finished_at = CASE WHEN t.misfire_policy = 1
                         AND t.run_at + t.misfire_grace_ms * interval '1 millisecond' < $4
                        THEN $4 END,

@@ -75,10 +75,13 @@ class FireResult:
 def _translated() -> Any:
     try:
         yield
-    except (OSError, asyncpg.exceptions.PostgresConnectionError,
-            asyncpg.exceptions.InterfaceError,
-            asyncpg.exceptions.CannotConnectNowError,
-            asyncpg.exceptions.AdminShutdownError) as exc:
+    except (
+        OSError,
+        asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.InterfaceError,
+        asyncpg.exceptions.CannotConnectNowError,
+        asyncpg.exceptions.AdminShutdownError,
+    ) as exc:
         raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
 
 
@@ -93,7 +96,7 @@ def _ms(d: timedelta) -> int:
     return d // _MS
 
 
-def _task(row: Mapping[str, Any]) -> Task:
+def _task(row: Any) -> Task:
     return Task(
         id=str(row["id"]),
         namespace=row["namespace"],
@@ -119,6 +122,8 @@ def _task(row: Mapping[str, Any]) -> Task:
         created_at=row["created_at"],
         fired_at=row["fired_at"],
         finished_at=row["finished_at"],
+        fired_by=row.get("fired_by"),
+        fire_token=row.get("fire_token"),
     )
 
 
@@ -165,7 +170,7 @@ class Store:
         await self.pool.close()
 
     @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _conn(self) -> AsyncIterator[Any]:
         with _translated():
             async with self.pool.acquire() as conn:
                 yield conn
@@ -181,7 +186,9 @@ class Store:
                     " version integer PRIMARY KEY, name text NOT NULL,"
                     " applied_at timestamptz NOT NULL DEFAULT now())"
                 )
-                done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+                done = {
+                    r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")
+                }
                 for version, name, sql in migrations():
                     if version in done:
                         continue
@@ -189,7 +196,8 @@ class Store:
                         await conn.execute(sql)
                         await conn.execute(
                             "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                            version, name,
+                            version,
+                            name,
                         )
                     applied.append(version)
             finally:
@@ -210,11 +218,22 @@ class Store:
         for task_id, s in zip(ids, specs, strict=True):
             due = s.run_at <= now
             row = (
-                task_id, s.namespace, s.queue, partition_of(task_id.bytes, self.partitions),
-                bucket_of(s.run_at, self.bucket_seconds), s.run_at,
-                int(TaskState.READY if due else TaskState.SCHEDULED), s.priority, s.payload,
-                s.idempotency_key, s.max_attempts, _ms(s.backoff_initial), _ms(s.backoff_max),
-                _ms(s.lease_timeout), int(s.misfire_policy), _ms(s.misfire_grace),
+                task_id,
+                s.namespace,
+                s.queue,
+                partition_of(task_id.bytes, self.partitions),
+                bucket_of(s.run_at, self.bucket_seconds),
+                s.run_at,
+                int(TaskState.READY if due else TaskState.SCHEDULED),
+                s.priority,
+                s.payload,
+                s.idempotency_key,
+                s.max_attempts,
+                _ms(s.backoff_initial),
+                _ms(s.backoff_max),
+                _ms(s.lease_timeout),
+                int(s.misfire_policy),
+                _ms(s.misfire_grace),
             )
             for col, value in zip(cols, row, strict=True):
                 col.append(value)
@@ -320,7 +339,9 @@ class Store:
         """Extend the leases whose token is current; say why for the others."""
         ids, tokens = self._lease_columns(leases)
         async with self._conn() as conn:
-            ok = {str(r["id"]) for r in await conn.fetch(q("heartbeat"), namespace, ids, tokens, now)}
+            ok = {
+                str(r["id"]) for r in await conn.fetch(q("heartbeat"), namespace, ids, tokens, now)
+            }
             misses = await self._explain_misses(conn, namespace, leases, ok)
         out = []
         for lease in leases:
@@ -328,7 +349,9 @@ class Store:
                 out.append(HeartbeatOutcome(lease.task_id, ok=True))
             else:
                 cancelled, why = misses[lease.task_id]
-                out.append(HeartbeatOutcome(lease.task_id, ok=False, cancelled=cancelled, error=why))
+                out.append(
+                    HeartbeatOutcome(lease.task_id, ok=False, cancelled=cancelled, error=why)
+                )
         return out
 
     async def complete(
@@ -337,10 +360,13 @@ class Store:
         """RUNNING → SUCCEEDED for each lease whose token is current."""
         ids, tokens = self._lease_columns(leases)
         async with self._conn() as conn:
-            ok = {str(r["id"]) for r in await conn.fetch(q("complete"), namespace, ids, tokens, now)}
+            ok = {
+                str(r["id"]) for r in await conn.fetch(q("complete"), namespace, ids, tokens, now)
+            }
             misses = await self._explain_misses(conn, namespace, leases, ok)
         return [
-            AckOutcome(lease.task_id, True) if lease.task_id in ok
+            AckOutcome(lease.task_id, True)
+            if lease.task_id in ok
             else AckOutcome(lease.task_id, False, misses[lease.task_id][1])
             for lease in leases
         ]
@@ -356,16 +382,24 @@ class Store:
         retry_after: timedelta | None = None,
         rng: random.Random | None = None,
     ) -> Task:
-        """RUNNING → SCHEDULED after a backoff (READY if due at once), or DEAD when out of attempts."""
+        """RUNNING → SCHEDULED after a backoff (READY if due at once), or DEAD if out of attempts."""
         task_id = parse_task_id(lease.task_id)
         async with self._conn() as conn, conn.transaction():
             row = await conn.fetchrow(q("lock_running"), task_id, namespace)
             self._check_lease(row, lease, namespace)
             assert row is not None
-            state, run_at = self.after_failure(row, now, fatal=fatal, retry_after=retry_after, rng=rng)
+            state, run_at = self.after_failure(
+                row, now, fatal=fatal, retry_after=retry_after, rng=rng
+            )
             rows = await conn.fetch(
-                q("retry_running"), [task_id], [lease.lease_token], [int(state)], [run_at],
-                [bucket_of(run_at, self.bucket_seconds)], [error[:4000]], now,
+                q("retry_running"),
+                [task_id],
+                [lease.lease_token],
+                [int(state)],
+                [run_at],
+                [bucket_of(run_at, self.bucket_seconds)],
+                [error[:4000]],
+                now,
             )
         return _task(rows[0])
 
@@ -376,14 +410,16 @@ class Store:
                 q("release"), parse_task_id(lease.task_id), namespace, lease.lease_token
             )
             if row is None:
-                current = await conn.fetchrow(q("get_task"), parse_task_id(lease.task_id), namespace)
+                current = await conn.fetchrow(
+                    q("get_task"), parse_task_id(lease.task_id), namespace
+                )
                 self._check_lease(current, lease, namespace)
         assert row is not None
         return _task(row)
 
     @staticmethod
     def after_failure(
-        row: Mapping[str, Any],
+        row: Any,
         now: datetime,
         *,
         fatal: bool = False,
@@ -393,11 +429,15 @@ class Store:
         """Where a failed attempt goes: DEAD, or back to waiting until a backoff time."""
         if fatal or not attempts_left(row["attempt"], row["max_attempts"], row["retry_base"]):
             return TaskState.DEAD, now
-        delay = retry_after if retry_after is not None else backoff(
-            row["attempt"] - row["retry_base"],
-            initial=row["backoff_initial_ms"] * _MS,
-            maximum=row["backoff_max_ms"] * _MS,
-            rng=rng,
+        delay = (
+            retry_after
+            if retry_after is not None
+            else backoff(
+                row["attempt"] - row["retry_base"],
+                initial=row["backoff_initial_ms"] * _MS,
+                maximum=row["backoff_max_ms"] * _MS,
+                rng=rng,
+            )
         )
         run_at = now + delay
         return (TaskState.READY if run_at <= now else TaskState.SCHEDULED), run_at
@@ -432,17 +472,20 @@ class Store:
                 out[m.task_id] = (False, f"the task is {state.name}, not RUNNING")
             else:
                 out[m.task_id] = (
-                    False, f"lease token {m.lease_token} is stale; the current attempt is {r['attempt']}"
+                    False,
+                    f"lease token {m.lease_token} is stale; the current attempt is {r['attempt']}",
                 )
         return out
 
     @staticmethod
-    def _check_lease(row: Mapping[str, Any] | None, lease: Lease, namespace: str) -> None:
+    def _check_lease(row: Any, lease: Lease, namespace: str) -> None:
         if row is None:
             raise TaskNotFound(lease.task_id, namespace)
         state = TaskState(row["state"])
         if state is not TaskState.RUNNING:
-            raise StaleLease(lease.task_id, lease.lease_token, f"the task is {state.name}, not RUNNING")
+            raise StaleLease(
+                lease.task_id, lease.lease_token, f"the task is {state.name}, not RUNNING"
+            )
         if row["attempt"] != lease.lease_token:
             raise StaleLease(
                 lease.task_id, lease.lease_token, f"the current attempt is {row['attempt']}"
@@ -454,7 +497,9 @@ class Store:
         """Take every listed partition with a token one above the stored one (single node)."""
         async with self._conn() as conn:
             rows = await conn.fetch(q("take_fences_local"), list(partitions), owner, "local")
-        return {r["partition"]: Fence(r["partition"], r["token"], r["watermark"], owner) for r in rows}
+        return {
+            r["partition"]: Fence(r["partition"], r["token"], r["watermark"], owner) for r in rows
+        }
 
     async def take_fence(
         self, partition: int, token: int, cluster_id: str, owner: str
@@ -475,7 +520,7 @@ class Store:
         ]
 
     async def fire_due(
-        self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000
+        self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000, node_id: str = ""
     ) -> FireResult:
         """Fire up to ``batch`` due tasks of each owned partition (partition → token)."""
         result = FireResult()
@@ -484,7 +529,13 @@ class Store:
         parts, tokens = list(owned), list(owned.values())
         async with self._conn() as conn:
             rows = await conn.fetch(
-                q("fire_due"), parts, tokens, bucket_of(now, self.bucket_seconds), now, batch
+                q("fire_due"),
+                parts,
+                tokens,
+                bucket_of(now, self.bucket_seconds),
+                now,
+                batch,
+                node_id,
             )
         for r in rows:
             result.per_partition[r["partition"]] += 1
@@ -501,7 +552,9 @@ class Store:
         if not owned:
             return set()
         async with self._conn() as conn:
-            rows = await conn.fetch(q("advance_watermarks"), list(owned), list(owned.values()), bucket)
+            rows = await conn.fetch(
+                q("advance_watermarks"), list(owned), list(owned.values()), bucket
+            )
         return {r["partition"] for r in rows}
 
     async def reap_expired(
@@ -527,8 +580,14 @@ class Store:
                 error = f"lease expired (worker {r['worker_id'] or '?'}, attempt {r['attempt']})"
                 for col, value in zip(
                     cols,
-                    (r["id"], r["attempt"], int(state), run_at,
-                     bucket_of(run_at, self.bucket_seconds), error),
+                    (
+                        r["id"],
+                        r["attempt"],
+                        int(state),
+                        run_at,
+                        bucket_of(run_at, self.bucket_seconds),
+                        error,
+                    ),
                     strict=True,
                 ):
                     col.append(value)
@@ -552,4 +611,6 @@ class Store:
 
 class _Abort(InvalidArgument):
     def __init__(self, task_id: str) -> None:
-        super().__init__("ids", f"task {task_id} is not DEAD (or does not exist); nothing was requeued")
+        super().__init__(
+            "ids", f"task {task_id} is not DEAD (or does not exist); nothing was requeued"
+        )

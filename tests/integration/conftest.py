@@ -39,8 +39,12 @@ async def make_node(dsn: str) -> AsyncIterator[NodeFactory]:
 
     async def make(clock: Clock | None = None, **overrides: Any) -> Node:
         fields: dict[str, Any] = {
-            "dsn": dsn, "port": 0, "partitions": 16, "tick": timedelta(milliseconds=50),
-            "reap_interval": timedelta(milliseconds=200), "claim_poll": timedelta(milliseconds=100),
+            "dsn": dsn,
+            "port": 0,
+            "partitions": 16,
+            "tick": timedelta(milliseconds=50),
+            "reap_interval": timedelta(milliseconds=200),
+            "claim_poll": timedelta(milliseconds=100),
         }
         fields.update(overrides)
         node = Node(NodeSettings(**fields), clock=clock)

@@ -48,14 +48,30 @@ def spec(**fields: object) -> tasks_pb2.TaskSpec:
     ("make", "code", "words"),
     [
         (lambda: tasks_pb2.TaskSpec(queue="q"), INVALID, "run_at: is required"),
-        (lambda: spec(run_at={"seconds": 1_900_000_000, "nanos": 2_000_000_000}), INVALID, "run_at: is not a valid timestamp"),
+        (
+            lambda: spec(run_at={"seconds": 1_900_000_000, "nanos": 2_000_000_000}),
+            INVALID,
+            "run_at: is not a valid timestamp",
+        ),
         (lambda: spec(run_at={"seconds": 10**11}), INVALID, "run_at"),
-        (lambda: spec(run_at={"seconds": 1_900_000_000 + 400 * 86400}), INVALID, "beyond the scheduling horizon"),
+        (
+            lambda: spec(run_at={"seconds": 1_900_000_000 + 400 * 86400}),
+            INVALID,
+            "beyond the scheduling horizon",
+        ),
         (lambda: spec(queue=""), INVALID, "queue: must not be empty"),
         (lambda: spec(queue="q" * 129), INVALID, "queue: is 129 characters long; the limit is 128"),
         (lambda: spec(queue="bad queue!"), INVALID, "queue: 'bad queue!' has characters outside"),
-        (lambda: spec(payload=b"x" * (256 * 1024 + 1)), INVALID, "payload: is 262145 bytes; the limit is 262144"),
-        (lambda: spec(retry={"max_attempts": 0}), INVALID, "max_attempts: must be between 1 and 1000, got 0"),
+        (
+            lambda: spec(payload=b"x" * (256 * 1024 + 1)),
+            INVALID,
+            "payload: is 262145 bytes; the limit is 262144",
+        ),
+        (
+            lambda: spec(retry={"max_attempts": 0}),
+            INVALID,
+            "max_attempts: must be between 1 and 1000, got 0",
+        ),
         (lambda: spec(lease_timeout={"seconds": 0}), INVALID, "lease_timeout: must be between"),
         (lambda: spec(delay={"seconds": -5}), INVALID, "delay: must not be negative"),
         (lambda: spec(namespace="a/b"), INVALID, "namespace:"),
@@ -73,7 +89,9 @@ async def test_rejected_batch_inserts_nothing(stubs, store: Store) -> None:  # t
     tasks, _ = stubs
     good = spec()
     bad = spec(queue="")
-    code, details = await status_of(tasks.SubmitBatch(tasks_pb2.SubmitBatchRequest(tasks=[good, bad])))
+    code, details = await status_of(
+        tasks.SubmitBatch(tasks_pb2.SubmitBatchRequest(tasks=[good, bad]))
+    )
     assert code == INVALID and "tasks[1].queue: must not be empty" in details
     code, details = await status_of(tasks.SubmitBatch(tasks_pb2.SubmitBatchRequest()))
     assert code == INVALID and "at least one task" in details
@@ -127,7 +145,9 @@ async def test_worker_call_refusals(stubs, client: Client) -> None:  # type: ign
     assert code == INVALID and "lease_token" in details
     code, details = await status_of(workers.Claim(worker_pb2.ClaimRequest()))
     assert code == INVALID and "at least one queue" in details
-    code, details = await status_of(workers.Claim(worker_pb2.ClaimRequest(queues=["w"], max_tasks=5000)))
+    code, details = await status_of(
+        workers.Claim(worker_pb2.ClaimRequest(queues=["w"], max_tasks=5000))
+    )
     assert code == INVALID and "max_tasks" in details
     # None of it touched the running task.
     current = await client.get(sub.task.id)
@@ -135,9 +155,13 @@ async def test_worker_call_refusals(stubs, client: Client) -> None:  # type: ign
     assert (await client.complete(Lease(sub.task.id, 1))).state is TaskState.SUCCEEDED
 
 
-async def test_accepted_tasks_survive_rejected_requests(stubs, client: Client, store: Store) -> None:  # type: ignore[no-untyped-def]
+async def test_accepted_tasks_survive_rejected_requests(
+    stubs, client: Client, store: Store
+) -> None:  # type: ignore[no-untyped-def]
     tasks, _ = stubs
-    kept = await client.submit_many([NewTask(queue="keep", idempotency_key=f"k{i}") for i in range(5)])
+    kept = await client.submit_many(
+        [NewTask(queue="keep", idempotency_key=f"k{i}") for i in range(5)]
+    )
     before = {t.task.id: t.task for t in kept}
     for bad in (spec(queue=""), spec(payload=b"x" * 300_000), spec(idempotency_key="k1", queue="")):
         await status_of(tasks.Submit(tasks_pb2.SubmitRequest(task=bad)))

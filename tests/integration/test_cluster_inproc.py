@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from chronoq.client import Client, NewTask
-from chronoq.coordinator.etcd import EtcdSettings
-from chronoq.coordinator.etcd import ClusterSettings
+from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.models import TaskState
 from chronoq.node import Node
@@ -23,8 +22,10 @@ pytestmark = pytest.mark.timeout(60)
 
 def cluster(etcd: Any, name: str, ttl: int = 2) -> ClusterSettings:
     return ClusterSettings(
-        etcd=EtcdSettings(endpoints=etcd.endpoints, cluster=name), lease_ttl=ttl,
-        reconcile_interval=0.5, load_interval=0.5,
+        etcd=EtcdSettings(endpoints=etcd.endpoints, cluster=name),
+        lease_ttl=ttl,
+        reconcile_interval=0.5,
+        load_interval=0.5,
     )
 
 
@@ -64,7 +65,9 @@ async def test_nodes_split_partitions_and_hand_off(
         assert fences[p].token == token and fences[p].owner == node
 
     client = Client(nodes[1].address)
-    subs = await client.submit_many([NewTask(queue="c", delay=timedelta(milliseconds=300)) for _ in range(200)])
+    subs = await client.submit_many(
+        [NewTask(queue="c", delay=timedelta(milliseconds=300)) for _ in range(200)]
+    )
     await asyncio.sleep(1.0)
     assert await store.count_by_state() == {TaskState.READY: 200}
     fired = sum(n.firer.stats.fired for n in nodes if n.firer is not None)

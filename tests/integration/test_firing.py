@@ -54,17 +54,23 @@ async def test_backfill_after_downtime_fires_each_task_once(
         await client.close()
 
 
-async def test_misfire_skip_records_why(make_node: NodeFactory, clock: ManualClock, store: Store) -> None:
+async def test_misfire_skip_records_why(
+    make_node: NodeFactory, clock: ManualClock, store: Store
+) -> None:
     node = await make_node(clock=clock)
     client = Client(node.address)
     try:
         skip = await client.submit(
-            "m", delay=timedelta(seconds=30), misfire_policy=MisfirePolicy.SKIP,
+            "m",
+            delay=timedelta(seconds=30),
+            misfire_policy=MisfirePolicy.SKIP,
             misfire_grace=timedelta(seconds=60),
         )
         late = await client.submit("m", delay=timedelta(seconds=30))
         in_grace = await client.submit(
-            "m", delay=timedelta(seconds=200), misfire_policy=MisfirePolicy.SKIP,
+            "m",
+            delay=timedelta(seconds=200),
+            misfire_policy=MisfirePolicy.SKIP,
             misfire_grace=timedelta(seconds=60),
         )
         await node.stop()
@@ -84,7 +90,9 @@ async def test_misfire_skip_records_why(make_node: NodeFactory, clock: ManualClo
 
 async def test_stale_fencing_token_fires_nothing(store: Store, clock: ManualClock) -> None:
     now = clock.now()
-    await store.submit([TaskSpec(queue="z", run_at=now + timedelta(seconds=5)) for _ in range(50)], now)
+    await store.submit(
+        [TaskSpec(queue="z", run_at=now + timedelta(seconds=5)) for _ in range(50)], now
+    )
     old = LocalOwnership(store, "old")
     await old.start()
     new = LocalOwnership(store, "new")
@@ -107,9 +115,7 @@ async def test_fire_query_examines_only_due_rows(store: Store, clock: ManualCloc
     )
     later = now + timedelta(seconds=30)
     target = soon[0].task.partition
-    due_in_target = sum(
-        1 for o in soon if o.task.partition == target and o.task.run_at <= later
-    )
+    due_in_target = sum(1 for o in soon if o.task.partition == target and o.task.run_at <= later)
     pending_in_target = sum(1 for o in await store_pending(store, target))
     assert due_in_target > 0
     fence = (await store.take_fences_local([target], "explainer"))[target]
@@ -119,11 +125,18 @@ async def test_fire_query_examines_only_due_rows(store: Store, clock: ManualCloc
         try:
             (plan_json,) = await conn.fetchrow(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("fire_due"),
-                [target], [fence.token], bucket_of(later), later, 10_000,
+                [target],
+                [fence.token],
+                bucket_of(later),
+                later,
+                10_000,
+                "explainer",
             )
         finally:
             await conn.execute("ROLLBACK")
-    scans = [n for n in _nodes(json.loads(plan_json)[0]["Plan"]) if n.get("Index Name") == "tasks_due"]
+    scans = [
+        n for n in _nodes(json.loads(plan_json)[0]["Plan"]) if n.get("Index Name") == "tasks_due"
+    ]
     assert scans, "the fire query must use the bucketed index tasks_due"
     (scan,) = scans
     assert scan["Node Type"] in ("Index Scan", "Bitmap Index Scan")

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.timeout(60)
 async def wait_state(client: Client, task_id: str, state: TaskState, timeout: float = 5) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while (current := (await client.get(task_id)).state) is not state:
-        assert asyncio.get_running_loop().time() < deadline, f"still {current.name}, wanted {state.name}"
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"still {current.name}, wanted {state.name}"
+        )
         await asyncio.sleep(0.02)
 
 
@@ -57,15 +59,22 @@ async def test_full_lifecycle_and_refusals(node: Node, client: Client, clock: Ma
 
 
 async def test_idempotent_submit_returns_the_first_task(client: Client) -> None:
-    first = await client.submit("q", delay=timedelta(minutes=5), idempotency_key="order-42", payload=b"1")
-    again = await client.submit("q", delay=timedelta(minutes=9), idempotency_key="order-42", payload=b"2")
+    first = await client.submit(
+        "q", delay=timedelta(minutes=5), idempotency_key="order-42", payload=b"1"
+    )
+    again = await client.submit(
+        "q", delay=timedelta(minutes=9), idempotency_key="order-42", payload=b"2"
+    )
     assert first.created and not again.created
     assert again.task.id == first.task.id and again.task.payload == b"1"
     assert again.task.run_at == first.task.run_at
 
     batch = await client.submit_many(
-        [NewTask(queue="q", idempotency_key="order-42"), NewTask(queue="q", idempotency_key="new"),
-         NewTask(queue="q", idempotency_key="new")]
+        [
+            NewTask(queue="q", idempotency_key="order-42"),
+            NewTask(queue="q", idempotency_key="new"),
+            NewTask(queue="q", idempotency_key="new"),
+        ]
     )
     assert [b.created for b in batch] == [False, True, False]
     assert batch[0].task.id == first.task.id and batch[1].task.id == batch[2].task.id
@@ -83,6 +92,7 @@ async def test_concurrent_claimers_never_share_a_task(node: Node, client: Client
     assert all(s.task.state is TaskState.READY for s in subs)
     clients = [Client(node.address) for _ in range(6)]
     try:
+
         async def drain(c: Client, name: str) -> list[str]:
             got: list[str] = []
             while batch := await c.claim(["c"], worker_id=name, max_tasks=7):
@@ -103,7 +113,10 @@ async def test_expired_lease_is_redelivered_with_next_attempt(
     node: Node, client: Client, clock: ManualClock
 ) -> None:
     sub = await client.submit(
-        "r", lease_timeout=timedelta(seconds=2), backoff_initial=timedelta(0), backoff_max=timedelta(0)
+        "r",
+        lease_timeout=timedelta(seconds=2),
+        backoff_initial=timedelta(0),
+        backoff_max=timedelta(0),
     )
     (first,) = await client.claim(["r"], worker_id="dies")
     assert first.attempt == 1
@@ -132,9 +145,14 @@ async def test_heartbeat_extends_the_lease(node: Node, client: Client, clock: Ma
     assert await node.reaper.reap() == []
 
 
-async def test_retries_back_off_then_end_dead(node: Node, client: Client, clock: ManualClock) -> None:
+async def test_retries_back_off_then_end_dead(
+    node: Node, client: Client, clock: ManualClock
+) -> None:
     sub = await client.submit(
-        "flaky", max_attempts=3, backoff_initial=timedelta(seconds=10), backoff_max=timedelta(seconds=15)
+        "flaky",
+        max_attempts=3,
+        backoff_initial=timedelta(seconds=10),
+        backoff_max=timedelta(seconds=15),
     )
     tid = sub.task.id
     expected_caps = [10, 15]
@@ -199,7 +217,9 @@ async def test_priority_orders_ready_tasks(client: Client) -> None:
     assert (first.id, second.id) == (high.task.id, low.task.id)
 
 
-async def test_long_poll_wakes_when_a_task_fires(node: Node, client: Client, clock: ManualClock) -> None:
+async def test_long_poll_wakes_when_a_task_fires(
+    node: Node, client: Client, clock: ManualClock
+) -> None:
     await client.submit("lp", delay=timedelta(seconds=5))
     loop = asyncio.get_running_loop()
     started = loop.time()

@@ -41,8 +41,15 @@ async def test_worker_runs_handlers_with_task_context(live: tuple[Node, Client])
         seen[ctx.id] = (ctx.attempt, ctx.idempotency_key, ctx.payload)
 
     subs = await client.submit_many(
-        [NewTask(queue="a", payload=b"p%d" % i, idempotency_key=f"key-{i}",
-                 delay=timedelta(milliseconds=200)) for i in range(50)]
+        [
+            NewTask(
+                queue="a",
+                payload=b"p%d" % i,
+                idempotency_key=f"key-{i}",
+                delay=timedelta(milliseconds=200),
+            )
+            for i in range(50)
+        ]
     )
     worker = Worker(client, {"a": handler}, concurrency=8)
     run = asyncio.create_task(worker.run())
@@ -71,8 +78,12 @@ async def test_failures_carry_the_exception_text_and_retry(live: tuple[Node, Cli
     def fatal(ctx: TaskContext) -> None:  # a plain function runs in a thread
         raise FatalTaskError("malformed payload")
 
-    retried = await client.submit("flaky", backoff_initial=timedelta(milliseconds=50),
-                                  backoff_max=timedelta(milliseconds=100), max_attempts=5)
+    retried = await client.submit(
+        "flaky",
+        backoff_initial=timedelta(milliseconds=50),
+        backoff_max=timedelta(milliseconds=100),
+        max_attempts=5,
+    )
     doomed = await client.submit("fatal", max_attempts=5)
     worker = Worker(client, {"flaky": flaky, "fatal": fatal}, concurrency=4)
     run = asyncio.create_task(worker.run())
@@ -176,8 +187,9 @@ async def test_graceful_stop_releases_unfinished_tasks(live: tuple[Node, Client]
 
     blocked = await client.submit("stuck", max_attempts=1)
     finishing = await client.submit("quick")
-    worker = Worker(client, {"stuck": stuck, "quick": quick}, concurrency=4,
-                    stop_grace=timedelta(seconds=1))
+    worker = Worker(
+        client, {"stuck": stuck, "quick": quick}, concurrency=4, stop_grace=timedelta(seconds=1)
+    )
     run = asyncio.create_task(worker.run())
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.sleep(0.05)

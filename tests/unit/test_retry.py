@@ -13,7 +13,9 @@ ms = st.integers(min_value=0, max_value=10_000_000).map(lambda v: timedelta(mill
 
 
 @given(st.integers(min_value=1, max_value=200), ms, ms, st.integers(min_value=0, max_value=2**32))
-def test_backoff_is_capped_and_at_least_half(attempt: int, a: timedelta, b: timedelta, seed: int) -> None:
+def test_backoff_is_capped_and_at_least_half(
+    attempt: int, a: timedelta, b: timedelta, seed: int
+) -> None:
     initial, maximum = min(a, b), max(a, b)
     d = backoff(attempt, initial=initial, maximum=maximum, rng=random.Random(seed))
     exp = min(initial.total_seconds() * 2.0 ** (attempt - 1), maximum.total_seconds())
@@ -42,5 +44,7 @@ def test_backoff_refuses_bad_input() -> None:
 
 
 @given(st.integers(0, 100), st.integers(1, 100), st.integers(0, 100))
-def test_attempts_left_counts_from_the_retry_base(attempt: int, max_attempts: int, base: int) -> None:
+def test_attempts_left_counts_from_the_retry_base(
+    attempt: int, max_attempts: int, base: int
+) -> None:
     assert attempts_left(attempt, max_attempts, base) == (attempt - base < max_attempts)

@@ -54,7 +54,7 @@ class BucketCount(_message.Message):
     def __init__(self, bucket: _Optional[int] = ..., starts_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pending: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state")
+    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state", "firing_partitions")
     class TasksByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class StatusResponse(_message.Message):
     OWNERSHIP_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     TASKS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    FIRING_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     node_id: str
     now: _timestamp_pb2.Timestamp
@@ -80,4 +81,5 @@ class StatusResponse(_message.Message):
     ownership: _containers.RepeatedCompositeFieldContainer[PartitionOwnership]
     buckets: _containers.RepeatedCompositeFieldContainer[BucketCount]
     tasks_by_state: _containers.ScalarMap[str, int]
-    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    firing_partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ..., firing_partitions: _Optional[_Iterable[int]] = ...) -> None: ...
