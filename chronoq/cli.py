@@ -46,6 +46,8 @@ from chronoq.client.demo import (
 )
 from chronoq.client.worker import Handler
 from chronoq.config import NodeSettings
+from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
+from chronoq.coordinator.vclock import EtcdClock
 from chronoq.devstack import DevStack, DevStackSettings
 from chronoq.durations import format_duration, parse_duration, parse_instant
 from chronoq.errors import ChronoqError, InvalidArgument
@@ -396,15 +398,38 @@ def node(
         typer.Option("--horizon-days", envvar=_env("HORIZON_DAYS"), min=1,
                      help="How far ahead a task may be scheduled."),
     ] = 366,
+    etcd: Annotated[
+        str | None,
+        typer.Option("--etcd", envvar=_env("ETCD"), metavar="HOST:PORT,...",
+                     help="etcd endpoints: join a cluster [default: own every partition alone]."),
+    ] = None,
+    cluster: Annotated[
+        str, typer.Option("--cluster", envvar=_env("CLUSTER"), help="Cluster name in etcd.")
+    ] = "default",
+    lease_ttl: Annotated[
+        int,
+        typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=1,
+                     help="Seconds of silence before a node's partitions move to others."),
+    ] = 5,
+    virtual_clock: Annotated[
+        bool,
+        typer.Option("--virtual-clock", envvar=_env("VIRTUAL_CLOCK"),
+                     help="Fire by the cluster's shared virtual clock in etcd (tests, the lab)."),
+    ] = False,
 ) -> None:
-    """Run a scheduler node on an external PostgreSQL, until Ctrl-C or SIGTERM.
+    """Run a scheduler node on an external PostgreSQL (and etcd), until Ctrl-C or SIGTERM.
 
-    Example: chronoq node --dsn postgresql://chronoq@db:5432/chronoq --host 0.0.0.0
+    Example: chronoq node --dsn postgresql://chronoq@db:5432/chronoq --etcd etcd:2379
     """
+    if virtual_clock and not etcd:
+        raise typer.BadParameter("the virtual clock lives in etcd: give --etcd too",
+                                 param_hint="--virtual-clock")
     fields: dict[str, Any] = {}
     if node_id:
         fields["node_id"] = node_id
     with _reported():
+        if etcd:
+            fields["cluster"] = _cluster_settings(etcd, cluster, lease_ttl)
         settings = NodeSettings(
             dsn=dsn, host=host, port=port, partitions=partitions, bucket_seconds=bucket_seconds,
             tick=timedelta(milliseconds=tick_ms),
@@ -413,26 +438,47 @@ def node(
             ),
             **fields,
         )
-    _run(_node(settings))
+    _run(_node(settings, virtual_clock=virtual_clock))
 
 
-async def _node(settings: NodeSettings) -> None:
+def _cluster_settings(endpoints: str, cluster: str, lease_ttl: int) -> ClusterSettings:
+    hosts = [e.strip() for e in endpoints.split(",") if e.strip()]
+    return ClusterSettings(
+        etcd=EtcdSettings(endpoints=hosts, cluster=cluster), lease_ttl=lease_ttl
+    )
+
+
+async def _node(settings: NodeSettings, *, virtual_clock: bool) -> None:
     stop = _stop_event()
-    server = Node(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        clock = await _virtual_clock(settings, stack) if virtual_clock else None
+        server = Node(settings, clock=clock)
+        if clock is not None:
+            clock.on_jump = lambda: server.firer.poke() if server.firer is not None else None
+        await _start_node(server)
+        stack.push_async_callback(server.stop)
+        out.print(f"node {settings.node_id} serving on {server.address} (Ctrl-C to stop)")
+        await stop.wait()
+        err.print("stopping …")
+
+
+async def _virtual_clock(settings: NodeSettings, stack: contextlib.AsyncExitStack) -> EtcdClock:
+    assert settings.cluster is not None
+    clock = EtcdClock(settings.cluster.etcd)
+    await clock.start()
+    stack.push_async_callback(clock.stop)
+    return clock
+
+
+async def _start_node(server: Node) -> None:
     try:
         await server.start()
     except (RuntimeError, OSError) as exc:  # grpc bind failures are RuntimeErrors
         await server.stop(grace=0)
-        _fail(f"node could not start on {settings.host}:{settings.port}: {exc}")
+        _fail(f"node could not start on {server.settings.host}:{server.settings.port}: {exc}")
     except BaseException:
         await server.stop(grace=0)
         raise
-    out.print(f"node {settings.node_id} serving on {server.address} (Ctrl-C to stop)")
-    try:
-        await stop.wait()
-    finally:
-        err.print("stopping …")
-        await server.stop()
 
 
 # ---------------------------------------------------------------------- submit
@@ -680,17 +726,9 @@ def dlq_requeue(
 
     Example: chronoq dlq requeue 0b6f6a1e-8d4c-4c3a-9a57-3c1f0e7b1d2a
     """
-    tasks = _run(_with_client(address, namespace, _requeue(task_ids)))
+    tasks = _run(_with_client(address, namespace, lambda c: c.requeue(task_ids)))
     for task in tasks:
         out.print(f"{task.id} {_state(task.state)}")
-
-
-def _requeue(task_ids: list[str]) -> Callable[[Client], Coroutine[Any, Any, list[Task]]]:
-    async def call(client: Client) -> list[Task]:
-        tasks: Any = await client.requeue(task_ids)  # Any: Client.list shadows list in mypy
-        return list(tasks)
-
-    return call
 
 
 # ---------------------------------------------------------------------- status
@@ -1128,6 +1166,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except ChronoqError as exc:
         err.print(f"[bold red]error:[/bold red] [red]{escape(exc.message)}[/red]")
+        sys.exit(1)
+    except Exception as exc:
+        # The edge of the program: a bug or a driver error nobody translated. One line for
+        # people; the traceback for whoever runs with --log-level debug.
+        logging.getLogger("chronoq.cli").debug("unexpected error", exc_info=True)
+        err.print(
+            f"[bold red]error:[/bold red] [red]{escape(type(exc).__name__)}: {escape(str(exc))}"
+            "[/red] [dim](--log-level debug shows the traceback)[/dim]"
+        )
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

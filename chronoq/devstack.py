@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -67,6 +68,7 @@ class DevStack:
         )
         self.nodes: list[Node] = []
         self._created_database = False
+        self._postgres_started = False
 
     @property
     def dsn(self) -> str:
@@ -96,8 +98,8 @@ class DevStack:
         """Start PostgreSQL, create the database if it is missing, start the node(s)."""
         try:
             try:
-                await asyncio.to_thread(self.postgres.start, 60.0)
-                await asyncio.to_thread(self._ensure_database)
+                await _finish_in_thread(self._start_postgres)
+                await _finish_in_thread(self._ensure_database)
             except EmbeddedPostgresError as exc:
                 raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
             await self._start_nodes()
@@ -117,7 +119,11 @@ class DevStack:
                 await asyncio.to_thread(self.postgres.drop_database, self.settings.database)
             except EmbeddedPostgresError as exc:
                 log.warning("could not drop database %s: %s", self.settings.database, exc)
-        await asyncio.to_thread(self.postgres.stop)
+        if self._postgres_started:
+            # Only ours: stop() also kills stray servers on the data directory, and a failed
+            # start may mean that another chronoq's server is running there.
+            self._postgres_started = False
+            await asyncio.to_thread(self.postgres.stop)
 
     async def __aenter__(self) -> DevStack:
         await self.start()
@@ -130,6 +136,10 @@ class DevStack:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    def _start_postgres(self) -> None:
+        self.postgres.start(60.0)
+        self._postgres_started = True
 
     def _ensure_database(self) -> None:
         name = self.settings.database
@@ -167,3 +177,18 @@ class DevStack:
                     f"(is another chronoq running? pick another --port): {exc}"
                 ) from exc
             self.nodes.append(node)
+
+
+async def _finish_in_thread(fn: Callable[[], None]) -> None:
+    """Run blocking ``fn`` in a thread; if cancelled meanwhile, let it finish before re-raising.
+
+    A thread cannot be interrupted: returning early would let ``stop`` run while PostgreSQL is
+    still starting, and leave the server behind.
+    """
+    job = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await job
+        raise

@@ -4,11 +4,13 @@
 -- name: insert_tasks
 INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
-                   lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at)
+                   lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
+                   fired_by)
 SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at, u.state, u.priority,
        u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
        u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $17::timestamptz,
-       CASE WHEN u.state = 1 THEN $17::timestamptz END
+       CASE WHEN u.state = 1 THEN $17::timestamptz END,
+       CASE WHEN u.state = 1 THEN 'submit' END
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
             $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
             $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
@@ -123,6 +125,7 @@ UPDATE tasks t
 SET state = u.state, run_at = u.run_at, bucket = u.bucket, last_error = u.error,
     lease_until = NULL,
     fired_at = CASE WHEN u.state = 1 THEN $7::timestamptz ELSE NULL END,
+    fired_by = CASE WHEN u.state = 1 THEN 'retry' ELSE NULL END, fire_token = NULL,
     finished_at = CASE WHEN u.state = 4 THEN $7::timestamptz END
 FROM unnest($1::uuid[], $2::integer[], $3::smallint[], $4::timestamptz[], $5::bigint[],
             $6::text[]) AS u(id, attempt, state, run_at, bucket, error)
@@ -179,6 +182,7 @@ RETURNING *;
 -- name: requeue_dead
 UPDATE tasks
 SET state = 1, run_at = $3, bucket = $4, fired_at = $3, finished_at = NULL,
+    fired_by = 'requeue', fire_token = NULL,
     retry_base = attempt, lease_until = NULL, worker_id = NULL
 WHERE id = ANY($1::uuid[]) AND namespace = $2 AND state = 4
 RETURNING *;

@@ -29,13 +29,16 @@ def test_bench_runs_and_reports_every_figure(
     for label in ("submit", "fire", "end to end", "lateness", "node RSS", "chronoq / raw"):
         assert label in printed
     data = json.loads(out.read_text())
-    for key in ("insert_per_s", "fire_per_s", "claim_complete_per_s", "pipeline_per_s"):
-        assert data["raw"][key] > 0
+    raw = data["raw"]
+    assert raw["fire_per_s"] > 0 and raw["pipeline_per_s"] > 0
+    for key in ("insert_per_s", "claim_complete_per_s"):  # by connections
+        assert set(raw[key]) == {"1", "2", "4"} and all(v > 0 for v in raw[key].values())
     assert [r["submitters"] for r in data["submit"]] == [1, 2]
     assert all(r["tasks_per_s"] > 0 for r in data["submit"])
     assert data["fire"]["tasks_per_s"] > 0
     assert {r["layout"] for r in data["end_to_end"]} == {"in-process", "processes"}
     assert all(r["completed"] == 500 for r in data["end_to_end"])
+    assert all(r["pg_transactions_per_task"] > 0 for r in data["end_to_end"])
     late = data["lateness"]
     assert late["fired"] == late["tasks"] == 300
     for key in ("store_p50_ms", "store_p99_ms", "store_max_ms", "node_p50_ms", "node_p99_ms",

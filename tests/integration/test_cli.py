@@ -218,6 +218,7 @@ async def test_usage_errors_from_the_console_script_are_one_line() -> None:
         (["list", "--state", "bogus"], "bogus"),
         (["get", UNKNOWN_ID, "--address", "127.0.0.1:1"], "UNAVAILABLE"),
         (["worker", "--address", "127.0.0.1:1"], "--queue"),
+        (["node", "--dsn", "postgresql://x@127.0.0.1:1/x", "--virtual-clock"], "--etcd"),
     ):
         code, stdout, stderr = await run_process(*args)
         assert code in (1, 2), (args, code, stderr)
@@ -386,3 +387,60 @@ def test_summarize_and_percentile() -> None:
     assert percentile(values, 0.5) == timedelta(milliseconds=50)
     assert percentile(values, 1.0) == timedelta(milliseconds=100)
     assert percentile([], 0.5) is None
+
+
+# ---------------------------------------------------------------------- a node on a DSN
+
+
+async def test_node_on_a_dsn_serves_until_sigterm(
+    dsn: str, start_process: Callable[..., Awaitable[asyncio.subprocess.Process]]
+) -> None:
+    node = await start_process("node", "--dsn", dsn, "--port", "0", "--node-id", "cli-node",
+                               "--partitions", "16", "--tick-ms", "50")
+    assert node.stdout is not None
+    line = (await asyncio.wait_for(node.stdout.readline(), 30)).decode()
+    match = re.search(r"node cli-node serving on (\S+)", line)
+    assert match, line
+    address = match.group(1)
+
+    task_id = ok(await cli("submit", "q", "--in", "200ms", "--address", address)).strip()
+    async with Client(address) as client:
+        task = await wait_for_state(client, task_id, TaskState.READY)
+        assert task.fired_at is not None and task.fired_at >= task.run_at
+    status = json.loads(ok(await cli("status", "--json", "--address", address)))
+    assert status["node_id"] == "cli-node" and status["partitions"] == 16
+
+    node.send_signal(signal.SIGTERM)
+    _, stderr = await asyncio.wait_for(node.communicate(), 20)
+    assert node.returncode == 0, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+
+
+async def test_dev_stack_keeps_tasks_across_runs(
+    tmp_path: Path, start_process: Callable[..., Awaitable[asyncio.subprocess.Process]]
+) -> None:
+    async def start_dev() -> tuple[asyncio.subprocess.Process, str]:
+        proc = await start_process("dev", "--data-dir", str(tmp_path / "stack"), "--port", "0",
+                                   "--partitions", "8")
+        assert proc.stdout is not None
+        for _ in range(5):
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            if match := re.search(r"gRPC address\s+(\S+)", line):
+                return proc, match.group(1)
+        raise AssertionError("no address printed")
+
+    async def stop_dev(proc: asyncio.subprocess.Process) -> None:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, stderr.decode()
+        assert "Traceback" not in stderr.decode()
+        assert not (tmp_path / "stack" / "postgres" / "postmaster.pid").exists()
+
+    proc, address = await start_dev()
+    task_id = ok(await cli("submit", "later", "--in", "1h", "--address", address)).strip()
+    await stop_dev(proc)
+
+    proc, address = await start_dev()
+    got = json.loads(ok(await cli("get", task_id, "--json", "--address", address)))
+    assert got["state"] == "SCHEDULED"
+    await stop_dev(proc)

@@ -85,3 +85,51 @@ async def test_nodes_split_partitions_and_hand_off(
     n3 = await make_node(cluster=settings, node_id="n3")
     owners = await settled([*nodes[:2], n3])
     assert 2 <= Counter(owners.values())["n3"] <= 7
+
+
+async def test_hot_upcoming_buckets_spread_over_more_nodes(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store
+) -> None:
+    settings = cluster(etcd, cluster_name)
+    nodes = [await make_node(cluster=settings, node_id=f"n{i}") for i in range(3)]
+    owners = await settled(nodes)
+    # Skew the next minutes onto three partitions that one node owns (or as many as it has).
+    victim = Counter(owners.values()).most_common(1)[0][0]
+    hot = sorted(p for p, n in owners.items() if n == victim)[:3]
+    async with store.pool.acquire() as conn:
+        await conn.execute(
+            """
+            INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state,
+                               max_attempts, backoff_initial_ms, backoff_max_ms,
+                               lease_timeout_ms, misfire_grace_ms, created_at)
+            SELECT gen_random_uuid(), 'default', 'hot', ($1::smallint[])[1 + i % $2], 0,
+                   now() + interval '150 seconds', 0, 3, 1000, 1000, 30000, 60000, now()
+            FROM generate_series(1, 3000) AS i
+            """,
+            hot,
+            len(hot),
+        )
+        await conn.execute(
+            "UPDATE tasks SET bucket = floor(extract(epoch FROM run_at) / 60) WHERE queue = 'hot'"
+        )
+    own = nodes[0].ownership
+    assert isinstance(own, EtcdOwnership)
+
+    async def spread() -> bool:
+        view = own.assignment()
+        return len({view[p] for p in hot}) == len(hot) and own.published_loads() != {}
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while not await spread():
+        assert loop.time() < deadline, f"hot partitions still on {[own.assignment()[p] for p in hot]}"
+        await asyncio.sleep(0.1)
+    owners = await settled(nodes)
+    assert len({owners[p] for p in hot}) == len(hot)  # each hot partition on its own node
+    loads = own.published_loads()
+    from chronoq.coordinator import ring
+
+    per_member = ring.member_loads(owners, loads)
+    cap = ring.capacity(sum(per_member.values()), 3, settings.epsilon)
+    heaviest = max(ring.BASE_WEIGHT + loads.get(p, 0) for p in range(16))
+    assert max(per_member.values()) <= max(cap, sum(per_member.values()) / 3 + heaviest)
