@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -344,11 +345,38 @@ def dev(
     partitions: PartitionsOpt = DEFAULT_PARTITIONS,
     bucket_seconds: BucketSecondsOpt = DEFAULT_BUCKET_SECONDS,
     tick_ms: TickMsOpt = 100,
+    nodes: Annotated[
+        int,
+        typer.Option("--nodes", envvar=_env("DEV_NODES"), min=1, max=32,
+                     help="Scheduler nodes; more than one runs embedded etcd and node processes."),
+    ] = 1,
+    etcd_members: Annotated[
+        int,
+        typer.Option("--etcd-members", envvar=_env("DEV_ETCD_MEMBERS"), min=1, max=7,
+                     help="Members of the embedded etcd (with --nodes > 1)."),
+    ] = 1,
+    lease_ttl: Annotated[
+        int,
+        typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=2, max=300,
+                     help="etcd lease TTL of each node, seconds (with --nodes > 1)."),
+    ] = 5,
 ) -> None:
     """Run a local stack: embedded PostgreSQL (kept in --data-dir) and a node, until Ctrl-C.
 
-    Example: chronoq dev --port 7070
+    With --nodes N (N > 1) it also starts etcd (--etcd-members on loopback) and N node
+    processes that share the partitions.
+
+    Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3
     """
+    if nodes > 1 or etcd_members > 1:
+        from chronoq.chaos.runner import ClusterSpec
+
+        spec = ClusterSpec(
+            nodes=nodes, etcd_members=etcd_members, partitions=partitions, lease_ttl=lease_ttl,
+            tick_ms=tick_ms, cluster="dev", base_port=port,
+        )
+        _dev_cluster(data_dir, spec)
+        return
     with _reported():
         settings = DevStackSettings(
             data_dir=data_dir, host=host, port=port, pg_port=pg_port or None,
@@ -356,6 +384,35 @@ def dev(
             tick=timedelta(milliseconds=tick_ms),
         )
     _run(_dev(settings))
+
+
+def _dev_cluster(data_dir: Path, spec: Any) -> None:
+    from chronoq.chaos.runner import LocalCluster
+
+    cluster = LocalCluster(data_dir.resolve(), spec)
+    err.print(f"starting etcd ×{spec.etcd_members}, PostgreSQL and {spec.nodes} nodes in {data_dir} …")
+    stopping = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        with _reported():
+            cluster.start()
+        out.print("[bold green]chronoq dev cluster is running[/]")
+        for node in cluster.nodes.values():
+            out.print(f"  {node.node_id:8} {node.address}   (pid {node.pid}, log {node.log_file})")
+        out.print(f"  etcd           {','.join(cluster.etcd_endpoints)}")
+        out.print(f"  PostgreSQL DSN {cluster.dsn}")
+        out.print(f"  try: chronoq status --address {cluster.addresses[0]}")
+        out.print("  Ctrl-C to stop")
+        while not stopping.wait(0.5):
+            pass
+        err.print("stopping …")
+    finally:
+        cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    err.print("stopped")
 
 
 async def _dev(settings: DevStackSettings) -> None:
@@ -1150,6 +1207,42 @@ def bench_throughput(
 
 
 # ---------------------------------------------------------------------- entry point
+
+
+@bench_app.command("failover")
+def bench_failover(
+    trials: Annotated[
+        int, typer.Option(envvar=_env("BENCH_TRIALS"), min=1, max=100,
+                          help="Trials of each kind (SIGKILL, SIGTERM).")
+    ] = 5,
+    nodes: Annotated[int, typer.Option(envvar=_env("BENCH_NODES"), min=2, max=16)] = 3,
+    partitions: Annotated[int, typer.Option(envvar=_env("BENCH_PARTITIONS"), min=1)] = 64,
+    lease_ttl: Annotated[
+        int, typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=2, max=60)
+    ] = 2,
+    tick_ms: TickMsOpt = 50,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("BENCH_DATA_DIR"), file_okay=False,
+                     help="Where etcd, PostgreSQL and node logs live [default: a temporary dir]."),
+    ] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("BENCH_JSON_OUT"), dir_okay=False, help="Also write results here."),
+    ] = None,
+) -> None:
+    """Failover (SIGKILL → partitions re-owned → first fire) and graceful handoff (SIGTERM)
+    times on a real local cluster, over repeated trials: min / median / max.
+
+    Example: chronoq bench failover --trials 5 --lease-ttl 2
+    """
+    from chronoq.bench.failover import main as failover_main
+
+    with _reported():
+        failover_main(
+            trials=trials, nodes=nodes, partitions=partitions, lease_ttl=lease_ttl,
+            tick_ms=tick_ms, data_dir=data_dir, json_out=json_out,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

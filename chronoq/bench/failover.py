@@ -161,7 +161,7 @@ async def _first_fire(
         async with store.pool.acquire() as conn:
             first = await conn.fetchval(
                 "SELECT min(fired_at) FROM tasks WHERE partition = ANY($1::smallint[])"
-                " AND fired_at > $2 AND fired_by <> $3",
+                " AND fired_at > $2 AND fired_by <> $3 AND fire_token IS NOT NULL",
                 sorted(lost), since, victim,
             )
         if first is not None:

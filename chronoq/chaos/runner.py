@@ -60,6 +60,8 @@ class ClusterSpec:
     cluster: str = "dev"
     virtual_clock: bool = False
     durable: bool = True
+    base_port: int = 0  # node i listens on base_port + i; 0: free ports
+    database: str = "chronoq"
     extra_node_args: Sequence[str] = field(default_factory=tuple)
 
 
@@ -102,6 +104,8 @@ class LocalCluster:
                 )
             if self._own_postgres:
                 self.postgres.start()
+                if self._dsn is None:
+                    self._dsn = self._ensure_database(self.postgres, self.spec.database)
             for _ in range(self.spec.nodes):
                 self.add_node(wait=False)
             for n in self.nodes.values():
@@ -133,6 +137,11 @@ class LocalCluster:
     ) -> None:
         self.stop()
 
+    @staticmethod
+    def _ensure_database(postgres: EmbeddedPostgres, name: str) -> str:
+        exists = postgres.run_sql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'").strip()
+        return postgres.dsn_for(name) if exists else postgres.create_database(name)
+
     @property
     def dsn(self) -> str:
         if self._dsn is not None:
@@ -153,8 +162,8 @@ class LocalCluster:
 
     def add_node(self, node_id: str | None = None, *, wait: bool = True) -> NodeProcess:
         node_id = node_id or f"node-{self._next}"
+        port = self.spec.base_port + self._next if self.spec.base_port else free_port()
         self._next += 1
-        port = free_port()
         s = self.spec
         args = [
             sys.executable,

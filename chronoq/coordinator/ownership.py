@@ -235,10 +235,9 @@ class EtcdOwnership:
             await self._release(holding - desired)
         owners = self.owner_of()
         free = sorted(p for p in desired - holding if p not in owners)
-        acquired = set()
-        for p in free:
-            if await self._acquire(p):
-                acquired.add(p)
+        # Claims run concurrently: a handoff of dozens of partitions is one round trip deep.
+        won = await asyncio.gather(*(self._acquire(p) for p in free))
+        acquired = {p for p, ok in zip(free, won, strict=True) if ok}
         if acquired:
             self.on_acquired(acquired)
 
