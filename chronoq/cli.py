@@ -1038,7 +1038,7 @@ async def _submit_demo(client: Client, payloads: list[DemoPayload], over: timede
         for i, p in enumerate(payloads)
     ]
     for start in range(0, len(specs), SUBMIT_BATCH):
-        await client.submit_many(specs[start : start + SUBMIT_BATCH])
+        await client.submit_ids(specs[start : start + SUBMIT_BATCH])
 
 
 @contextlib.asynccontextmanager

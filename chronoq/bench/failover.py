@@ -181,7 +181,7 @@ async def _feed(cluster: LocalCluster) -> None:
                 client = Client(live[0])
             batch = [NewTask(queue="failover", delay=timedelta(milliseconds=5 * i)) for i in range(400)]
             try:
-                await client.submit_many(batch)
+                await client.submit_ids(batch)
             except Exception:  # noqa: BLE001 - the node we talk to may be the one killed
                 await asyncio.sleep(0.1)
                 continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
@@ -22,7 +22,7 @@ from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.errors import InvalidArgument, StaleLease, TaskNotFound
-from chronoq.models import Lease, TaskState, check_name
+from chronoq.models import Lease, TaskSpec, TaskState, check_name
 from chronoq.node.firing import Firer
 from chronoq.node.ownership import Ownership
 from chronoq.node.readiness import ReadyNotifier
@@ -41,8 +41,7 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         self._settings = settings
         self._notifier = notifier
 
-    async def _submit(self, specs: list[tasks_pb2.TaskSpec]) -> list[Any]:
-        now = self._clock.now()
+    def _checked(self, specs: list[tasks_pb2.TaskSpec], now: datetime) -> list[TaskSpec]:
         limits, defaults = self._settings.limits, self._settings.defaults
         checked = []
         for i, pb in enumerate(specs):
@@ -51,10 +50,13 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
             except InvalidArgument as exc:
                 if len(specs) == 1:
                     raise
-                raise InvalidArgument(
-                    f"tasks[{i}].{exc.field}", exc.message.split(": ", 1)[1]
-                ) from None
-        outcomes = await self._store.submit(checked, now)
+                problem = exc.message.split(": ", 1)[1]
+                raise InvalidArgument(f"tasks[{i}].{exc.field}", problem) from None
+        return checked
+
+    async def _submit(self, specs: list[tasks_pb2.TaskSpec]) -> list[Any]:
+        now = self._clock.now()
+        outcomes = await self._store.submit(self._checked(specs, now), now)
         self._notifier.notify(
             {(o.task.namespace, o.task.queue) for o in outcomes if o.task.state is TaskState.READY}
         )
@@ -82,6 +84,14 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
                 "tasks",
                 f"holds {len(request.tasks)} tasks; "
                 f"the limit is {self._settings.max_batch} per batch",
+            )
+        if request.ids_only:
+            now = self._clock.now()
+            specs = self._checked(list(request.tasks), now)
+            accepted = await self._store.submit_ids(specs, now)
+            self._notifier.notify({(s.namespace, s.queue) for s in specs if s.run_at <= now})
+            return tasks_pb2.SubmitBatchResponse(
+                ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
             )
         outcomes = await self._submit(list(request.tasks))
         return tasks_pb2.SubmitBatchResponse(

@@ -21,6 +21,30 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
+-- name: insert_task_ids
+-- insert_tasks without sending every row back: what batch submits need.
+INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
+                   idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
+                   lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
+                   fired_by)
+SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at, u.state, u.priority,
+       u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
+       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $17::timestamptz,
+       CASE WHEN u.state = 1 THEN $17::timestamptz END,
+       CASE WHEN u.state = 1 THEN 'submit' END
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
+            $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
+            $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
+            $16::bigint[])
+     AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
+          idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
+          misfire_policy, misfire_grace_ms)
+ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: task_ids_by_idempotency_key
+SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
+
 -- name: tasks_by_idempotency_key
 SELECT * FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
 
@@ -136,17 +160,24 @@ RETURNING t.*;
 SELECT * FROM tasks WHERE id = $1 AND namespace = $2 FOR UPDATE;
 
 -- name: claim
--- The candidate ids are computed once (an InitPlan), so a nested-loop rescan with SKIP
--- LOCKED can never hand out more than the limit.
+-- Per queue, the ready index is walked in (priority DESC, run_at) order and stops at the
+-- limit: cost follows the tasks claimed, not the READY backlog. The candidate ids are
+-- computed once (an InitPlan), so a nested-loop rescan with SKIP LOCKED can never hand out
+-- more than the limit.
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
     lease_until = $5::timestamptz + t.lease_timeout_ms * interval '1 millisecond'
 WHERE t.id = ANY(ARRAY(
-    SELECT id FROM tasks
-    WHERE namespace = $1 AND queue = ANY($2::text[]) AND state = 1
-    ORDER BY priority DESC, run_at
+    SELECT c.id
+    FROM unnest($2::text[]) AS q(queue) CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM tasks
+        WHERE namespace = $1 AND queue = q.queue AND state = 1
+        ORDER BY priority DESC, run_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.priority DESC, c.run_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED
 )) AND t.state = 1
 RETURNING t.*;
 

@@ -8,6 +8,7 @@ stored token is no longer the caller's.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import uuid
 from collections import Counter
@@ -85,6 +86,10 @@ def _translated() -> Any:
         raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
 
 
+async def _no_reset(conn: Any) -> None:
+    """The store leaves no session state behind (no LISTEN, cursors or held locks)."""
+
+
 def parse_task_id(task_id: str) -> uuid.UUID:
     try:
         return uuid.UUID(task_id)
@@ -160,6 +165,7 @@ class Store:
                 max_size=max_size,
                 command_timeout=60,
                 server_settings={"application_name": "chronoq", "timezone": "UTC"},
+                reset=_no_reset,  # no session state to reset: saves a statement per call
             )
         store = cls(pool, partitions=partitions, bucket_seconds=bucket_seconds)
         if migrate:
@@ -206,17 +212,15 @@ class Store:
 
     # ---------------------------------------------------------------- client API
 
-    async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
-        """Insert tasks durably; a repeated (namespace, idempotency_key) returns the first task.
-
-        A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
-        """
-        if not specs:
-            return []
-        ids = [uuid.uuid4() for _ in specs]
+    def _insert_columns(
+        self, specs: Sequence[TaskSpec], now: datetime
+    ) -> tuple[list[uuid.UUID], list[list[Any]]]:
+        """New ids and the column arrays of ``insert_tasks``; due tasks start READY."""
+        raw = os.urandom(16 * len(specs))  # one syscall for the whole batch
+        ids = [uuid.UUID(bytes=raw[i : i + 16], version=4) for i in range(0, len(raw), 16)]
         cols: list[list[Any]] = [[] for _ in range(16)]
+        ready, scheduled = int(TaskState.READY), int(TaskState.SCHEDULED)
         for task_id, s in zip(ids, specs, strict=True):
-            due = s.run_at <= now
             row = (
                 task_id,
                 s.namespace,
@@ -224,7 +228,7 @@ class Store:
                 partition_of(task_id.bytes, self.partitions),
                 bucket_of(s.run_at, self.bucket_seconds),
                 s.run_at,
-                int(TaskState.READY if due else TaskState.SCHEDULED),
+                ready if s.run_at <= now else scheduled,
                 s.priority,
                 s.payload,
                 s.idempotency_key,
@@ -237,14 +241,30 @@ class Store:
             )
             for col, value in zip(cols, row, strict=True):
                 col.append(value)
+        return ids, cols
+
+    @staticmethod
+    def _conflicting_keys(
+        ids: Sequence[uuid.UUID], specs: Sequence[TaskSpec], inserted: set[uuid.UUID]
+    ) -> dict[str, list[str]]:
+        missing: dict[str, list[str]] = {}
+        for task_id, s in zip(ids, specs, strict=True):
+            if task_id not in inserted and s.idempotency_key is not None:
+                missing.setdefault(s.namespace, []).append(s.idempotency_key)
+        return missing
+
+    async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
+        """Insert tasks durably; a repeated (namespace, idempotency_key) returns the first task.
+
+        A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
+        """
+        if not specs:
+            return []
+        ids, cols = self._insert_columns(specs, now)
         async with self._conn() as conn:
             rows = {r["id"]: r for r in await conn.fetch(q("insert_tasks"), *cols, now)}
-            missing_keys: dict[str, list[str]] = {}
-            for task_id, s in zip(ids, specs, strict=True):
-                if task_id not in rows and s.idempotency_key is not None:
-                    missing_keys.setdefault(s.namespace, []).append(s.idempotency_key)
             existing: dict[tuple[str, str], Any] = {}
-            for ns, keys in missing_keys.items():
+            for ns, keys in self._conflicting_keys(ids, specs, set(rows)).items():
                 for r in await conn.fetch(q("tasks_by_idempotency_key"), ns, keys):
                     existing[(ns, r["idempotency_key"])] = r
         outcomes = []
@@ -253,10 +273,31 @@ class Store:
                 outcomes.append(SubmitOutcome(_task(rows[task_id]), created=True))
             else:
                 assert s.idempotency_key is not None
-                outcomes.append(
-                    SubmitOutcome(_task(existing[(s.namespace, s.idempotency_key)]), created=False)
-                )
+                first = existing[(s.namespace, s.idempotency_key)]
+                outcomes.append(SubmitOutcome(_task(first), created=False))
         return outcomes
+
+    async def submit_ids(
+        self, specs: Sequence[TaskSpec], now: datetime
+    ) -> list[tuple[str, bool]]:
+        """``submit`` that answers only (task id, created) per spec: no rows sent back."""
+        if not specs:
+            return []
+        ids, cols = self._insert_columns(specs, now)
+        async with self._conn() as conn:
+            inserted = {r["id"] for r in await conn.fetch(q("insert_task_ids"), *cols, now)}
+            existing: dict[tuple[str, str], uuid.UUID] = {}
+            for ns, keys in self._conflicting_keys(ids, specs, inserted).items():
+                for r in await conn.fetch(q("task_ids_by_idempotency_key"), ns, keys):
+                    existing[(ns, r["idempotency_key"])] = r["id"]
+        out = []
+        for task_id, s in zip(ids, specs, strict=True):
+            if task_id in inserted:
+                out.append((str(task_id), True))
+            else:
+                assert s.idempotency_key is not None
+                out.append((str(existing[(s.namespace, s.idempotency_key)]), False))
+        return out
 
     async def get(self, task_id: str, namespace: str) -> Task:
         async with self._conn() as conn:

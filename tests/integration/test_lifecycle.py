@@ -254,3 +254,25 @@ async def test_claim_never_exceeds_max_tasks(client: Client) -> None:
     while batch := await client.claim(["lim"], max_tasks=3):
         sizes.append(len(batch))
     assert sum(sizes) == 50 and max(sizes) == 3
+
+
+async def test_bulk_submit_answers_with_ids(client: Client) -> None:
+    first = await client.submit("bulk", idempotency_key="dup")
+    got = await client.submit_ids(
+        [NewTask(queue="bulk", idempotency_key="dup"), NewTask(queue="bulk", delay=timedelta(hours=1))]
+    )
+    assert got[0] == (first.task.id, False)
+    fresh_id, created = got[1]
+    assert created and (await client.get(fresh_id)).state is TaskState.SCHEDULED
+
+
+async def test_claim_across_queues_takes_priority_then_age(
+    client: Client, clock: ManualClock
+) -> None:
+    a_old = await client.submit("qa", priority=1)
+    clock.advance(timedelta(seconds=1))
+    b_high = await client.submit("qb", priority=5)
+    a_new = await client.submit("qa", priority=1)
+    clock.advance(timedelta(seconds=1))
+    got = await client.claim(["qa", "qb"], max_tasks=3)
+    assert [t.id for t in got] == [b_high.task.id, a_old.task.id, a_new.task.id]

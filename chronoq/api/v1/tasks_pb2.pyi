@@ -140,18 +140,22 @@ class SubmitResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class SubmitBatchRequest(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "ids_only")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    IDS_ONLY_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskSpec]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskSpec, _Mapping]]] = ...) -> None: ...
+    ids_only: bool
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskSpec, _Mapping]]] = ..., ids_only: _Optional[bool] = ...) -> None: ...
 
 class SubmitBatchResponse(_message.Message):
-    __slots__ = ("tasks", "created")
+    __slots__ = ("tasks", "created", "ids")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     created: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., created: _Optional[_Iterable[bool]] = ...) -> None: ...
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., created: _Optional[_Iterable[bool]] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
     __slots__ = ("namespace", "id")
