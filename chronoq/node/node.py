@@ -164,6 +164,8 @@ class Node:
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop firing first (no owner write after this returns), then the server, then the pool."""
+        if self.store is None:
+            return  # never started, or stopped already
         await self._health.enter_graceful_shutdown()
         if self.ownership is not None:
             async with self.ownership.gate:  # the owner statement in flight finishes first

@@ -133,3 +133,61 @@ async def test_hot_upcoming_buckets_spread_over_more_nodes(
     cap = ring.capacity(sum(per_member.values()), 3, settings.epsilon)
     heaviest = max(ring.BASE_WEIGHT + loads.get(p, 0) for p in range(16))
     assert max(per_member.values()) <= max(cap, sum(per_member.values()) / 3 + heaviest)
+
+
+async def test_virtual_clock_moves_every_node(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store
+) -> None:
+    from chronoq.coordinator.vclock import EtcdClock
+
+    settings = cluster(etcd, cluster_name)
+    clocks = [EtcdClock(settings.etcd) for _ in range(2)]
+    for c in clocks:
+        await c.start()
+    try:
+        nodes = [
+            await make_node(cluster=settings, node_id=f"v{i}", clock=clocks[i]) for i in range(2)
+        ]
+        await settled(nodes)
+        client = Client(nodes[0].address)
+        subs = await client.submit_many(
+            [NewTask(queue="v", delay=timedelta(minutes=30)) for _ in range(40)]
+        )
+        await asyncio.sleep(0.5)
+        assert await store.count_by_state() == {TaskState.SCHEDULED: 40}
+        await clocks[0].advance(timedelta(minutes=31))  # the lab's "advance" button
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while await store.count_by_state() != {TaskState.READY: 40}:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.05)
+        assert clocks[1].offset >= timedelta(minutes=31)  # the other node's clock followed
+        fired_by = {(await store.get(s.task.id, "default")).fired_by for s in subs}
+        assert fired_by == {"v0", "v1"}  # both nodes fired their own partitions
+        await client.close()
+        for node in nodes:
+            await node.stop()  # before their clocks go
+    finally:
+        for c in clocks:
+            await c.stop()
+
+
+async def test_status_shows_members_owners_and_tokens(
+    make_node: NodeFactory, etcd: Any, cluster_name: str
+) -> None:
+    settings = cluster(etcd, cluster_name)
+    nodes = [await make_node(cluster=settings, node_id=f"s{i}") for i in range(3)]
+    owners = await settled(nodes)
+    await asyncio.sleep(1.2)  # one stats publication
+    client = Client(nodes[2].address)
+    try:
+        status = await client.status()
+    finally:
+        await client.close()
+    assert cluster_name in status.cluster
+    assert [m.node_id for m in status.members] == ["s0", "s1", "s2"]
+    assert {m.address for m in status.members} == {n.address for n in nodes}
+    assert {o.partition: o.owner for o in status.ownership} == owners
+    assert all(o.fencing_token > 0 for o in status.ownership)
+    assert sorted(status.firing_partitions) == sorted(p for p, n in owners.items() if n == "s2")
+    assert sum(m.owned_partitions for m in status.members) == 16
