@@ -36,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.clock import OffsetClock
 from chronoq.client import Client, ClusterStatus, NewTask, Submitted, Worker, WorkerStats
 from chronoq.client.demo import (
     DEMO_QUEUE,
@@ -473,6 +474,12 @@ def node(
         typer.Option("--virtual-clock", envvar=_env("VIRTUAL_CLOCK"),
                      help="Fire by the cluster's shared virtual clock in etcd (tests, the lab)."),
     ] = False,
+    clock_offset_ms: Annotated[
+        int,
+        typer.Option("--clock-offset-ms", envvar=_env("CLOCK_OFFSET_MS"), hidden=True,
+                     help="Run the node's clock this far ahead (or behind): the chaos "
+                          "harness's clock-jump fault."),
+    ] = 0,
 ) -> None:
     """Run a scheduler node on an external PostgreSQL (and etcd), until Ctrl-C or SIGTERM.
 
@@ -495,7 +502,7 @@ def node(
             ),
             **fields,
         )
-    _run(_node(settings, virtual_clock=virtual_clock))
+    _run(_node(settings, virtual_clock=virtual_clock, clock_offset_ms=clock_offset_ms))
 
 
 def _cluster_settings(endpoints: str, cluster: str, lease_ttl: int) -> ClusterSettings:
@@ -505,11 +512,13 @@ def _cluster_settings(endpoints: str, cluster: str, lease_ttl: int) -> ClusterSe
     )
 
 
-async def _node(settings: NodeSettings, *, virtual_clock: bool) -> None:
+async def _node(settings: NodeSettings, *, virtual_clock: bool, clock_offset_ms: int = 0) -> None:
     stop = _stop_event()
     async with contextlib.AsyncExitStack() as stack:
         clock = await _virtual_clock(settings, stack) if virtual_clock else None
-        server = Node(settings, clock=clock)
+        # A deliberately skewed system clock (chaos clock-jump fault); never set in production.
+        skewed = OffsetClock(timedelta(milliseconds=clock_offset_ms)) if clock_offset_ms else None
+        server = Node(settings, clock=clock or skewed)
         if clock is not None:
             clock.on_jump = lambda: server.firer.poke() if server.firer is not None else None
         await _start_node(server)
@@ -1243,6 +1252,66 @@ def bench_failover(
             trials=trials, nodes=nodes, partitions=partitions, lease_ttl=lease_ttl,
             tick_ms=tick_ms, data_dir=data_dir, json_out=json_out,
         )
+
+
+@bench_app.command("scan")
+def bench_scan(
+    sizes: Annotated[
+        str,
+        typer.Option(envvar=_env("BENCH_SIZES"),
+                     help="Comma-separated pending sizes (100k, 1m, 10m); each also gets a "
+                          "fired history of the same size."),
+    ] = "100k,1m",
+    repeats: Annotated[
+        int, typer.Option(envvar=_env("BENCH_REPEATS"), min=1, max=100,
+                          help="Timed runs per strategy (fewer when one is slow).")
+    ] = 5,
+    partitions: Annotated[int, typer.Option(envvar=_env("BENCH_PARTITIONS"), min=1)] = 256,
+    nodes: Annotated[
+        int, typer.Option(envvar=_env("BENCH_NODES"), min=1,
+                          help="Cluster size: one node owns partitions / nodes of them.")
+    ] = 3,
+    order: Annotated[
+        str,
+        typer.Option(envvar=_env("BENCH_ORDER"),
+                     help="Heap order of the load: scattered (submission order, as in "
+                          "service) or sorted (run_at order, which flatters run_at indexes)."),
+    ] = "scattered",
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("BENCH_DATA_DIR"), file_okay=False,
+                     help="Embedded PostgreSQL data directory (default: a temporary one)."),
+    ] = None,
+    dsn: Annotated[
+        str | None,
+        typer.Option(envvar=_env("BENCH_DSN"),
+                     help="Use this PostgreSQL (a role that may CREATE DATABASE) instead."),
+    ] = None,
+    out_dir: Annotated[
+        Path,
+        typer.Option(envvar=_env("BENCH_OUT_DIR"), file_okay=False,
+                     help="Where scan.json, scan-plans.txt and scan.png go."),
+    ] = Path("bench-scan"),
+) -> None:
+    """Bucketed scans against full-table and run_at-index scans, as pending load grows:
+    rows examined, buffers and ms per tick, with EXPLAIN evidence and a log-log plot.
+
+    Example: chronoq bench scan --sizes 100k,1m,10m --out-dir bench-scan
+    """
+    import asyncpg
+
+    from chronoq.bench.raw import BenchError
+    from chronoq.bench.scan import main as scan_main
+    from chronoq.embedded.postgres import EmbeddedPostgresError
+
+    with _reported():
+        try:
+            scan_main(sizes=sizes, repeats=repeats, partitions=partitions, nodes=nodes,
+                      order=order, data_dir=data_dir, dsn=dsn, out_dir=out_dir)
+        except ValueError as exc:  # a malformed --sizes, or nodes > partitions
+            _fail(str(exc), 2)
+        except (BenchError, EmbeddedPostgresError, asyncpg.PostgresError, OSError) as exc:
+            _fail(f"bench scan: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

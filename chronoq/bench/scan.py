@@ -3,8 +3,9 @@
 For each pending size the benchmark loads a fresh database on the real store (COPY, through
 ``chronoq.bench.raw.copy_tasks``): ``pending`` SCHEDULED tasks spread evenly over one day of
 one-minute buckets from *now*, and a fired history of the same size over the day before
-(99 % SUCCEEDED, 1 % READY). Then it times, at a tick 59 s into the first bucket, the query
-that finds the tasks due by now, six ways:
+(99 % SUCCEEDED, 1 % READY), in submission order rather than run_at order (see
+``scattered_rows``; ``--order sorted`` loads run_at order instead). Then it times, at a tick
+59 s into the first bucket, the query that finds the tasks due by now, six ways:
 
 - ``a``: full-table scan ``run_at <= $now AND state = 0`` (index scans switched off);
 - ``b``: an index on ``run_at`` (built for the benchmark), walking the fired history;
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -79,6 +81,8 @@ RUN_AT_INDEX = "tasks_bench_run_at"
 CHRONOQ_INDEXES = ("tasks_due", "tasks_listing")
 #: Extra columns a history row fills beyond ``COPY_COLUMNS``.
 HISTORY_COLUMNS = (*COPY_COLUMNS, "fired_at", "fired_by", "fire_token", "finished_at", "attempt")
+#: Heap orders a load can have; see ``scattered_rows``.
+ORDERS = ("scattered", "sorted")
 #: Stop repeating a strategy once its timed runs took this long (at least one run each).
 TIME_BUDGET_S = 8.0
 
@@ -186,6 +190,7 @@ class ScanReport:
     nodes: int
     bucket_seconds: int
     repeats: int
+    order: str  # heap order of the load: "scattered" (submission order) or "sorted" (run_at)
     loads: list[Load] = field(default_factory=list)
     measurements: list[Measurement] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
@@ -225,6 +230,7 @@ def main(
     repeats: int = 5,
     partitions: int = DEFAULT_PARTITIONS,
     nodes: int = 3,
+    order: str = "scattered",
     data_dir: Path | None = None,
     dsn: str | None = None,
     out_dir: Path = Path("bench-scan"),
@@ -238,6 +244,8 @@ def main(
         repeats: Timed executions per strategy (fewer when a strategy is slow).
         partitions: Hash partitions of the loaded tasks (chronoq's default is 256).
         nodes: Cluster size for ``c2``: one node owns ``partitions / nodes`` partitions.
+        order: Heap order of the load: ``scattered`` (as tasks arrive in service, run_at
+            uncorrelated with position) or ``sorted`` (``copy_tasks``' run_at order).
         data_dir: Where the embedded PostgreSQL keeps its data; a temporary directory if None.
         dsn: An existing server instead (a ``postgresql://`` URL whose role may CREATE
             DATABASE); each size gets a fresh database there, dropped afterwards.
@@ -247,6 +255,8 @@ def main(
     counts = parse_sizes(sizes)
     if repeats < 1 or partitions < 1 or not 1 <= nodes <= partitions:
         raise ValueError("need repeats >= 1, partitions >= 1 and 1 <= nodes <= partitions")
+    if order not in ORDERS:
+        raise ValueError(f"--order: choose from {', '.join(ORDERS)}, got {order!r}")
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     out_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -261,7 +271,9 @@ def main(
             server.start(timeout=120)
             stack.callback(server.stop)
             admin_dsn = server.dsn
-        report = asyncio.run(_run(counts, admin_dsn, repeats, partitions, nodes, out_dir, console))
+        report = asyncio.run(
+            _run(counts, admin_dsn, repeats, partitions, nodes, order, out_dir, console)
+        )
     console.print(render(report))
     console.print(arithmetic(report))
     console.print(verdict(report))
@@ -270,7 +282,7 @@ def main(
 
 async def _run(
     counts: Sequence[int], admin_dsn: str, repeats: int, partitions: int, nodes: int,
-    out_dir: Path, console: Console,
+    order: str, out_dir: Path, console: Console,
 ) -> ScanReport:
     report = ScanReport(
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -278,7 +290,7 @@ async def _run(
                  "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
         server=await server_settings(admin_dsn),
         partitions=partitions, nodes=nodes, bucket_seconds=DEFAULT_BUCKET_SECONDS,
-        repeats=repeats,
+        repeats=repeats, order=order,
     )
     plans_path = out_dir / "scan-plans.txt"
     databases = Databases(admin_dsn, prefix="chronoq_scan")
@@ -287,7 +299,7 @@ async def _run(
                     f"{report.server.get('server_version')}\n")
         for count in counts:
             async with databases.fresh(_label(count)) as dsn:
-                load, now = await _load(dsn, count, partitions, console)
+                load, now = await _load(dsn, count, partitions, report.order, console)
                 report.loads.append(load)
                 console.print(
                     f"{_count(count)} pending + {_count(count)} history loaded in "
@@ -325,7 +337,7 @@ def _count(n: int) -> str:
 
 
 async def _load(
-    dsn: str, count: int, partitions: int, console: Console
+    dsn: str, count: int, partitions: int, order: str, console: Console
 ) -> tuple[Load, datetime]:
     """Pending over the coming day, history over the past day; returns the tick's ``now``.
 
@@ -343,10 +355,14 @@ async def _load(
         with _progress(console) as progress:
             pending_bar = progress.add_task(f"COPY {_count(count)} pending", total=count)
             history_bar = progress.add_task(f"COPY {_count(count)} history", total=count)
-            await copy_tasks(dsn, count, first, DAY, partitions=partitions,
-                             progress=_advance(progress, pending_bar))
-            await _copy_history(conn, count, first - DAY, partitions,
-                                _advance(progress, history_bar))
+            if order == "sorted":
+                await copy_tasks(dsn, count, first, DAY, partitions=partitions,
+                                 progress=_advance(progress, pending_bar))
+            else:
+                await _copy(conn, scattered_rows(count, first, partitions), count, COPY_COLUMNS,
+                            _advance(progress, pending_bar))
+            history = history_rows(count, first - DAY, partitions, scattered=order != "sorted")
+            await _copy(conn, history, count, HISTORY_COLUMNS, _advance(progress, history_bar))
         copied = time.perf_counter()
         for statement in indexes:
             await conn.execute(statement)
@@ -395,13 +411,47 @@ async def _drop_indexes(conn: asyncpg.Connection) -> list[str]:
     return rebuild
 
 
+def _stride(count: int) -> int:
+    """A step coprime with ``count`` near 0.618 * count: ``i * step % count`` then visits every
+    slot once, consecutive ``i`` far apart."""
+    step = max(1, int(count * 0.6180339887))
+    while math.gcd(step, count) != 1:
+        step += 1
+    return step
+
+
+def scattered_rows(
+    count: int, first: datetime, partitions: int, *, now: datetime | None = None
+) -> Iterator[tuple[Any, ...]]:
+    """``task_rows`` over [first, first + 1 day) in submission order, not run_at order.
+
+    ``copy_tasks`` writes rows in run_at order, so the heap is perfectly correlated with
+    run_at: a minute's due rows then share a few pages, which flatters every run_at index
+    (and no table in service looks like that: tasks arrive in submission order). Here the
+    i-th row gets the run_at slot ``i * stride % count``: the same run_at values, scattered.
+    """
+    run_at_at, bucket_at = COPY_COLUMNS.index("run_at"), COPY_COLUMNS.index("bucket")
+    step, stride = DAY / count, _stride(count)
+    rows = task_rows(count, first, DAY, now=now or first, partitions=partitions)
+    for i, row in enumerate(rows):
+        run_at = first + step * (i * stride % count)
+        fields = list(row)
+        fields[run_at_at], fields[bucket_at] = run_at, bucket_of(run_at)
+        yield tuple(fields)
+
+
 def history_rows(
-    count: int, first: datetime, partitions: int
+    count: int, first: datetime, partitions: int, *, scattered: bool = True
 ) -> Iterator[tuple[Any, ...]]:
     """``count`` fired tasks (``HISTORY_COLUMNS``) over [first, first + 1 day): 1 % READY."""
     state_at = COPY_COLUMNS.index("state")
     run_at_at = COPY_COLUMNS.index("run_at")
-    for i, row in enumerate(task_rows(count, first, DAY, now=first, partitions=partitions)):
+    rows = (
+        scattered_rows(count, first, partitions)
+        if scattered
+        else task_rows(count, first, DAY, now=first, partitions=partitions)
+    )
+    for i, row in enumerate(rows):
         run_at = row[run_at_at]
         state = TaskState.READY if i % 100 == 0 else TaskState.SUCCEEDED
         finished = run_at if state == TaskState.SUCCEEDED else None
@@ -410,15 +460,14 @@ def history_rows(
                attempt)
 
 
-async def _copy_history(
-    conn: asyncpg.Connection, count: int, first: datetime, partitions: int,
-    progress: Callable[[int], None], chunk: int = 50_000,
+async def _copy(
+    conn: asyncpg.Connection, rows: Iterator[tuple[Any, ...]], count: int,
+    columns: Sequence[str], progress: Callable[[int], None], chunk: int = 50_000,
 ) -> None:
-    rows = history_rows(count, first, partitions)
     done = 0
     while done < count:
         records = [next(rows) for _ in range(min(chunk, count - done))]
-        await conn.copy_records_to_table("tasks", records=records, columns=HISTORY_COLUMNS)
+        await conn.copy_records_to_table("tasks", records=records, columns=columns)
         done += len(records)
         progress(len(records))
 
@@ -575,8 +624,8 @@ def render(report: ScanReport) -> Table:
     """The rich table: one row per size and strategy."""
     table = Table(title=(
         f"finding this minute's due tasks: {report.partitions} partitions, 1-minute buckets, "
-        f"a fired history as large as the pending set; c2 = {_owned(report)} partitions "
-        f"(one node of {report.nodes})"
+        f"a fired history as large as the pending set, heap in {report.order} order; "
+        f"c2 = {_owned(report)} partitions (one node of {report.nodes})"
     ))
     for col in ("pending", "strategy", "due", "rows examined", "examined / due",
                 "buffers hit", "read", "ms / tick", "client ms", "rows scanned / s", "plan"):

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -76,7 +76,10 @@ class LocalCluster:
         postgres: EmbeddedPostgres | None = None,
         etcd: EmbeddedEtcd | None = None,
         dsn: str | None = None,
+        node_args: Callable[[str, list[str]], list[str]] | None = None,
     ) -> None:
+        """``node_args(node_id, args)`` may rewrite a new node's command line, e.g. to
+        point it at its own proxies (the chaos harness cuts nodes off that way)."""
         self.workdir = workdir
         self.spec = spec or ClusterSpec()
         self._own_postgres = postgres is None
@@ -84,6 +87,7 @@ class LocalCluster:
         self.postgres = postgres
         self.etcd = etcd
         self._dsn = dsn
+        self._node_args = node_args
         self.nodes: dict[str, NodeProcess] = {}
         self._next = 0
 
@@ -189,6 +193,8 @@ class LocalCluster:
             *(["--virtual-clock"] if s.virtual_clock else []),
             *s.extra_node_args,
         ]
+        if self._node_args is not None:
+            args = self._node_args(node_id, args)
         node = NodeProcess(node_id, port, self.workdir / f"{node_id}.log", args)
         self.nodes[node_id] = node
         self._spawn(node)

@@ -1,0 +1,471 @@
+"""The checker: pure functions from a recorded ``History`` to a verdict.
+
+Five checks, each a property chronoq promises, judged against records the scheduler did not
+write itself (the client log, the workers' ledger, etcd's owner keys, the fault log):
+
+``none_lost``
+    Every accepted task ends SUCCEEDED (with a ledger entry of a successful run of its final
+    attempt), DEAD with a reason, or CANCELLED when a cancel was asked for. An ambiguous
+    submit may be absent; if present it is held to the same rule. Nothing runs or exists
+    that no client submitted.
+``none_early``
+    No execution starts before its run_at (the original one, and a retry's backoff time),
+    within ``clock_tolerance_s`` of timestamp rounding: the run is on one host, so every
+    party reads one clock. An early run is excused only by a clock-jump fault that moved a
+    node's clock ahead by at least as much, during that fault.
+``duplicates_explained``
+    An execution that follows one which did not fail on purpose is an extra one. Each needs
+    an injected fault: a kill or pause of the worker that ran the earlier one, during it; or
+    a node, PostgreSQL or clock fault overlapping the span from the earlier start to the
+    extra start (a lost heartbeat or acknowledgement: a lease expiry, an ambiguous commit).
+``failover_gaps``
+    After a node fault, tasks of the partitions the node owned fire within the lease TTL plus
+    a tick (plus ``failover_slack_s``: etcd's expiry lag, the claim and the fence write on a
+    busy host). After a PostgreSQL or etcd fault, within the same bound from the heal.
+``fencing``
+    Per partition, in firing order, fencing tokens never go back; one node per token; the
+    token is the one etcd issued to that node; none is above the store's final fence.
+
+A node whose clock was jumped on purpose wrote ``fired_at`` by its own clock: firing order
+and lateness use that instant corrected by the injected offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chronoq.chaos.history import (
+    ACCEPTED,
+    AMBIGUOUS,
+    CANCELLED,
+    ERROR,
+    OK,
+    REFUSED,
+    REJECTED,
+    Execution,
+    FaultRecord,
+    History,
+    OwnerEvent,
+    TaskRow,
+)
+
+CHECKS = ("none_lost", "none_early", "duplicates_explained", "failover_gaps", "fencing")
+
+# Fault kinds by what they may cause.
+FAILOVER = frozenset({"kill-node", "pause-node", "cut-node-etcd", "cut-node-postgres"})
+GRACEFUL = frozenset({"clock-jump", "rolling-restart"})
+INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader"})
+WORKER = frozenset({"kill-worker", "pause-worker"})
+# Faults that can make a task run twice without targeting its worker: a heartbeat or an
+# acknowledgement that did not reach the store, so the lease expired.
+DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres"})
+NOT_OWNER = frozenset({"submit", "retry", "requeue"})
+TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED"})
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Violation:
+    check: str
+    detail: str
+    task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    task_id: str
+    earlier: Execution
+    extra: Execution
+    explanation: str | None  # None: unexplained
+
+
+@dataclass(frozen=True)
+class Gap:
+    fault: int  # index in history.faults
+    kind: str
+    target: str
+    start_us: int
+    gap_s: float | None  # None: no task of those partitions came due in the window
+    bound_s: float
+    tasks: int
+
+    @property
+    def ok(self) -> bool:
+        return self.gap_s is None or self.gap_s <= self.bound_s
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation] = field(default_factory=list)
+    duplicates: list[Duplicate] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checks(self) -> dict[str, bool]:
+        failed = {v.check for v in self.violations}
+        return {c: c not in failed for c in CHECKS}
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check(history: History) -> Verdict:
+    """Run every check; the verdict lists each violation and the run's figures."""
+    v = Verdict()
+    rows = _rows_of(history)
+    lost = check_none_lost(history, rows, v)
+    early_ok, early_bad = check_none_early(history, rows, v)
+    check_duplicates(history, v)
+    check_gaps(history, v)
+    unverified = check_fencing(history, v)
+    v.figures = _figures(history, rows, v, lost, early_ok, early_bad, unverified)
+    return v
+
+
+# ---------------------------------------------------------------------- none lost
+
+
+def _rows_of(history: History) -> dict[str, TaskRow]:
+    """The store row of each submit key (accepted or ambiguous) that reached the store."""
+    by_id = {r.id: r for r in history.tasks}
+    by_key = {r.key: r for r in history.tasks if r.key}
+    out: dict[str, TaskRow] = {}
+    for s in history.submits:
+        row = by_id.get(s.task_id) if s.task_id else by_key.get(s.key)
+        if row is not None:
+            out[s.key] = row
+    return out
+
+
+def check_none_lost(history: History, rows: dict[str, TaskRow], v: Verdict) -> int:
+    """Returns how many accepted tasks were lost (missing, or stuck before a final state)."""
+    ok_runs = {(x.task_id, x.attempt) for x in history.executions if x.outcome == OK}
+    cancels: dict[str, list[str]] = defaultdict(list)
+    for c in history.cancels:
+        cancels[c.key].append(c.outcome)
+    lost = 0
+    for s in history.submits:
+        row = rows.get(s.key)
+        if s.outcome == REJECTED:
+            if row is not None:
+                v.violations.append(Violation("none_lost", f"{s.key}: rejected, yet stored",
+                                              row.id))
+            continue
+        if row is None:
+            if s.outcome == ACCEPTED:
+                lost += 1
+                v.violations.append(Violation(
+                    "none_lost", f"{s.key}: accepted as {s.task_id}, not in the store",
+                    s.task_id))
+            continue
+        if row.state not in TERMINAL:
+            lost += 1
+            v.violations.append(Violation(
+                "none_lost", f"{s.key}: ends {row.state} at attempt {row.attempt}, never "
+                f"finished (last error: {row.last_error or '-'})", row.id))
+            continue
+        problem = _final_state_problem(row, cancels.get(s.key, []), ok_runs)
+        if problem:
+            v.violations.append(Violation("none_lost", f"{s.key}: {problem}", row.id))
+    known = {r.id for r in rows.values()}
+    submitted = {s.key for s in history.submits}
+    for r in history.tasks:
+        if r.key not in submitted:
+            v.violations.append(Violation("none_lost", "a task no client submitted", r.id))
+    for tid in sorted({x.task_id for x in history.executions} - known):
+        v.violations.append(Violation("none_lost", "ran a task no client submitted", tid))
+    return lost
+
+
+def _final_state_problem(
+    row: TaskRow, cancels: list[str], ok_runs: set[tuple[str, int]]
+) -> str | None:
+    if row.state == "SUCCEEDED":
+        if CANCELLED in cancels:
+            return "SUCCEEDED after a cancel was acknowledged"
+        if (row.id, row.attempt) not in ok_runs:
+            return f"SUCCEEDED, but no worker recorded a successful attempt {row.attempt}"
+    elif row.state == "DEAD":
+        if CANCELLED in cancels:
+            return "DEAD after a cancel was acknowledged"
+        if not row.last_error:
+            return "DEAD without a reason"
+    elif row.state == "CANCELLED" and not any(c in (CANCELLED, AMBIGUOUS) for c in cancels):
+        return "CANCELLED, but no cancel was acknowledged" + (
+            " (the cancel was refused)" if REFUSED in cancels else "")
+    return None
+
+
+# ---------------------------------------------------------------------- none early
+
+
+def _clock_faults(history: History) -> list[FaultRecord]:
+    return [f for f in history.faults if f.kind == "clock-jump" and "offset_ms" in f.detail]
+
+
+def offset_us(node: str | None, at_us: int, clock_faults: Iterable[FaultRecord]) -> int:
+    """The clock offset a node ran with at a (real) instant, from the fault log."""
+    for f in clock_faults:
+        if f.target == node and f.start_us <= at_us <= f.end_us:
+            return int(f.detail["offset_ms"]) * 1000
+    return 0
+
+
+def real_fired_at(row: TaskRow, clock_faults: Sequence[FaultRecord]) -> int | None:
+    """``fired_at`` corrected for an injected clock offset of the node that wrote it."""
+    if row.fired_at_us is None:
+        return None
+    for f in clock_faults:
+        off = int(f.detail["offset_ms"]) * 1000
+        if f.target == row.fired_by and f.start_us <= row.fired_at_us - off <= f.end_us:
+            return row.fired_at_us - off
+    return row.fired_at_us
+
+
+def check_none_early(
+    history: History, rows: dict[str, TaskRow], v: Verdict
+) -> tuple[int, int]:
+    """Returns (early runs excused by a clock jump, early runs not excused)."""
+    p = history.params
+    tol = round(p.clock_tolerance_s * US)
+    slack = round(p.explain_slack_s * US)
+    planned = {rows[s.key].id: s.run_at_us for s in history.submits if s.key in rows}
+    clocks = _clock_faults(history)
+    excused = bad = 0
+    for x in history.executions:
+        due = max(x.run_at_us, planned.get(x.task_id, x.run_at_us))
+        early = due - x.start_us
+        if early <= tol:
+            continue
+        ahead = [f for f in clocks if int(f.detail["offset_ms"]) > 0
+                 and f.start_us - slack <= x.start_us <= f.end_us + slack
+                 and early <= int(f.detail["offset_ms"]) * 1000 + tol]
+        if ahead:
+            excused += 1
+            continue
+        bad += 1
+        v.violations.append(Violation(
+            "none_early", f"attempt {x.attempt} started {early / 1000:.1f} ms before its "
+            f"run_at on {x.worker}", x.task_id))
+    for r in history.tasks:
+        if r.fired_at_us is not None and r.fired_at_us < r.run_at_us - tol:
+            bad += 1
+            v.violations.append(Violation(
+                "none_early", f"{r.fired_by} fired it {(r.run_at_us - r.fired_at_us) / 1000:.1f}"
+                " ms before its run_at by its own clock", r.id))
+    return excused, bad
+
+
+# ---------------------------------------------------------------------- duplicates
+
+
+def check_duplicates(history: History, v: Verdict) -> None:
+    by_task: dict[str, list[Execution]] = defaultdict(list)
+    for x in history.executions:
+        by_task[x.task_id].append(x)
+    for tid, runs in by_task.items():
+        runs.sort(key=lambda x: x.start_us)
+        for earlier, extra in zip(runs, runs[1:], strict=False):
+            if earlier.outcome == ERROR:
+                continue  # the handler failed on purpose: a planned retry
+            why = explain(earlier, extra, history)
+            v.duplicates.append(Duplicate(tid, earlier, extra, why))
+            if why is None:
+                v.violations.append(Violation(
+                    "duplicates_explained",
+                    f"attempt {extra.attempt} on {extra.worker} re-ran attempt "
+                    f"{earlier.attempt} on {earlier.worker} (ended {earlier.outcome or 'never'})"
+                    " with no injected fault to explain it", tid))
+
+
+def explain(earlier: Execution, extra: Execution, history: History) -> str | None:
+    """The injected fault that explains ``extra`` running after ``earlier``, or None."""
+    slack = round(history.params.explain_slack_s * US)
+    lo, hi = earlier.start_us - slack, extra.start_us + slack
+    for f in history.faults:
+        if f.kind in WORKER:
+            if f.target != earlier.worker:
+                continue
+            what = "killed" if f.kind == "kill-worker" else "paused past its task lease"
+            if f.start_us <= hi and f.end_us >= lo:
+                return f"{f.kind} {f.target}: {what} mid-task"
+        elif f.kind in DUPLICATE_CAUSES and f.start_us <= hi and f.end_us >= lo:
+            return f"{f.kind} {f.target}: a heartbeat or acknowledgement did not land"
+    return None
+
+
+# ---------------------------------------------------------------------- failover gaps
+
+
+class Owners:
+    """Who owned each partition when, from the observer's owner events."""
+
+    def __init__(self, events: Sequence[OwnerEvent]) -> None:
+        self._times: dict[int, list[int]] = defaultdict(list)
+        self._owners: dict[int, list[str | None]] = defaultdict(list)
+        for e in sorted(events, key=lambda e: e.at_us):
+            self._times[e.partition].append(e.at_us)
+            self._owners[e.partition].append(e.owner)
+
+    def at(self, partition: int, at_us: int) -> str | None:
+        i = bisect.bisect_right(self._times[partition], at_us)
+        return self._owners[partition][i - 1] if i else None
+
+    def of(self, node: str, at_us: int, partitions: int) -> set[int]:
+        return {p for p in range(partitions) if self.at(p, at_us) == node}
+
+
+def check_gaps(history: History, v: Verdict) -> None:
+    p = history.params
+    owners = Owners(history.owners)
+    clocks = _clock_faults(history)
+    tick = round(p.tick_s * US)
+    bound = p.lease_ttl_s + p.tick_s + p.failover_slack_s
+    fires = [(r, real_fired_at(r, clocks)) for r in history.tasks
+             if r.fire_token is not None and r.fired_by not in NOT_OWNER]
+    everything = set(range(p.partitions))
+    for i, f in enumerate(history.faults):
+        if f.kind in WORKER or f.error:
+            continue
+        if f.kind in INFRA:
+            parts, since = everything, f.end_us  # nothing can take over: judge from the heal
+        elif f.target == "all nodes":
+            parts, since = everything, 0
+        else:
+            parts, since = owners.of(f.target, f.start_us, p.partitions), 0
+        late = [
+            (fired - max(r.run_at_us, since)) / US
+            for r, fired in fires
+            if fired is not None and r.partition in parts
+            and f.start_us - tick <= r.run_at_us <= f.end_us
+        ]
+        gap = Gap(i, f.kind, f.target, f.start_us, max(late) if late else None, bound, len(late))
+        v.gaps.append(gap)
+        if not gap.ok:
+            v.violations.append(Violation(
+                "failover_gaps", f"{f.kind} {f.target}: the {len(parts)} partitions it held "
+                f"fired {gap.gap_s:.2f} s late (bound {bound:.2f} s: TTL + tick + slack)"))
+
+
+# ---------------------------------------------------------------------- fencing
+
+
+def check_fencing(history: History, v: Verdict) -> int:
+    """Returns how many (partition, token) pairs etcd's record could not confirm."""
+    clocks = _clock_faults(history)
+    issued: dict[tuple[int, int], str] = {
+        (e.partition, e.token): e.owner
+        for e in history.owners if e.owner is not None and e.token is not None
+    }
+    fires = sorted(
+        ((r.partition, real_fired_at(r, clocks) or 0, r) for r in history.tasks
+         if r.fire_token is not None and r.fired_by not in NOT_OWNER),
+        key=lambda t: (t[0], t[1]),
+    )
+    last: dict[int, TaskRow] = {}
+    node_of: dict[tuple[int, int], str] = {}
+    unverified: set[tuple[int, int]] = set()
+    for part, _at, r in fires:
+        token = r.fire_token
+        assert token is not None
+        prev = last.get(part)
+        if prev is not None and prev.fire_token is not None and token < prev.fire_token:
+            v.violations.append(Violation(
+                "fencing", f"partition {part}: {r.fired_by} fired with token {token} after "
+                f"{prev.fired_by} fired with token {prev.fire_token}", r.id))
+        last[part] = r
+        holder = node_of.setdefault((part, token), r.fired_by or "")
+        if holder != r.fired_by:
+            v.violations.append(Violation(
+                "fencing", f"partition {part}: token {token} fired by {holder} and "
+                f"{r.fired_by}", r.id))
+        grantee = issued.get((part, token))
+        if grantee is None:
+            unverified.add((part, token))
+        elif grantee != r.fired_by:
+            v.violations.append(Violation(
+                "fencing", f"partition {part}: etcd issued token {token} to {grantee}, "
+                f"but {r.fired_by} fired with it", r.id))
+        fence = history.fences.get(part)
+        if fence is not None and token > fence:
+            v.violations.append(Violation(
+                "fencing", f"partition {part}: fired with token {token} above the store's "
+                f"fence {fence}", r.id))
+    return len(unverified)
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def fire_lateness(history: History) -> list[tuple[int, float]]:
+    """(run_at, seconds late) of every task an owner fired."""
+    clocks = _clock_faults(history)
+    out = []
+    for r in history.tasks:
+        if r.fire_token is None or r.fired_by in NOT_OWNER:
+            continue
+        fired = real_fired_at(r, clocks)
+        if fired is not None:
+            out.append((r.run_at_us, (fired - r.run_at_us) / US))
+    return sorted(out)
+
+
+def _figures(
+    history: History, rows: dict[str, TaskRow], v: Verdict, lost: int, early_ok: int,
+    early_bad: int, unverified: int,
+) -> dict[str, Any]:
+    outcomes = Counter(s.outcome for s in history.submits)
+    states = Counter(r.state for r in rows.values())
+    late = [s for _t, s in fire_lateness(history)]
+    first_start: dict[str, int] = {}
+    for x in history.executions:
+        first_start[x.task_id] = min(first_start.get(x.task_id, x.start_us), x.start_us)
+    exec_late = [(first_start[r.id] - s.run_at_us) / US for s in history.submits
+                 if (r := rows.get(s.key)) is not None and r.id in first_start]
+    explained = [d for d in v.duplicates if d.explanation is not None]
+    failover = [g.gap_s for g in v.gaps if g.kind in FAILOVER and g.gap_s is not None]
+    return {
+        "tasks": len(history.submits),
+        "accepted": outcomes[ACCEPTED],
+        "ambiguous": outcomes[AMBIGUOUS],
+        "ambiguous_stored": sum(1 for s in history.submits
+                                if s.outcome == AMBIGUOUS and s.key in rows),
+        "rejected": outcomes[REJECTED],
+        "final_states": dict(sorted(states.items())),
+        "cancels": dict(Counter(c.outcome for c in history.cancels)),
+        "executions": len(history.executions),
+        "lost": lost,
+        "early": early_bad,
+        "early_under_clock_jump": early_ok,
+        "duplicates": len(v.duplicates),
+        "duplicates_explained": len(explained),
+        "duplicates_unexplained": len(v.duplicates) - len(explained),
+        "duplicate_causes": dict(Counter(
+            (d.explanation or "unexplained").split(" ")[0] for d in v.duplicates)),
+        "faults": dict(Counter(f.kind for f in history.faults)),
+        "faults_failed": sum(1 for f in history.faults if f.error),
+        "max_failover_gap_s": max(failover) if failover else None,
+        "fire_lateness_p50_s": percentile(late, 50),
+        "fire_lateness_p99_s": percentile(late, 99),
+        "fire_lateness_max_s": max(late) if late else None,
+        "run_lateness_p50_s": percentile(exec_late, 50),
+        "run_lateness_p99_s": percentile(exec_late, 99),
+        "tokens_unverified": unverified,
+        "violations": len(v.violations),
+    }

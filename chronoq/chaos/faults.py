@@ -1,0 +1,324 @@
+"""Fault injection: a seeded, replayable schedule of faults, and the injector that plays it.
+
+``schedule`` (pure) lays the chosen kinds out over the run, one fault at a time with quiet
+gaps in between (Jepsen's nemesis style, so every extra execution can be traced to one
+fault): the same seed gives the same kinds, instants, holds and target picks. Targets are
+picked from the pick number at injection time (the etcd leader is whoever leads then).
+``Injector`` plays a schedule against a ``FaultTarget`` (the cluster backend) and a
+``WorkerPool`` and records each fault's window: from the first harmful act to the heal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chronoq.chaos.history import FaultRecord
+from chronoq.chaos.ledger import now_us
+from chronoq.chaos.worker import WorkerPool
+
+log = logging.getLogger("chronoq.chaos")
+
+
+class FaultKind(enum.StrEnum):
+    KILL_NODE = "kill-node"  # SIGKILL a node, start it again after the hold
+    PAUSE_NODE = "pause-node"  # SIGSTOP a node past its lease TTL, then SIGCONT
+    KILL_WORKER = "kill-worker"  # SIGKILL a worker with a handler running
+    PAUSE_WORKER = "pause-worker"  # SIGSTOP a worker mid-task past the task lease
+    KILL_ETCD_MEMBER = "kill-etcd-member"  # SIGKILL a follower, restart it
+    KILL_ETCD_LEADER = "kill-etcd-leader"  # SIGKILL the raft leader, restart it
+    RESTART_POSTGRES = "restart-postgres"  # crash (SIGKILL) or clean stop, then start
+    CUT_NODE_ETCD = "cut-node-etcd"  # blackhole one node's etcd traffic
+    CUT_NODE_POSTGRES = "cut-node-postgres"  # blackhole one node's PostgreSQL traffic
+    CLOCK_JUMP = "clock-jump"  # restart one node with its clock ahead or behind
+    ROLLING_RESTART = "rolling-restart"  # graceful restart of every node, one by one
+
+
+ALL_KINDS = tuple(FaultKind)
+WORKER_KINDS = frozenset({FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER})
+
+# Seconds a fault costs beyond its hold (restarts, waiting for a task in flight).
+OVERHEAD: dict[FaultKind, float] = {
+    FaultKind.KILL_NODE: 3.0, FaultKind.PAUSE_NODE: 0.5, FaultKind.KILL_WORKER: 2.0,
+    FaultKind.PAUSE_WORKER: 1.0, FaultKind.KILL_ETCD_MEMBER: 2.0,
+    FaultKind.KILL_ETCD_LEADER: 2.0, FaultKind.RESTART_POSTGRES: 3.0,
+    FaultKind.CUT_NODE_ETCD: 0.5, FaultKind.CUT_NODE_POSTGRES: 0.5,
+    FaultKind.CLOCK_JUMP: 6.0, FaultKind.ROLLING_RESTART: 9.0,
+}
+
+
+def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, float]:
+    """How long each fault lasts: past the node lease for node faults, past the task lease
+    for worker pauses, so that each one forces the takeover it is meant to test."""
+    return {
+        FaultKind.KILL_NODE: lease_ttl + 2.0,
+        FaultKind.PAUSE_NODE: lease_ttl + 1.5,
+        FaultKind.KILL_WORKER: 1.0,
+        FaultKind.PAUSE_WORKER: lease_timeout + 2.0,
+        FaultKind.KILL_ETCD_MEMBER: 4.0,
+        FaultKind.KILL_ETCD_LEADER: 4.0,
+        FaultKind.RESTART_POSTGRES: 1.0,
+        FaultKind.CUT_NODE_ETCD: lease_ttl + 2.0,
+        FaultKind.CUT_NODE_POSTGRES: lease_ttl + 2.0,
+        FaultKind.CLOCK_JUMP: 6.0,
+        FaultKind.ROLLING_RESTART: 0.0,
+    }
+
+
+def parse_kinds(text: str) -> list[FaultKind]:
+    """``kill-node,pause-node`` (or ``all``) as fault kinds; ValueError names a bad one."""
+    if text.strip() == "all":
+        return list(ALL_KINDS)
+    kinds = []
+    for name in (n.strip() for n in text.split(",") if n.strip()):
+        try:
+            kinds.append(FaultKind(name))
+        except ValueError:
+            known = ", ".join(k.value for k in ALL_KINDS)
+            raise ValueError(f"unknown fault {name!r}; known: {known}, or all") from None
+    return kinds
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    at: float  # seconds from the start of the run
+    kind: FaultKind
+    pick: int  # chooses the target among the candidates at injection time
+    hold: float
+    variant: str = ""  # restart-postgres: crash|clean; clock-jump: +|-
+
+
+def schedule(
+    kinds: Sequence[FaultKind],
+    duration: float,
+    seed: int,
+    holds: Mapping[FaultKind, float],
+    *,
+    first_at: float = 4.0,
+    gap: tuple[float, float] = (2.0, 4.0),
+    tail: float = 3.0,
+) -> list[PlannedFault]:
+    """Faults back to back with quiet gaps, each kind once (in a seeded order) before any
+    repeats, until the next one would not end ``tail`` seconds before ``duration``."""
+    if not kinds:
+        return []
+    rng = random.Random(seed)
+    order = list(dict.fromkeys(kinds))
+    rng.shuffle(order)
+    out: list[PlannedFault] = []
+    at = first_at
+    for i in range(10_000):  # bounded: every step moves ``at`` forward
+        kind = order[i] if i < len(order) else rng.choice(order)
+        hold = holds[kind]
+        if at + hold + OVERHEAD[kind] > duration - tail:
+            if i < len(order):
+                continue  # a long one does not fit: maybe a shorter one does
+            break
+        variant = ""
+        if kind is FaultKind.RESTART_POSTGRES:
+            variant = rng.choice(["crash", "clean"])
+        elif kind is FaultKind.CLOCK_JUMP:
+            variant = rng.choice(["+", "-"])
+        out.append(PlannedFault(round(at, 3), kind, rng.randrange(1 << 30), hold, variant))
+        at += hold + OVERHEAD[kind] + rng.uniform(*gap)
+    return out
+
+
+class FaultTarget(Protocol):
+    """What the injector needs of a cluster backend (local processes or docker)."""
+
+    name: str
+    supported: frozenset[FaultKind]
+
+    @property
+    def node_ids(self) -> list[str]: ...
+
+    def node_alive(self, node_id: str) -> bool: ...
+    def kill_node(self, node_id: str) -> None: ...
+    def restart_node(self, node_id: str) -> None: ...  # graceful, or start if dead; waits
+    def pause_node(self, node_id: str) -> None: ...
+    def resume_node(self, node_id: str) -> None: ...
+    def set_clock(self, node_id: str, offset_ms: int) -> None: ...  # restarts the node
+    def etcd_size(self) -> int: ...
+    def etcd_leader(self) -> int | None: ...
+    def kill_etcd_member(self, index: int) -> None: ...
+    def start_etcd_member(self, index: int) -> None: ...
+    def stop_postgres(self, *, crash: bool) -> None: ...
+    def start_postgres(self) -> None: ...
+    def cut(self, node_id: str, service: str) -> None: ...  # service: etcd | postgres
+    def heal(self, node_id: str, service: str) -> None: ...
+    def heal_all(self) -> None: ...
+
+
+@dataclass
+class Injector:
+    """Plays a schedule; ``records`` holds every injected fault with its window."""
+
+    target: FaultTarget
+    workers: WorkerPool
+    clock_jump_ms: int = 3000
+    records: list[FaultRecord] = field(default_factory=list)
+
+    async def run(self, plan: Sequence[PlannedFault], started: float, stop: asyncio.Event) -> None:
+        """Inject each planned fault at its time (``started`` is a monotonic instant)."""
+        for pf in plan:
+            delay = started + pf.at - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except TimeoutError:
+                    pass
+            if stop.is_set():
+                return
+            await self.inject(pf)
+
+    async def inject(self, pf: PlannedFault) -> FaultRecord:
+        act = self._acts()[pf.kind]
+        detail: dict[str, Any] = {"hold_s": pf.hold}
+        start = now_us()
+        target, error = "", ""
+        try:
+            target = await act(pf, detail)
+        except Exception as exc:  # noqa: BLE001 - a failed injection is recorded, not fatal
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("fault %s failed: %s", pf.kind, error)
+        record = FaultRecord(pf.kind.value, target or detail.get("target", ""),
+                             detail.pop("start_us", start), now_us(), detail, error)
+        self.records.append(record)
+        return record
+
+    def _acts(self) -> dict[FaultKind, Callable[[PlannedFault, dict[str, Any]],
+                                                 Awaitable[str]]]:
+        return {
+            FaultKind.KILL_NODE: self._kill_node,
+            FaultKind.PAUSE_NODE: self._pause_node,
+            FaultKind.KILL_WORKER: self._kill_worker,
+            FaultKind.PAUSE_WORKER: self._pause_worker,
+            FaultKind.KILL_ETCD_MEMBER: self._kill_etcd,
+            FaultKind.KILL_ETCD_LEADER: self._kill_etcd,
+            FaultKind.RESTART_POSTGRES: self._restart_postgres,
+            FaultKind.CUT_NODE_ETCD: self._cut,
+            FaultKind.CUT_NODE_POSTGRES: self._cut,
+            FaultKind.CLOCK_JUMP: self._clock_jump,
+            FaultKind.ROLLING_RESTART: self._rolling_restart,
+        }
+
+    def _node(self, pf: PlannedFault) -> str:
+        alive = [n for n in self.target.node_ids if self.target.node_alive(n)]
+        if not alive:
+            raise RuntimeError("no live node to inject into")
+        return alive[pf.pick % len(alive)]
+
+    async def _kill_node(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        node = self._node(pf)
+        detail["target"] = node
+        await asyncio.to_thread(self.target.kill_node, node)
+        await asyncio.sleep(pf.hold)
+        await asyncio.to_thread(self.target.restart_node, node)
+        return node
+
+    async def _pause_node(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        node = self._node(pf)
+        detail["target"] = node
+        self.target.pause_node(node)
+        try:
+            await asyncio.sleep(pf.hold)
+        finally:
+            self.target.resume_node(node)
+        return node
+
+    async def _worker_mid_task(self, pf: PlannedFault, detail: dict[str, Any]) -> int:
+        index = pf.pick % len(self.workers.workers)
+        detail["in_flight"] = await asyncio.to_thread(self.workers.wait_mid_task, index, 5.0)
+        detail["start_us"] = now_us()
+        return index
+
+    async def _kill_worker(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        index = await self._worker_mid_task(pf, detail)
+        name = self.workers.workers[index].name
+        detail["target"] = name
+        await asyncio.to_thread(self.workers.kill, index)
+        await asyncio.sleep(pf.hold)
+        detail["restarted_as"] = self.workers.spawn(index).name
+        return name
+
+    async def _pause_worker(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        index = await self._worker_mid_task(pf, detail)
+        name = self.workers.workers[index].name
+        detail["target"] = name
+        self.workers.signal(index, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(pf.hold)
+        finally:
+            self.workers.signal(index, signal.SIGCONT)
+        return name
+
+    async def _kill_etcd(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        size = self.target.etcd_size()
+        leader = await asyncio.to_thread(self.target.etcd_leader)
+        if pf.kind is FaultKind.KILL_ETCD_LEADER:
+            if leader is None:
+                raise RuntimeError("no etcd leader to kill")
+            index = leader
+        else:
+            others = [i for i in range(size) if i != leader] or [0]
+            index = others[pf.pick % len(others)]
+        detail["target"] = f"etcd{index}"
+        detail["members"] = size
+        await asyncio.to_thread(self.target.kill_etcd_member, index)
+        await asyncio.sleep(pf.hold)
+        await asyncio.to_thread(self.target.start_etcd_member, index)
+        detail["leader_after"] = await asyncio.to_thread(self.target.etcd_leader)
+        return f"etcd{index}"
+
+    async def _restart_postgres(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        crash = pf.variant != "clean"
+        detail["crash"] = crash
+        detail["target"] = "postgres"
+        await asyncio.to_thread(self.target.stop_postgres, crash=crash)
+        await asyncio.sleep(pf.hold)
+        await asyncio.to_thread(self.target.start_postgres)
+        return "postgres"
+
+    async def _cut(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        node = self._node(pf)
+        service = "etcd" if pf.kind is FaultKind.CUT_NODE_ETCD else "postgres"
+        detail["target"] = node
+        self.target.cut(node, service)
+        try:
+            await asyncio.sleep(pf.hold)
+        finally:
+            self.target.heal(node, service)
+        return node
+
+    async def _clock_jump(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        node = self._node(pf)
+        offset = self.clock_jump_ms if pf.variant != "-" else -self.clock_jump_ms
+        detail["target"] = node
+        detail["offset_ms"] = offset
+        await asyncio.to_thread(self.target.set_clock, node, offset)
+        await asyncio.sleep(pf.hold)
+        await asyncio.to_thread(self.target.set_clock, node, 0)
+        return node
+
+    async def _rolling_restart(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        for node in list(self.target.node_ids):
+            await asyncio.to_thread(self.target.restart_node, node)
+        detail["target"] = "all nodes"
+        return "all nodes"
+
+    async def heal_all(self) -> None:
+        """After the run: wake, reconnect and restart everything a fault left broken."""
+        await asyncio.to_thread(self.target.heal_all)
+        for i, w in enumerate(self.workers.workers):
+            if w.stopped:
+                self.workers.signal(i, signal.SIGCONT)
+            if not w.alive():
+                self.workers.spawn(i)
