@@ -36,7 +36,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
-from chronoq.clock import OffsetClock
 from chronoq.client import Client, ClusterStatus, NewTask, Submitted, Worker, WorkerStats
 from chronoq.client.demo import (
     DEMO_QUEUE,
@@ -47,6 +46,7 @@ from chronoq.client.demo import (
     summarize,
 )
 from chronoq.client.worker import Handler
+from chronoq.clock import OffsetClock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
 from chronoq.coordinator.vclock import EtcdClock
@@ -1312,6 +1312,150 @@ def bench_scan(
             _fail(str(exc), 2)
         except (BenchError, EmbeddedPostgresError, asyncpg.PostgresError, OSError) as exc:
             _fail(f"bench scan: {exc}")
+
+
+# ---------------------------------------------------------------------- chaos
+
+
+@app.command()
+def chaos(
+    duration: Annotated[
+        float, typer.Option(envvar=_env("CHAOS_DURATION"), min=10, help="Seconds of workload.")
+    ] = 120.0,
+    nodes: Annotated[int, typer.Option(envvar=_env("CHAOS_NODES"), min=2, max=16)] = 3,
+    workers: Annotated[int, typer.Option(envvar=_env("CHAOS_WORKERS"), min=1, max=32)] = 3,
+    etcd_members: Annotated[
+        int, typer.Option(envvar=_env("CHAOS_ETCD_MEMBERS"), min=1, max=7)
+    ] = 3,
+    faults: Annotated[
+        str,
+        typer.Option(envvar=_env("CHAOS_FAULTS"), metavar="KIND,...",
+                     help="Fault kinds, or 'all': kill-node, pause-node, kill-worker, "
+                          "pause-worker, kill-etcd-member, kill-etcd-leader, restart-postgres, "
+                          "cut-node-etcd, cut-node-postgres, clock-jump, rolling-restart."),
+    ] = "all",
+    seed: Annotated[int, typer.Option(envvar=_env("CHAOS_SEED"),
+                                      help="Replays the same workload and fault schedule.")] = 1,
+    rate: Annotated[float, typer.Option(envvar=_env("CHAOS_RATE"), min=1,
+                                        help="Tasks submitted per second.")] = 50.0,
+    out_dir: Annotated[
+        Path, typer.Option("--out", envvar=_env("CHAOS_OUT"), file_okay=False,
+                           help="Where history.json, report.json, timeline.png and logs go.")
+    ] = Path("chaos-out"),
+    backend: Annotated[
+        str, typer.Option(envvar=_env("CHAOS_BACKEND"), help="local (processes) or docker.")
+    ] = "local",
+    partitions: Annotated[int, typer.Option(envvar=_env("CHAOS_PARTITIONS"), min=1)] = 64,
+    lease_ttl: Annotated[int, typer.Option(envvar=_env("CHAOS_LEASE_TTL"), min=2)] = 2,
+    tick_ms: Annotated[int, typer.Option(envvar=_env("CHAOS_TICK_MS"), min=1)] = 50,
+    clock_jump_ms: Annotated[int, typer.Option(envvar=_env("CHAOS_CLOCK_JUMP_MS"), min=1)] = 3000,
+    cluster: Annotated[
+        str, typer.Option(envvar=_env("CHAOS_CLUSTER"),
+                          help="The nodes' --cluster (etcd key prefix); docker: the deployment's.")
+    ] = "chaos",
+    recheck: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("CHAOS_RECHECK"), dir_okay=False,
+                     help="Check a saved history.json again instead of running."),
+    ] = None,
+    compose_project: Annotated[
+        str, typer.Option(envvar=_env("CHAOS_COMPOSE_PROJECT"), help="docker: compose project.")
+    ] = "chronoq",
+    docker_nodes: Annotated[
+        str, typer.Option(envvar=_env("CHAOS_DOCKER_NODES"), help="docker: node services.")
+    ] = "node-1,node-2,node-3",
+    docker_etcd: Annotated[
+        str, typer.Option(envvar=_env("CHAOS_DOCKER_ETCD"), help="docker: etcd services.")
+    ] = "etcd-1,etcd-2,etcd-3",
+    docker_postgres: Annotated[
+        str, typer.Option(envvar=_env("CHAOS_DOCKER_POSTGRES"), help="docker: PostgreSQL service.")
+    ] = "db",
+    docker_dsn: Annotated[
+        str | None, typer.Option(envvar=_env("CHAOS_DOCKER_DSN"), help="docker: DSN from here.")
+    ] = None,
+) -> None:
+    """Run a real cluster under a seeded workload and seeded faults, then check an independent
+    ledger: none lost, none early, duplicates explained, failover within TTL + a tick, fencing.
+    Exits 1 when a check fails.
+
+    Example: chronoq chaos --duration 300 --faults all --seed 7 --out chaos-out
+    """
+    from chronoq.chaos.docker_backend import DockerUnavailable
+    from chronoq.chaos.faults import parse_kinds
+    from chronoq.chaos.harness import ChaosOptions, judge, run
+    from chronoq.chaos.history import History
+
+    if recheck is not None:
+        with _reported():
+            verdict = judge(History.load(recheck), recheck.parent, out, plot=True)
+        raise typer.Exit(0 if verdict.ok else 1)
+    if backend not in ("local", "docker"):
+        raise typer.BadParameter("local or docker", param_hint="--backend")
+    try:
+        kinds = parse_kinds(faults)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--faults") from None
+    options = ChaosOptions(
+        duration=duration, nodes=nodes, workers=workers, etcd_members=etcd_members,
+        faults=tuple(kinds), seed=seed, rate=rate, out=out_dir, backend=backend,
+        partitions=partitions, lease_ttl=lease_ttl, tick_ms=tick_ms, clock_jump_ms=clock_jump_ms,
+        cluster=cluster,
+        docker_services={
+            "project": compose_project, "nodes": tuple(docker_nodes.split(",")),
+            "etcd": tuple(docker_etcd.split(",")), "postgres": docker_postgres, "dsn": docker_dsn,
+        } if backend == "docker" else {},
+    )
+    with _reported():
+        try:
+            code = run(options, out)
+        except DockerUnavailable as exc:
+            err.print(f"[yellow]skipped:[/yellow] {escape(exc.message)}")
+            raise typer.Exit(0) from None
+        except ValueError as exc:  # a fault the backend cannot inject
+            _fail(str(exc), 2)
+    raise typer.Exit(code)
+
+
+# ---------------------------------------------------------------------- lab
+
+
+@app.command()
+def lab(
+    port: Annotated[
+        int, typer.Option("--port", envvar=_env("LAB_PORT"), min=0, max=65535,
+                          help="HTTP port of the page (0: any free port).")
+    ] = 8080,
+    host: Annotated[
+        str, typer.Option("--host", envvar=_env("LAB_HOST"), help="Address the page binds.")
+    ] = "127.0.0.1",
+    nodes: Annotated[int, typer.Option(envvar=_env("LAB_NODES"), min=1, max=8)] = 3,
+    partitions: PartitionsOpt = DEFAULT_PARTITIONS,
+    lease_ttl: Annotated[
+        int, typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=2, max=60,
+                          help="etcd lease TTL of each node: how long a killed owner is missed.")
+    ] = 3,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("LAB_DATA_DIR"), file_okay=False,
+                     help="Keep etcd, PostgreSQL and node logs here (default: a temporary "
+                          "directory, removed on exit)."),
+    ] = None,
+) -> None:
+    """An interactive web page over a live local cluster (etcd, PostgreSQL, N nodes, workers)
+    on a virtual clock: add load, advance the clock, kill an owner, watch buckets beat scans.
+
+    Example: chronoq lab --port 8080 --nodes 3
+    """
+    from chronoq.embedded.postgres import EmbeddedPostgresError
+    from chronoq.lab.server import LabSettings, run
+
+    settings = LabSettings(host=host, port=port, nodes=nodes, partitions=partitions,
+                           lease_ttl=lease_ttl, data_dir=data_dir)
+    with _reported():
+        try:
+            run(settings, announce=lambda line: out.print(escape(line)))
+        except (EmbeddedPostgresError, RuntimeError, TimeoutError, OSError) as exc:
+            _fail(f"lab: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,7 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -524,28 +524,66 @@ async def _measure_all(
         await conn.close()
 
 
-async def _measure(
-    conn: asyncpg.Connection, strategy: Strategy, args: tuple[Any, ...], pending: int,
-    partitions_scanned: int, repeats: int,
-) -> tuple[Measurement, str]:
-    """EXPLAIN it (text for people, JSON for figures), then time it, in one rolled-back
-    transaction holding the strategy's settings.
+@dataclass(frozen=True)
+class Explained:
+    """What one ``EXPLAIN (ANALYZE, BUFFERS)`` run of a strategy showed."""
 
-    Each timed run is an ``EXPLAIN (ANALYZE, TIMING OFF)`` (server time, without per-node
-    timing overhead or sending rows) followed by the statement itself (what a client waits).
+    due: int  # rows the statement returned
+    examined: int  # rows of ``tasks`` its scans read
+    shared_hit: int
+    shared_read: int
+    server_ms: float  # "Execution Time", with per-node timing on
+    plan: str  # the scan nodes on tasks
+
+
+@contextlib.asynccontextmanager
+async def strategy_session(conn: asyncpg.Connection, strategy: Strategy) -> AsyncIterator[None]:
+    """A transaction holding ``strategy``'s settings (and dropped indexes), rolled back after.
+
+    Parallel query is off (a tick is one backend's work) and plans are custom, so the plan
+    EXPLAIN shows is the plan that is timed.
     """
     tx = conn.transaction()
     await tx.start()
     try:
-        # One backend per tick, and the plan EXPLAIN shows is the plan that is timed.
         await conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         for setting in strategy.setup:
             await conn.execute(setting)
+        yield
+    finally:
+        await tx.rollback()
+
+
+async def explain_analyze(
+    conn: asyncpg.Connection, sql: str, args: Sequence[Any]
+) -> Explained:
+    """``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of ``sql``, reduced to the figures we show."""
+    raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *args)
+    explained = json.loads(raw)[0]
+    top = explained["Plan"]
+    examined, nodes = rows_examined(top)
+    return Explained(
+        due=round(top.get("Actual Rows", 0) * top.get("Actual Loops", 1)), examined=examined,
+        shared_hit=int(top.get("Shared Hit Blocks", 0)),
+        shared_read=int(top.get("Shared Read Blocks", 0)),
+        server_ms=float(explained.get("Execution Time", 0.0)), plan=nodes,
+    )
+
+
+async def _measure(
+    conn: asyncpg.Connection, strategy: Strategy, args: tuple[Any, ...], pending: int,
+    partitions_scanned: int, repeats: int,
+) -> tuple[Measurement, str]:
+    """EXPLAIN it (text for people, JSON for figures), then time it, in the strategy's session.
+
+    Each timed run is an ``EXPLAIN (ANALYZE, TIMING OFF)`` (server time, without per-node
+    timing overhead or sending rows) followed by the statement itself (what a client waits).
+    """
+    async with strategy_session(conn, strategy):
         text_rows = await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {strategy.sql}", *args)
         plan_text = "\n".join(r[0] for r in text_rows)
-        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {strategy.sql}", *args)
-        explained = json.loads(raw)[0]
+        explained = await explain_analyze(conn, strategy.sql, args)
         statement = await conn.prepare(strategy.sql)
         timer = await conn.prepare(
             f"EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON, FORMAT JSON) {strategy.sql}"
@@ -563,18 +601,13 @@ async def _measure(
             ended = time.perf_counter()
             client_runs.append((ended - between) * 1000)
             spent += ended - started
-    finally:
-        await tx.rollback()
-    top = explained["Plan"]
-    examined, nodes = rows_examined(top)
     ms = statistics.median(server_runs)
     return Measurement(
         strategy=strategy.key, name=strategy.name, pending=pending,
-        partitions_scanned=partitions_scanned, due=due, examined=examined,
-        shared_hit=int(top.get("Shared Hit Blocks", 0)),
-        shared_read=int(top.get("Shared Read Blocks", 0)),
+        partitions_scanned=partitions_scanned, due=due, examined=explained.examined,
+        shared_hit=explained.shared_hit, shared_read=explained.shared_read,
         ms_per_tick=ms, ms_runs=server_runs, client_ms=statistics.median(client_runs),
-        rows_per_s=examined / (ms / 1000) if ms > 0 else 0.0, plan=nodes,
+        rows_per_s=explained.examined / (ms / 1000) if ms > 0 else 0.0, plan=explained.plan,
     ), plan_text
 
 

@@ -26,16 +26,19 @@ write itself (the client log, the workers' ledger, etcd's owner keys, the fault 
     Per partition, in firing order, fencing tokens never go back; one node per token; the
     token is the one etcd issued to that node; none is above the store's final fence.
 
-A node whose clock was jumped on purpose wrote ``fired_at`` by its own clock: firing order
-and lateness use that instant corrected by the injected offset.
+Clock jumps: chronoq trusts each node's clock, so a node whose clock is X ahead may run a
+task up to X early and one X behind fires up to X late. The checker holds the harm to that
+bound (an early run beyond X, or a gap beyond the bound plus X, still fails), and corrects
+the ``fired_at`` such a node wrote with the tokens it held while skewed.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,23 +213,30 @@ def _clock_faults(history: History) -> list[FaultRecord]:
     return [f for f in history.faults if f.kind == "clock-jump" and "offset_ms" in f.detail]
 
 
-def offset_us(node: str | None, at_us: int, clock_faults: Iterable[FaultRecord]) -> int:
-    """The clock offset a node ran with at a (real) instant, from the fault log."""
-    for f in clock_faults:
-        if f.target == node and f.start_us <= at_us <= f.end_us:
-            return int(f.detail["offset_ms"]) * 1000
-    return 0
+def skewed_tokens(history: History) -> dict[tuple[int, int], int]:
+    """(partition, token) → the clock offset (µs) of the node that fired with it.
+
+    A clock jump restarts its node with the offset, so the tokens that node was issued
+    inside the fault's window are exactly the ones it fired with a skewed clock; its fires
+    before the jump keep their true times.
+    """
+    out: dict[tuple[int, int], int] = {}
+    for f in _clock_faults(history):
+        off = int(f.detail["offset_ms"]) * 1000
+        for e in history.owners:
+            if (e.owner == f.target and e.token is not None
+                    and f.start_us <= e.at_us <= f.end_us):
+                out[(e.partition, e.token)] = off
+    return out
 
 
-def real_fired_at(row: TaskRow, clock_faults: Sequence[FaultRecord]) -> int | None:
+def real_fired_at(row: TaskRow, skew: dict[tuple[int, int], int]) -> int | None:
     """``fired_at`` corrected for an injected clock offset of the node that wrote it."""
     if row.fired_at_us is None:
         return None
-    for f in clock_faults:
-        off = int(f.detail["offset_ms"]) * 1000
-        if f.target == row.fired_by and f.start_us <= row.fired_at_us - off <= f.end_us:
-            return row.fired_at_us - off
-    return row.fired_at_us
+    if row.fire_token is None:
+        return row.fired_at_us
+    return row.fired_at_us - skew.get((row.partition, row.fire_token), 0)
 
 
 def check_none_early(
@@ -272,7 +282,7 @@ def check_duplicates(history: History, v: Verdict) -> None:
         by_task[x.task_id].append(x)
     for tid, runs in by_task.items():
         runs.sort(key=lambda x: x.start_us)
-        for earlier, extra in zip(runs, runs[1:], strict=False):
+        for earlier, extra in itertools.pairwise(runs):
             if earlier.outcome == ERROR:
                 continue  # the handler failed on purpose: a planned retry
             why = explain(earlier, extra, history)
@@ -325,10 +335,9 @@ class Owners:
 def check_gaps(history: History, v: Verdict) -> None:
     p = history.params
     owners = Owners(history.owners)
-    clocks = _clock_faults(history)
+    skew = skewed_tokens(history)
     tick = round(p.tick_s * US)
-    bound = p.lease_ttl_s + p.tick_s + p.failover_slack_s
-    fires = [(r, real_fired_at(r, clocks)) for r in history.tasks
+    fires = [(r, real_fired_at(r, skew)) for r in history.tasks
              if r.fire_token is not None and r.fired_by not in NOT_OWNER]
     everything = set(range(p.partitions))
     for i, f in enumerate(history.faults):
@@ -340,8 +349,11 @@ def check_gaps(history: History, v: Verdict) -> None:
             parts, since = everything, 0
         else:
             parts, since = owners.of(f.target, f.start_us, p.partitions), 0
+        # A node whose clock is behind fires that much late by design (it trusts its clock).
+        behind = max(0, -int(f.detail.get("offset_ms", 0))) / 1000
+        bound = p.lease_ttl_s + p.tick_s + p.failover_slack_s + behind
         late = [
-            (fired - max(r.run_at_us, since)) / US
+            max(0, fired - max(r.run_at_us, since)) / US
             for r, fired in fires
             if fired is not None and r.partition in parts
             and f.start_us - tick <= r.run_at_us <= f.end_us
@@ -359,13 +371,13 @@ def check_gaps(history: History, v: Verdict) -> None:
 
 def check_fencing(history: History, v: Verdict) -> int:
     """Returns how many (partition, token) pairs etcd's record could not confirm."""
-    clocks = _clock_faults(history)
+    skew = skewed_tokens(history)
     issued: dict[tuple[int, int], str] = {
         (e.partition, e.token): e.owner
         for e in history.owners if e.owner is not None and e.token is not None
     }
     fires = sorted(
-        ((r.partition, real_fired_at(r, clocks) or 0, r) for r in history.tasks
+        ((r.partition, real_fired_at(r, skew) or 0, r) for r in history.tasks
          if r.fire_token is not None and r.fired_by not in NOT_OWNER),
         key=lambda t: (t[0], t[1]),
     )
@@ -415,12 +427,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def fire_lateness(history: History) -> list[tuple[int, float]]:
     """(run_at, seconds late) of every task an owner fired."""
-    clocks = _clock_faults(history)
+    skew = skewed_tokens(history)
     out = []
     for r in history.tasks:
         if r.fire_token is None or r.fired_by in NOT_OWNER:
             continue
-        fired = real_fired_at(r, clocks)
+        fired = real_fired_at(r, skew)
         if fired is not None:
             out.append((r.run_at_us, (fired - r.run_at_us) / US))
     return sorted(out)

@@ -14,9 +14,10 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from chronoq import errors
 from chronoq.chaos.history import (
@@ -66,8 +67,8 @@ def plan_tasks(
 ) -> list[TaskPlan]:
     """Every task of a run, in submit order: ``rate`` per second over ``duration`` seconds.
 
-    Submits stop a little before the end and no run_at lies past ``duration``, so the run's
-    faults act on tasks that are pending, firing and running.
+    Submits stop a little before the end and (cancelled ones aside) no run_at lies past
+    ``duration``, so the run's faults act on tasks that are pending, firing and running.
     """
     rng = random.Random(seed)
     kinds, weights = zip(*MIX.items(), strict=True)
@@ -77,10 +78,11 @@ def plan_tasks(
     for i in range(count):
         submit_at = last_submit * i / max(1, count)
         kind = rng.choices(kinds, weights)[0]
-        delay = 0.0 if kind == "immediate" else rng.uniform(*lead)
+        room = max(lead[0], min(lead[1], duration - submit_at))  # no run_at past the end
+        delay = 0.0 if kind == "immediate" else rng.uniform(lead[0], room)
         if kind == "cancel":
             delay = max(delay, 3.0)
-        run_at = min(submit_at + delay, duration)
+        run_at = submit_at + delay
         payload, max_attempts, expect = _spec(kind, rng)
         cancel_at = (submit_at + run_at) / 2 if kind == "cancel" else None
         plans.append(
@@ -161,9 +163,9 @@ class Submitter:
                 await self._spawn(self._cancel(cancels.pop(0)))
         await self.drain()
 
-    async def _spawn(self, coro: object) -> None:
+    async def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         await self._slots.acquire()
-        job = asyncio.create_task(coro)  # type: ignore[arg-type]
+        job = asyncio.create_task(coro)
         self._jobs.add(job)
         job.add_done_callback(self._done)
 
@@ -179,7 +181,7 @@ class Submitter:
         sent = now_us()
         tasks = [new_task(p, t0) for p in batch]
         outcome, error, ids, calls = AMBIGUOUS, "", [], 0
-        for calls in range(1, SUBMIT_TRIES + 1):  # noqa: B007 - calls is recorded
+        for calls in range(1, SUBMIT_TRIES + 1):
             try:
                 ids = [i for i, _created in await self._client().submit_ids(tasks)]
                 outcome = ACCEPTED

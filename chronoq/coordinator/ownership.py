@@ -142,11 +142,15 @@ class EtcdOwnership:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        log.debug("%s: ownership tasks stopped", self.node_id)
         await self.lease.stop(revoke=True)
+        log.debug("%s: lease revoked", self.node_id)
         for view in (self.members, self.owners, self.loads_view, self.stats_view):
             await view.stop()
+        log.debug("%s: views stopped", self.node_id)
         with contextlib.suppress(Exception):
-            await self.client.close()
+            await asyncio.wait_for(self.client.close(), 5)
+        log.debug("%s: etcd client closed", self.node_id)
         if released:
             self.on_released(released)
 

@@ -56,8 +56,8 @@ class PrefixView:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, 3.0)
             self._task = None
 
     async def resync(self) -> None:
@@ -99,8 +99,9 @@ class PrefixView:
                 self.revision = max(self.revision, kv.mod_revision)
                 self._on_change()
         finally:
+            # Bounded: on a dead stream aetcd's cancel can wait forever for its request queue.
             with contextlib.suppress(Exception):
-                await watch.cancel()
+                await asyncio.wait_for(asyncio.shield(watch.cancel()), 1.0)
 
     async def _retry(self, step: Callable[[], object]) -> None:
         while True:

@@ -175,14 +175,18 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        log.debug("node %s: firing stopped", self.settings.node_id)
         if self.ownership is not None:
             await self.ownership.stop()
+        log.debug("node %s: ownership released", self.settings.node_id)
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        log.debug("node %s: server stopped", self.settings.node_id)
         if self.store is not None:
             await self.store.close()
             self.store = None
+        log.debug("node %s: stopped", self.settings.node_id)
 
     async def __aenter__(self) -> Node:
         await self.start()

@@ -7,6 +7,7 @@ stored token is no longer the caller's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -173,7 +174,11 @@ class Store:
         return store
 
     async def close(self) -> None:
-        await self.pool.close()
+        """Close the pool; connections still busy after 10 s are terminated."""
+        try:
+            await asyncio.wait_for(self.pool.close(), 10)
+        except TimeoutError:
+            self.pool.terminate()
 
     @contextlib.asynccontextmanager
     async def _conn(self) -> AsyncIterator[Any]:

@@ -1,0 +1,186 @@
+"""The docker backend: the same run against the services of a docker compose deployment.
+
+The harness, the workload and the worker processes (with their ledgers) stay on this host
+and reach the services through their published ports; faults act on the containers through
+the ``docker`` package: SIGKILL then start a node, pause (cgroup freezer, like SIGSTOP) and
+unpause it, restart them one by one, kill and start an etcd member or PostgreSQL. Services
+are found by their compose labels, so only their names are needed::
+
+    chronoq chaos --backend docker --compose-project chronoq \\
+        --docker-nodes node-1,node-2,node-3 --docker-etcd etcd-1,etcd-2,etcd-3 \\
+        --docker-postgres db --docker-dsn postgresql://chronoq@127.0.0.1:5432/chronoq
+
+Where no Docker engine answers, ``DockerUnavailable`` says so and the run is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from chronoq.chaos.faults import FaultKind
+from chronoq.errors import ChronoqError
+
+NODE_PORT = "7070/tcp"
+ETCD_PORT = "2379/tcp"
+PG_PORT = "5432/tcp"
+
+
+class DockerUnavailable(ChronoqError):
+    """No Docker engine answers here (or the docker package is missing): skipped."""
+
+
+def engine() -> Any:
+    """A connected docker client, or ``DockerUnavailable`` saying why not."""
+    try:
+        import docker  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as exc:
+        raise DockerUnavailable(
+            "the docker backend needs the docker package: pip install 'chronoq[docker]'"
+        ) from exc
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+    except Exception as exc:  # any failure to reach the engine means "none"
+        raise DockerUnavailable(f"no Docker engine reachable: {exc}") from exc
+    return client
+
+
+class DockerBackend:
+    """Compose services as the cluster; a subset of the faults (no clock jumps, no cuts)."""
+
+    name = "docker"
+    supported = frozenset({
+        FaultKind.KILL_NODE, FaultKind.PAUSE_NODE, FaultKind.KILL_WORKER,
+        FaultKind.PAUSE_WORKER, FaultKind.KILL_ETCD_MEMBER, FaultKind.RESTART_POSTGRES,
+        FaultKind.ROLLING_RESTART,
+    })
+
+    def __init__(
+        self, *, project: str = "chronoq", nodes: tuple[str, ...] = ("node-1", "node-2", "node-3"),
+        etcd: tuple[str, ...] = ("etcd-1", "etcd-2", "etcd-3"), postgres: str = "db",
+        dsn: str | None = None,
+    ) -> None:
+        self.client = engine()
+        self.project = project
+        self.node_services = list(nodes)
+        self.etcd_services = list(etcd)
+        self.postgres_service = postgres
+        self._dsn = dsn
+
+    def _container(self, service: str) -> Any:
+        found = self.client.containers.list(all=True, filters={"label": [
+            f"com.docker.compose.project={self.project}",
+            f"com.docker.compose.service={service}"]})
+        if not found:
+            raise DockerUnavailable(f"no container of service {service!r} in project "
+                                    f"{self.project!r}: is the compose deployment up?")
+        return found[0]
+
+    def _published(self, service: str, port: str) -> str:
+        c = self._container(service)
+        c.reload()
+        bindings = (c.ports or {}).get(port) or []
+        if not bindings:
+            raise DockerUnavailable(f"service {service!r} publishes no {port} port")
+        return f"127.0.0.1:{bindings[0]['HostPort']}"
+
+    # ------------------------------------------------------------------ what the harness reads
+
+    def start(self) -> None:
+        for s in [self.postgres_service, *self.etcd_services, *self.node_services]:
+            c = self._container(s)
+            if c.status != "running":
+                c.start()
+
+    def stop(self) -> None:
+        """Leave the deployment running as found, but never paused."""
+        for s in self.node_services:
+            c = self._container(s)
+            c.reload()
+            if c.status == "paused":
+                c.unpause()
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self._published(s, NODE_PORT) for s in self.node_services]
+
+    @property
+    def dsn(self) -> str:
+        if self._dsn:
+            return self._dsn
+        return f"postgresql://chronoq@{self._published(self.postgres_service, PG_PORT)}/chronoq"
+
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return [self._published(s, ETCD_PORT) for s in self.etcd_services]
+
+    @property
+    def node_ids(self) -> list[str]:
+        return list(self.node_services)
+
+    # ------------------------------------------------------------------ faults
+
+    def node_alive(self, node_id: str) -> bool:
+        c = self._container(node_id)
+        c.reload()
+        return c.status in ("running", "paused")
+
+    def kill_node(self, node_id: str) -> None:
+        self._container(node_id).kill(signal="SIGKILL")
+
+    def restart_node(self, node_id: str) -> None:
+        c = self._container(node_id)
+        c.reload()
+        if c.status == "running":
+            c.restart(timeout=10)
+        else:
+            c.start()
+        time.sleep(2.0)  # the node serves within a second or two of starting
+
+    def pause_node(self, node_id: str) -> None:
+        self._container(node_id).pause()
+
+    def resume_node(self, node_id: str) -> None:
+        self._container(node_id).unpause()
+
+    def set_clock(self, node_id: str, offset_ms: int) -> None:
+        raise NotImplementedError("clock jumps need the local backend")
+
+    def etcd_size(self) -> int:
+        return len(self.etcd_services)
+
+    def etcd_leader(self) -> int | None:
+        return None  # unknown from outside: kill-etcd-member picks any member
+
+    def kill_etcd_member(self, index: int) -> None:
+        self._container(self.etcd_services[index]).kill(signal="SIGKILL")
+
+    def start_etcd_member(self, index: int) -> None:
+        self._container(self.etcd_services[index]).start()
+
+    def stop_postgres(self, *, crash: bool) -> None:
+        c = self._container(self.postgres_service)
+        if crash:
+            c.kill(signal="SIGKILL")
+        else:
+            c.stop(timeout=15)
+
+    def start_postgres(self) -> None:
+        self._container(self.postgres_service).start()
+        time.sleep(3.0)
+
+    def cut(self, node_id: str, service: str) -> None:
+        raise NotImplementedError("network cuts need the local backend")
+
+    def heal(self, node_id: str, service: str) -> None:
+        raise NotImplementedError("network cuts need the local backend")
+
+    def heal_all(self) -> None:
+        for s in [self.postgres_service, *self.etcd_services, *self.node_services]:
+            c = self._container(s)
+            c.reload()
+            if c.status == "paused":
+                c.unpause()
+            elif c.status != "running":
+                c.start()

@@ -1,0 +1,1 @@
+"""The interactive web lab over a live local cluster (``chronoq lab``)."""
