@@ -34,6 +34,8 @@ class NodeSettings:
     reap_batch: int = 1000
     claim_poll: timedelta = timedelta(milliseconds=500)  # fallback re-check while long-polling
     max_claim_wait: timedelta = timedelta(seconds=60)
+    schedule_interval: timedelta = timedelta(seconds=1)  # how often owners materialise schedules
+    schedule_lookahead: timedelta = timedelta(seconds=60)  # occurrences created this far ahead
     max_batch: int = 10_000  # tasks per SubmitBatch
     pool_size: int = 10
     limits: Limits = field(default_factory=Limits)

@@ -35,6 +35,19 @@ class TaskNotFound(ChronoqError):
         super().__init__(f"no task {task_id!r} in namespace {namespace!r}")
 
 
+class ScheduleNotFound(ChronoqError):
+    """No schedule with this name in this namespace."""
+
+    def __init__(self, name: str, namespace: str = "default") -> None:
+        self.name = name
+        self.namespace = namespace
+        super().__init__(f"no schedule {name!r} in namespace {namespace!r}")
+
+
+class AlreadyExists(ChronoqError):
+    """Something with this name exists already."""
+
+
 class StaleLease(ChronoqError):
     """The lease token does not match the task's current attempt, or the task is not running."""
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from chronoq.errors import InvalidArgument
+from chronoq.recurrence import CatchUp, Rule
 
 
 class TaskState(enum.IntEnum):
@@ -197,3 +198,33 @@ class SubmitOutcome:
 class Page:
     tasks: list[Task] = field(default_factory=list)
     next_token: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec:
+    """A recurring schedule: every occurrence of ``rule`` becomes a task on ``queue``."""
+
+    name: str
+    queue: str
+    rule: Rule
+    namespace: str = DEFAULT_NAMESPACE
+    catch_up: CatchUp = CatchUp.LATEST
+    start_at: datetime | None = None
+    payload: bytes = b""
+    priority: int = 0
+    max_attempts: int = 3
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(minutes=5)
+    lease_timeout: timedelta = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    id: str
+    spec: ScheduleSpec
+    partition: int
+    paused: bool
+    next_fire_at: datetime
+    last_fire_at: datetime | None = None
+    created_total: int = 0
+    skipped_total: int = 0

@@ -8,16 +8,19 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from chronoq.api.v1 import tasks_pb2, worker_pb2
+from chronoq.api.v1 import schedules_pb2, tasks_pb2, worker_pb2
 from chronoq.errors import InvalidArgument
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     Lease,
     MisfirePolicy,
+    Schedule,
+    ScheduleSpec,
     Task,
     TaskSpec,
     TaskState,
 )
+from chronoq.recurrence import CatchUp, Cron, Every, Rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,3 +238,135 @@ def lease_from_pb(pb: worker_pb2.Lease) -> Lease:
 
 def lease_to_pb(lease: Lease) -> worker_pb2.Lease:
     return worker_pb2.Lease(task_id=lease.task_id, lease_token=lease.lease_token)
+
+
+_CATCH_UP_TO_PB = {
+    CatchUp.ALL: schedules_pb2.CATCH_UP_ALL,
+    CatchUp.LATEST: schedules_pb2.CATCH_UP_LATEST,
+    CatchUp.NONE: schedules_pb2.CATCH_UP_NONE,
+}
+
+
+def catch_up_to_pb(policy: CatchUp) -> Any:
+    return _CATCH_UP_TO_PB[policy]
+
+
+def schedule_spec_from_pb(
+    pb: schedules_pb2.ScheduleSpec, now: datetime, defaults: SpecDefaults
+) -> ScheduleSpec:
+    """Build a ScheduleSpec; the rule is checked by the store before anything is written."""
+    which = pb.WhichOneof("rule")
+    start = from_timestamp("start_at", pb.start_at) if pb.HasField("start_at") else None
+    if which == "cron":
+        rule: Rule = Cron(pb.cron, pb.timezone or "UTC")
+    elif which == "interval":
+        rule = Every(from_duration("interval", pb.interval), start or now)
+    else:
+        raise InvalidArgument(
+            "rule", "is required: set cron (an expression) or interval (a duration)"
+        )
+    catch_up = {v: k for k, v in _CATCH_UP_TO_PB.items()}.get(pb.catch_up, CatchUp.LATEST)
+    retry = pb.retry
+    return ScheduleSpec(
+        name=pb.name,
+        queue=pb.queue,
+        rule=rule,
+        namespace=namespace_of(pb.namespace),
+        catch_up=catch_up,
+        start_at=start,
+        payload=pb.payload,
+        priority=pb.priority,
+        max_attempts=retry.max_attempts
+        if retry.HasField("max_attempts")
+        else defaults.max_attempts,
+        backoff_initial=(
+            from_duration("retry.backoff_initial", retry.backoff_initial)
+            if retry.HasField("backoff_initial")
+            else defaults.backoff_initial
+        ),
+        backoff_max=(
+            from_duration("retry.backoff_max", retry.backoff_max)
+            if retry.HasField("backoff_max")
+            else defaults.backoff_max
+        ),
+        lease_timeout=(
+            from_duration("lease_timeout", pb.lease_timeout)
+            if pb.HasField("lease_timeout")
+            else defaults.lease_timeout
+        ),
+    )
+
+
+def schedule_spec_to_pb(spec: ScheduleSpec) -> schedules_pb2.ScheduleSpec:
+    pb = schedules_pb2.ScheduleSpec(
+        namespace=spec.namespace,
+        name=spec.name,
+        queue=spec.queue,
+        payload=spec.payload,
+        priority=spec.priority,
+        catch_up=_CATCH_UP_TO_PB[spec.catch_up],
+        retry=tasks_pb2.RetryPolicy(
+            max_attempts=spec.max_attempts,
+            backoff_initial=to_duration(spec.backoff_initial),
+            backoff_max=to_duration(spec.backoff_max),
+        ),
+        lease_timeout=to_duration(spec.lease_timeout),
+    )
+    if isinstance(spec.rule, Cron):
+        pb.cron = spec.rule.expression
+        pb.timezone = spec.rule.timezone
+    else:
+        pb.interval.FromTimedelta(spec.rule.interval)
+    if spec.start_at is not None:
+        pb.start_at.FromDatetime(spec.start_at)
+    return pb
+
+
+def schedule_to_pb(s: Schedule) -> schedules_pb2.Schedule:
+    return schedules_pb2.Schedule(
+        id=s.id,
+        spec=schedule_spec_to_pb(s.spec),
+        paused=s.paused,
+        next_fire_at=to_timestamp(s.next_fire_at),
+        last_fire_at=to_timestamp(s.last_fire_at),
+        created_total=s.created_total,
+        skipped_total=s.skipped_total,
+        partition=s.partition,
+    )
+
+
+def schedule_from_pb(pb: schedules_pb2.Schedule) -> Schedule:
+    spec = pb.spec
+    start = from_timestamp("start_at", spec.start_at) if spec.HasField("start_at") else None
+    rule: Rule
+    if spec.WhichOneof("rule") == "cron":
+        rule = Cron(spec.cron, spec.timezone or "UTC")
+    else:
+        rule = Every(
+            spec.interval.ToTimedelta(), start or from_timestamp("next_fire_at", pb.next_fire_at)
+        )
+    return Schedule(
+        id=pb.id,
+        spec=ScheduleSpec(
+            name=spec.name,
+            queue=spec.queue,
+            rule=rule,
+            namespace=spec.namespace,
+            catch_up={v: k for k, v in _CATCH_UP_TO_PB.items()}.get(spec.catch_up, CatchUp.LATEST),
+            start_at=start,
+            payload=spec.payload,
+            priority=spec.priority,
+            max_attempts=spec.retry.max_attempts,
+            backoff_initial=spec.retry.backoff_initial.ToTimedelta(),
+            backoff_max=spec.retry.backoff_max.ToTimedelta(),
+            lease_timeout=spec.lease_timeout.ToTimedelta(),
+        ),
+        partition=pb.partition,
+        paused=pb.paused,
+        next_fire_at=from_timestamp("next_fire_at", pb.next_fire_at),
+        last_fire_at=from_timestamp("last_fire_at", pb.last_fire_at)
+        if pb.HasField("last_fire_at")
+        else None,
+        created_total=pb.created_total,
+        skipped_total=pb.skipped_total,
+    )

@@ -67,6 +67,7 @@ from chronoq.buckets import (
     bucket_of,
     bucket_start,
 )
+from chronoq.config import NodeSettings
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.models import TaskState
 from chronoq.store.sql import q
@@ -115,6 +116,18 @@ def fire_select() -> str:
     for lock in locks:
         head = head.replace(lock, "")
     return head + "\nSELECT id FROM due"
+
+
+def fire_limit(partitions: int, busiest: int = 0) -> int:
+    """``fire_due``'s per-partition LIMIT as the firing loop sets it for ``partitions``.
+
+    ``chronoq.node.firing``: ``max(50, ceil(fire_batch / partitions))``. Raised to the
+    busiest partition's due count so one statement finds every due row (where the loop
+    would run a second statement for that partition): the figures then compare like with like.
+    """
+    fire_batch = next(f.default for f in dataclasses.fields(NodeSettings) if f.name == "fire_batch")
+    assert isinstance(fire_batch, int)
+    return max(50, math.ceil(fire_batch / max(partitions, 1)), busiest)
 
 
 def strategies() -> list[Strategy]:
@@ -493,13 +506,14 @@ async def _measure_all(
     conn = await asyncpg.connect(dsn, server_settings={"timezone": "UTC"})
     try:
         fences = {r["partition"]: r["token"] for r in await conn.fetch(q("fences"))}
-        busiest = await conn.fetchval(
-            "SELECT partition FROM tasks WHERE state = 0 AND bucket = $1 AND run_at <= $2"
-            " GROUP BY partition ORDER BY count(*) DESC, partition LIMIT 1",
+        top = await conn.fetchrow(
+            "SELECT partition, count(*) AS due FROM tasks WHERE state = 0 AND bucket = $1"
+            " AND run_at <= $2 GROUP BY partition ORDER BY count(*) DESC, partition LIMIT 1",
             current, now,
         )
+        busiest, most = (top["partition"], top["due"]) if top is not None else (0, 0)
         scopes: dict[str, list[int]] = {
-            "c": [busiest if busiest is not None else 0],
+            "c": [busiest],
             "c2": [p for p in range(report.partitions) if p % report.nodes == 0],
             "c3": list(range(report.partitions)),
         }
@@ -509,7 +523,7 @@ async def _measure_all(
             if strategy.key in scopes:
                 parts = scopes[strategy.key]
                 args: tuple[Any, ...] = (parts, [fences[p] for p in parts], current, now,
-                                         max(count, 1))
+                                         fire_limit(len(parts), most))
             elif strategy.key == "b2":
                 parts, args = list(fences), (watermark, now)
             else:
@@ -618,7 +632,9 @@ def rows_examined(plan: dict[str, Any]) -> tuple[int, str]:
     """Rows of ``tasks`` that the scans of an EXPLAIN (ANALYZE, FORMAT JSON) plan read.
 
     A scan reads the rows it returns plus those its filter (or a recheck) threw away, on
-    every loop; EXPLAIN reports both per loop. Also returns the scan nodes, for the table.
+    every loop; EXPLAIN reports both per loop (PostgreSQL 18 rounds the average to two
+    decimals, so a scan looped over 256 partitions may be off by one). Also returns the scan
+    nodes, for the table.
     """
     total = 0.0
     kinds: list[str] = []
@@ -661,14 +677,16 @@ def render(report: ScanReport) -> Table:
         f"c2 = {_owned(report)} partitions (one node of {report.nodes})"
     ))
     for col in ("pending", "strategy", "due", "rows examined", "examined / due",
-                "buffers hit", "read", "ms / tick", "client ms", "rows scanned / s", "plan"):
+                "buffers hit", "read", "ms / tick", "µs / due row", "client ms",
+                "rows scanned / s", "plan"):
         table.add_column(col, justify="left" if col in ("strategy", "plan") else "right")
     for i, m in enumerate(report.measurements):
         ratio = f"{m.examined / m.due:,.1f}" if m.due else ("-" if not m.examined else "∞")
+        per_due = f"{m.ms_per_tick * 1000 / m.due:,.1f}" if m.due else "-"
         table.add_row(
             _count(m.pending), f"{m.strategy} {m.name}", f"{m.due:,}", f"{m.examined:,}", ratio,
-            f"{m.shared_hit:,}", f"{m.shared_read:,}", _ms(m.ms_per_tick), _ms(m.client_ms),
-            f"{m.rows_per_s:,.0f}", m.plan,
+            f"{m.shared_hit:,}", f"{m.shared_read:,}", _ms(m.ms_per_tick), per_due,
+            _ms(m.client_ms), f"{m.rows_per_s:,.0f}", m.plan,
             end_section=i + 1 < len(report.measurements)
             and report.measurements[i + 1].pending != m.pending,
         )
@@ -735,19 +753,22 @@ def plot(report: ScanReport, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5.4))
     markers = {"a": "o", "b": "s", "b2": "^", "c": "D", "c2": "v", "c3": "P"}
     for strategy in strategies():
         ms = [m for m in report.measurements if m.strategy == strategy.key]
         if not ms:
             continue
-        label = f"{strategy.key}: {strategy.name}"
+        style = {"marker": markers[strategy.key], "label": f"{strategy.key}: {strategy.name}"}
         sizes = [m.pending for m in ms]
-        left.plot(sizes, [max(m.ms_per_tick, 1e-3) for m in ms], marker=markers[strategy.key],
-                  label=label)
-        right.plot(sizes, [max(m.examined, 1) for m in ms], marker=markers[strategy.key],
-                   label=label)
-    for ax, ylabel in ((left, "server ms per tick (median)"), (right, "rows examined per tick")):
+        left.plot(sizes, [max(m.ms_per_tick, 1e-3) for m in ms], **style)
+        middle.plot(sizes, [max(m.examined, 1) for m in ms], **style)
+        # Per due row: the bucketed lines stay flat, the naive ones climb with the backlog.
+        due = [(m.pending, m.ms_per_tick * 1000 / m.due) for m in ms if m.due]
+        right.plot([d[0] for d in due], [d[1] for d in due], **style)
+    for ax, ylabel in ((left, "server ms per tick (median)"),
+                       (middle, "rows examined per tick"),
+                       (right, "server µs per due row")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("pending tasks (plus as many already fired)")

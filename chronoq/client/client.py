@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,6 +15,8 @@ from chronoq.api import convert
 from chronoq.api.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
     tasks_pb2,
     tasks_pb2_grpc,
     worker_pb2,
@@ -28,14 +29,17 @@ from chronoq.models import (
     Lease,
     MisfirePolicy,
     Page,
+    Schedule,
     Task,
     TaskState,
 )
+from chronoq.recurrence import CatchUp
 
 _ERRORS: dict[grpc.StatusCode, type[errors.RemoteError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
     grpc.StatusCode.OUT_OF_RANGE: errors.BadRequest,
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: errors.PreconditionFailed,
     grpc.StatusCode.FAILED_PRECONDITION: errors.PreconditionFailed,
     grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
     grpc.StatusCode.UNAUTHENTICATED: errors.AccessDenied,
@@ -176,6 +180,7 @@ class Client:
         self._tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._workers = worker_pb2_grpc.WorkerServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._schedules = schedules_pb2_grpc.ScheduleServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         await self._channel.close()
@@ -276,6 +281,76 @@ class Client:
         req = tasks_pb2.RequeueRequest(namespace=self.namespace, ids=list(task_ids))
         resp = await self._call(self._tasks.Requeue, req)
         return [convert.task_from_pb(t) for t in resp.tasks]
+
+    # ------------------------------------------------------------------ schedules
+
+    async def create_schedule(
+        self,
+        name: str,
+        queue: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        timezone: str = "UTC",
+        start_at: datetime | None = None,
+        catch_up: CatchUp = CatchUp.LATEST,
+        payload: bytes = b"",
+        priority: int = 0,
+        max_attempts: int | None = None,
+        lease_timeout: timedelta | None = None,
+    ) -> Schedule:
+        """A recurring schedule: ``cron`` (5 fields, in ``timezone``) or ``every`` (interval)."""
+        if (cron is None) == (every is None):
+            raise errors.BadRequest("set exactly one of cron and every", "INVALID_ARGUMENT")
+        pb = schedules_pb2.ScheduleSpec(
+            namespace=self.namespace,
+            name=name,
+            queue=queue,
+            timezone=timezone,
+            payload=payload,
+            priority=priority,
+            catch_up=convert.catch_up_to_pb(catch_up),
+        )
+        if cron is not None:
+            pb.cron = cron
+        if every is not None:
+            pb.interval.FromTimedelta(every)
+        if start_at is not None:
+            pb.start_at.FromDatetime(start_at)
+        if max_attempts is not None:
+            pb.retry.max_attempts = max_attempts
+        if lease_timeout is not None:
+            pb.lease_timeout.FromTimedelta(lease_timeout)
+        return convert.schedule_from_pb(await self._call(self._schedules.CreateSchedule, pb))
+
+    def _ref(self, name: str) -> schedules_pb2.ScheduleRef:
+        return schedules_pb2.ScheduleRef(namespace=self.namespace, name=name)
+
+    async def get_schedule(self, name: str) -> Schedule:
+        pb = await self._call(self._schedules.GetSchedule, self._ref(name))
+        return convert.schedule_from_pb(pb)
+
+    async def list_schedules(self) -> builtins.list[Schedule]:
+        out: builtins.list[Schedule] = []
+        token = ""
+        while True:
+            req = schedules_pb2.ListSchedulesRequest(namespace=self.namespace, page_token=token)
+            resp = await self._call(self._schedules.ListSchedules, req)
+            out += [convert.schedule_from_pb(s) for s in resp.schedules]
+            if not resp.next_page_token:
+                return out
+            token = resp.next_page_token
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        pb = await self._call(self._schedules.PauseSchedule, self._ref(name))
+        return convert.schedule_from_pb(pb)
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        pb = await self._call(self._schedules.ResumeSchedule, self._ref(name))
+        return convert.schedule_from_pb(pb)
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._call(self._schedules.DeleteSchedule, self._ref(name))
 
     async def status(self, bucket_horizon: int = 10) -> ClusterStatus:
         resp = await self._call(

@@ -18,7 +18,13 @@ from typing import Any
 import asyncpg
 
 from chronoq.bench.raw import COPY_COLUMNS, task_rows
-from chronoq.bench.scan import Explained, explain_analyze, strategies, strategy_session
+from chronoq.bench.scan import (
+    Explained,
+    explain_analyze,
+    fire_limit,
+    strategies,
+    strategy_session,
+)
 from chronoq.buckets import bucket_of
 from chronoq.models import DEFAULT_NAMESPACE, TaskState
 
@@ -189,7 +195,7 @@ async def compare_scans(conn: asyncpg.Connection, at: datetime, width: int) -> S
         seen_naive = await explain_analyze(conn, naive.sql, (at,))
     fences = await conn.fetch("SELECT partition, token FROM partition_fences ORDER BY partition")
     parts = [r["partition"] for r in fences]
-    args = (parts, [r["token"] for r in fences], bucket_of(at, width), at, 10_000_000)
+    args = (parts, [r["token"] for r in fences], bucket_of(at, width), at, fire_limit(len(parts)))
     async with strategy_session(conn, bucketed):
         seen_bucketed = await explain_analyze(conn, bucketed.sql, args)
     return ScanPair(at, seen_naive, seen_bucketed)

@@ -14,6 +14,8 @@ from grpc_reflection.v1alpha import reflection
 from chronoq.api.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
     tasks_pb2,
     tasks_pb2_grpc,
     worker_pb2,
@@ -23,11 +25,14 @@ from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
 from chronoq.models import Task
 from chronoq.node.firing import Firer
+from chronoq.node.materializer import SchedulePump
 from chronoq.node.ownership import LocalOwnership, Ownership
 from chronoq.node.readiness import ReadyNotifier
 from chronoq.node.reaper import Reaper
+from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import ClusterService, TaskService, WorkerService, node_stats
 from chronoq.store import FireResult, Store
+from chronoq.store.schedules import Schedules
 
 log = logging.getLogger("chronoq.node")
 
@@ -35,6 +40,7 @@ SERVICE_NAMES = (
     tasks_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
     worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
+    schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 
 OwnershipFactory = Callable[["Node", Store], Ownership]
@@ -77,6 +83,8 @@ class Node:
         self.ownership: Ownership | None = None
         self.firer: Firer | None = None
         self.reaper: Reaper | None = None
+        self.schedules: Schedules | None = None
+        self.pump: SchedulePump | None = None
         self.notifier = ReadyNotifier()
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -122,12 +130,18 @@ class Node:
             batch=s.reap_batch,
             on_requeued=self._requeued,
         )
+        self.schedules = Schedules(self.store)
+        self.pump = SchedulePump(
+            self.schedules, self.ownership, self.clock,
+            interval=s.schedule_interval.total_seconds(), lookahead=s.schedule_lookahead,
+        )
         self._add_services(server)
         await server.start()
         await self.ownership.start()
         self._tasks = [
             asyncio.create_task(self.firer.run(), name="chronoq-firing"),
             asyncio.create_task(self.reaper.run(), name="chronoq-reaper"),
+            asyncio.create_task(self.pump.run(), name="chronoq-schedules"),
         ]
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -144,6 +158,10 @@ class Node:
         )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ClusterService(self.store, self.clock, s, self.ownership, self.firer), server
+        )
+        assert self.schedules is not None
+        schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            ScheduleService(self.schedules, self.clock, s), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -17,6 +17,8 @@ STATUS_OF: dict[type[errors.ChronoqError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.TaskNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.ScheduleNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.StaleLease: grpc.StatusCode.FAILED_PRECONDITION,
     errors.InvalidTransition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.FenceRejected: grpc.StatusCode.FAILED_PRECONDITION,

@@ -241,3 +241,52 @@ GROUP BY partition, bucket;
 
 -- name: count_by_state
 SELECT state, count(*) AS n FROM tasks GROUP BY state;
+
+-- name: insert_schedule
+INSERT INTO schedules (id, namespace, name, partition, queue, cron, interval_ms, timezone,
+                       anchor, catchup, payload, priority, max_attempts, backoff_initial_ms,
+                       backoff_max_ms, lease_timeout_ms, next_fire_at, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+ON CONFLICT (namespace, name) DO NOTHING
+RETURNING *;
+
+-- name: get_schedule
+SELECT * FROM schedules WHERE namespace = $1 AND name = $2;
+
+-- name: list_schedules
+SELECT * FROM schedules WHERE namespace = $1 AND name > $2 ORDER BY name LIMIT $3;
+
+-- name: pause_schedule
+UPDATE schedules SET paused = true WHERE namespace = $1 AND name = $2 RETURNING *;
+
+-- name: resume_schedule
+UPDATE schedules SET paused = false, next_fire_at = $3
+WHERE namespace = $1 AND name = $2 AND paused
+RETURNING *;
+
+-- name: delete_schedule
+DELETE FROM schedules WHERE namespace = $1 AND name = $2 RETURNING id;
+
+-- name: due_schedules
+-- Active schedules of the caller's partitions whose next occurrence is within the
+-- lookahead; fenced and share-locked like fire_due.
+WITH fence AS (
+    SELECT f.partition
+    FROM partition_fences f
+    JOIN unnest($1::smallint[], $2::bigint[]) AS o(partition, token)
+      ON o.partition = f.partition AND o.token = f.token
+    FOR SHARE OF f
+)
+SELECT d.* FROM fence CROSS JOIN LATERAL (
+    SELECT s.* FROM schedules s
+    WHERE s.partition = fence.partition AND NOT s.paused AND s.next_fire_at <= $3
+    ORDER BY s.next_fire_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+) d;
+
+-- name: advance_schedule
+UPDATE schedules
+SET next_fire_at = $2, last_fire_at = coalesce($3, last_fire_at),
+    created_total = created_total + $4, skipped_total = skipped_total + $5
+WHERE id = $1;

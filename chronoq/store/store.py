@@ -428,7 +428,7 @@ class Store:
         retry_after: timedelta | None = None,
         rng: random.Random | None = None,
     ) -> Task:
-        """RUNNING → SCHEDULED after a backoff (READY if due at once), or DEAD if out of attempts."""
+        """RUNNING → SCHEDULED after a backoff (READY if due now), or DEAD if out of attempts."""
         task_id = parse_task_id(lease.task_id)
         async with self._conn() as conn, conn.transaction():
             row = await conn.fetchrow(q("lock_running"), task_id, namespace)

