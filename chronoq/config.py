@@ -41,6 +41,16 @@ class NodeSettings:
     limits: Limits = field(default_factory=Limits)
     defaults: SpecDefaults = field(default_factory=SpecDefaults)
     cluster: ClusterSettings | None = None  # None: a single node owning every partition
+    tls_cert: str | None = None  # PEM paths: serve the API over TLS (None: plaintext)
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
+    auth_tokens: str | None = None  # TOML token file (chronoq.auth); None: no auth
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: any free port
+    retention: timedelta | None = timedelta(days=7)  # SUCCEEDED/CANCELLED/SKIPPED kept this long
+    dead_retention: timedelta | None = timedelta(days=30)  # DEAD (the DLQ) kept this long
+    retention_interval: timedelta = timedelta(seconds=60)
+    retention_batch: int = 1000
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= 32767:

@@ -88,6 +88,20 @@ class ConfigError(ChronoqError):
     """A setting is invalid."""
 
 
+class Unauthenticated(ChronoqError):
+    """Missing or unknown bearer token."""
+
+
+class NamespaceDenied(ChronoqError):
+    """The caller's token does not grant this namespace (or a cluster-wide call)."""
+
+    def __init__(self, namespace: str | None, method: str = "") -> None:
+        self.namespace = namespace  # None: a cluster-wide call, which needs a "*" token
+        self.method = method
+        what = f"namespace {namespace!r}" if namespace is not None else "cluster-wide calls"
+        super().__init__(f"token does not grant {what}" + (f" ({method})" if method else ""))
+
+
 class RemoteError(ChronoqError):
     """A chronoq node refused or could not serve a request (client side)."""
 

@@ -57,8 +57,9 @@ def main(argv: list[str]) -> int:
     elif kind == "http":
         problem = probe_http(argv[1] if len(argv) > 1 else "http://127.0.0.1:8080/")
     else:
-        print(f"usage: healthcheck.py [grpc [HOST:PORT] | http [URL]], not {kind!r}",
-              file=sys.stderr)
+        print(
+            f"usage: healthcheck.py [grpc [HOST:PORT] | http [URL]], not {kind!r}", file=sys.stderr
+        )
         return 1  # docker reserves 2
     if problem:
         print(f"unhealthy: {problem}", file=sys.stderr)

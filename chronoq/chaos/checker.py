@@ -281,7 +281,9 @@ def check_duplicates(history: History, v: Verdict) -> None:
     for x in history.executions:
         by_task[x.task_id].append(x)
     for tid, runs in by_task.items():
-        runs.sort(key=lambda x: x.start_us)
+        # By attempt, not start: a worker frozen between its claim and its handler starts
+        # attempt n after attempt n+1 has run elsewhere; attempt n's lease is what expired.
+        runs.sort(key=lambda x: (x.attempt, x.start_us))
         for earlier, extra in itertools.pairwise(runs):
             if earlier.outcome == ERROR:
                 continue  # the handler failed on purpose: a planned retry
@@ -298,7 +300,8 @@ def check_duplicates(history: History, v: Verdict) -> None:
 def explain(earlier: Execution, extra: Execution, history: History) -> str | None:
     """The injected fault that explains ``extra`` running after ``earlier``, or None."""
     slack = round(history.params.explain_slack_s * US)
-    lo, hi = earlier.start_us - slack, extra.start_us + slack
+    lo = min(earlier.start_us, extra.start_us) - slack
+    hi = max(earlier.start_us, extra.start_us) + slack
     for f in history.faults:
         if f.kind in WORKER:
             if f.target != earlier.worker:

@@ -34,6 +34,7 @@ from chronoq.models import (
     TaskState,
 )
 from chronoq.recurrence import CatchUp
+from chronoq.tls import channel_credentials
 
 _ERRORS: dict[grpc.StatusCode, type[errors.RemoteError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
@@ -164,19 +165,29 @@ class Client:
         namespace: str = DEFAULT_NAMESPACE,
         timeout: float = 30.0,
         channel: grpc.aio.Channel | None = None,
+        token: str | None = None,
+        tls: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
+        """``token``: bearer token for nodes with ``auth_tokens``. TLS when ``tls`` or any
+        ``tls_*`` is given: ``tls_ca`` is the CA to trust (None: the system's roots),
+        ``tls_cert``/``tls_key`` a client certificate for nodes that require mutual TLS."""
         self.target = target
         self.namespace = namespace
         self.timeout = timeout
-        self._channel = channel or grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_timeout_ms", 5_000),
-            ],
-        )
+        self._metadata = bearer_metadata(token)
+        options = [
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+        ]
+        if channel is None and (tls or tls_ca or tls_cert or tls_key):
+            credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+            channel = grpc.aio.secure_channel(target, credentials, options=options)
+        self._channel = channel or grpc.aio.insecure_channel(target, options=options)
         self._tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._workers = worker_pb2_grpc.WorkerServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)  # type: ignore[no-untyped-call]
@@ -202,7 +213,7 @@ class Client:
 
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
-            return await method(request, timeout=timeout or self.timeout)
+            return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc) from exc
 
@@ -352,6 +363,11 @@ class Client:
     async def delete_schedule(self, name: str) -> None:
         await self._call(self._schedules.DeleteSchedule, self._ref(name))
 
+    async def drain(self) -> builtins.list[int]:
+        """Ask this node to hand off its partitions and take no more; returns them."""
+        resp = await self._call(self._cluster.Drain, cluster_pb2.DrainRequest())
+        return list(resp.released)
+
     async def status(self, bucket_horizon: int = 10) -> ClusterStatus:
         resp = await self._call(
             self._cluster.Status, cluster_pb2.StatusRequest(bucket_horizon=bucket_horizon)
@@ -443,6 +459,15 @@ class Client:
     async def release(self, lease: Lease) -> Task:
         req = worker_pb2.ReleaseRequest(namespace=self.namespace, lease=convert.lease_to_pb(lease))
         return convert.task_from_pb(await self._call(self._workers.Release, req))
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The ``authorization`` metadata for a bearer token (gRPC metadata is printable ASCII)."""
+    if not token:
+        return None
+    if not token.isascii() or not token.isprintable() or " " in token:
+        raise errors.ConfigError("token: must be printable ASCII without spaces")
+    return (("authorization", f"Bearer {token}"),)
 
 
 async def _wait_for(awaitable: Any, timeout: float) -> Any:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import aetcd
 import aetcd.exceptions
 
+from chronoq.coordinator.etcd_tls import EtcdClient
 from chronoq.coordinator.ring import DEFAULT_EPSILON
 from chronoq.errors import ConfigError, CoordinatorUnavailable
+from chronoq.tls import channel_credentials
 
 KEEPALIVE_OPTIONS = {
     "grpc.keepalive_time_ms": 2000,
@@ -35,8 +37,11 @@ class EtcdSettings:
     endpoints: Sequence[str]
     cluster: str = "default"  # the chronoq cluster name: the key prefix
     timeout: float = 2.0
-    username: str | None = None
+    username: str | None = None  # etcd auth: both or neither
     password: str | None = None
+    ca_cert: str | None = None  # PEM paths: TLS to etcd, trusting this CA (https endpoints)
+    cert_key: str | None = None  # with cert_cert: a client certificate (--client-cert-auth)
+    cert_cert: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +61,7 @@ def _target(endpoints: Sequence[str]) -> tuple[str, int]:
         raise ConfigError("at least one etcd endpoint is needed")
     parsed: list[tuple[str, int]] = []
     for endpoint in endpoints:
-        ep = endpoint.removeprefix("http://")
+        ep = endpoint.removeprefix("http://").removeprefix("https://")
         host, sep, port = ep.rpartition(":")
         if not sep or not port.isdigit() or not host:
             raise ConfigError(f"etcd endpoint {ep!r} is not host:port")
@@ -69,9 +74,18 @@ def _target(endpoints: Sequence[str]) -> tuple[str, int]:
 
 
 def connect(settings: EtcdSettings) -> aetcd.Client:
-    """An aetcd client (connects lazily) with timeouts and keepalive."""
+    """An aetcd client (connects lazily) with timeouts and keepalive; TLS with ``ca_cert``."""
     host, port = _target(settings.endpoints)
-    return aetcd.Client(
+    if (settings.username is None) != (settings.password is None):
+        raise ConfigError("etcd username and password go together")
+    tls = (
+        settings.ca_cert or settings.cert_cert or settings.cert_key
+        or any(e.startswith("https://") for e in settings.endpoints)  # system roots
+    )
+    return EtcdClient(
+        credentials=channel_credentials(
+            settings.ca_cert, settings.cert_cert, settings.cert_key, prefix="etcd"
+        ) if tls else None,
         host=host,
         port=port,
         username=settings.username,

@@ -94,6 +94,8 @@ class EtcdOwnership:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self.draining = False
+        self._last_desired: set[int] = set()
 
     # ------------------------------------------------------------------ Ownership protocol
 
@@ -101,6 +103,22 @@ class EtcdOwnership:
         if self._stopping or not self.lease.valid():
             return {}
         return {p: self.tokens[p] for p, s in self.states.items() if s is PartitionState.OWNED}
+
+    def expected(self) -> set[int]:
+        if self.draining or not self.lease.valid():
+            return set() if self.draining else set(self._last_desired)
+        return {p for p, n in self.assignment().items() if n == self.node_id}
+
+    async def drain(self) -> set[int]:
+        """Leave the assignment (delete our member key, keep the lease for stats and API)
+        and release every partition once its in-flight statement is done."""
+        self.draining = True
+        with translated("drain"):
+            await self.client.delete(self.keys.member(self.node_id))
+        held = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+        if held:
+            await self._release(held)
+        return held
 
     def describe(self) -> ClusterView:
         stats = self.member_stats()
@@ -225,6 +243,8 @@ class EtcdOwnership:
         """Release what is no longer ours, claim what is ours and free."""
         if self._stopping:
             return
+        if self.draining:
+            return
         if self.lease.id is None:  # lost: a new lease starts a new epoch
             self.states.clear()
             self.tokens.clear()
@@ -234,6 +254,7 @@ class EtcdOwnership:
         if self.node_id not in {m.node_id for m in self.live_members()}:
             return  # our member key is not visible yet
         desired = {p for p, n in assignment.items() if n == self.node_id}
+        self._last_desired = desired
         holding = {p for p, s in self.states.items() if s is PartitionState.OWNED}
         if holding - desired:
             await self._release(holding - desired)

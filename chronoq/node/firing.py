@@ -18,6 +18,7 @@ from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.errors import StoreUnavailable
 from chronoq.node.lateness import LatenessWindow
+from chronoq.node.metrics import NodeMetrics
 from chronoq.node.ownership import Ownership
 from chronoq.store import FireResult, Store
 
@@ -47,8 +48,10 @@ class Firer:
         rounds: int,
         on_ready: Callable[[FireResult], None] = lambda _r: None,
         node_id: str = "",
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self.node_id = node_id
+        self._metrics = metrics
         self._store = store
         self._ownership = ownership
         self._clock = clock
@@ -89,7 +92,6 @@ class Firer:
         current = bucket_of(now, self._store.bucket_seconds)
         owned: Mapping[int, int] = dict(self._ownership.owned())
         total = FireResult()
-        unfinished: set[int] = set()
         pending = owned
         for _ in range(self._rounds):
             async with self._ownership.gate:
@@ -106,14 +108,20 @@ class Firer:
             self._account(result, total)
             saturated = result.saturated(per_partition)
             pending = {p: owned[p] for p in saturated}
-        unfinished = set(pending)
-        await self._advance(owned, unfinished, current)
+        await self._advance(owned, set(pending), current)
+        if self._metrics is not None:
+            self._metrics.rows_per_tick.observe(total.fired + total.skipped)
         return total
 
     def _account(self, result: FireResult, total: FireResult) -> None:
         self.stats.fired += result.fired
         self.stats.skipped += result.skipped
         self.lateness.add(result.lateness)
+        if self._metrics is not None:
+            self._metrics.fired.inc(result.fired)
+            self._metrics.skipped.inc(result.skipped)
+            for seconds in result.lateness:
+                self._metrics.lateness.observe(seconds)
         total.fired += result.fired
         total.skipped += result.skipped
         total.ready_by_queue.update(result.ready_by_queue)

@@ -23,9 +23,12 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
-from chronoq.models import Task
+from chronoq.models import Task, TaskState
+from chronoq.node.auth_interceptor import api_security
 from chronoq.node.firing import Firer
+from chronoq.node.housekeeping import DepthPoller, HealthWatch, Retention
 from chronoq.node.materializer import SchedulePump
+from chronoq.node.metrics import LiveCollector, NodeMetrics
 from chronoq.node.ownership import LocalOwnership, Ownership
 from chronoq.node.readiness import ReadyNotifier
 from chronoq.node.reaper import Reaper
@@ -84,6 +87,11 @@ class Node:
         self.firer: Firer | None = None
         self.reaper: Reaper | None = None
         self.schedules: Schedules | None = None
+        self.metrics = NodeMetrics(settings.node_id)
+        self.metrics_port: int | None = None
+        self.retention: Retention | None = None
+        self.depth: DepthPoller | None = None
+        self.health: HealthWatch | None = None
         self.pump: SchedulePump | None = None
         self.notifier = ReadyNotifier()
         self._server: grpc.aio.Server | None = None
@@ -98,10 +106,15 @@ class Node:
     async def start(self) -> None:
         """Connect the store, bind the port, take ownership, then fire and serve."""
         s = self.settings
+        interceptors, credentials = api_security(
+            auth_tokens=s.auth_tokens, tls_cert=s.tls_cert, tls_key=s.tls_key,
+            tls_client_ca=s.tls_client_ca,
+        )
         self.store = await Store.connect(
             s.dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds, max_size=s.pool_size
         )
         server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -109,7 +122,11 @@ class Node:
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ]
         )
-        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        bind = f"{s.host}:{s.port}"
+        self.port = (
+            server.add_secure_port(bind, credentials) if credentials is not None
+            else server.add_insecure_port(bind)
+        )
         self._server = server
         self.ownership = self._ownership_factory(self, self.store)
         self.firer = Firer(
@@ -121,6 +138,7 @@ class Node:
             rounds=s.fire_rounds,
             on_ready=self._fired,
             node_id=s.node_id,
+            metrics=self.metrics,
         )
         self.reaper = Reaper(
             self.store,
@@ -130,10 +148,25 @@ class Node:
             batch=s.reap_batch,
             on_requeued=self._requeued,
         )
+        self.retention = Retention(
+            self.store,
+            self.ownership,
+            self.clock,
+            retention=s.retention,
+            dead_retention=s.dead_retention,
+            interval=s.retention_interval.total_seconds(),
+            batch=s.retention_batch,
+            on_purged=self.metrics.purged.inc,
+        )
+        self.depth = DepthPoller(self.store, self.clock)
+        self.health = HealthWatch(self.ownership, self._set_serving)
         self.schedules = Schedules(self.store)
         self.pump = SchedulePump(
-            self.schedules, self.ownership, self.clock,
-            interval=s.schedule_interval.total_seconds(), lookahead=s.schedule_lookahead,
+            self.schedules,
+            self.ownership,
+            self.clock,
+            interval=s.schedule_interval.total_seconds(),
+            lookahead=s.schedule_lookahead,
         )
         self._add_services(server)
         await server.start()
@@ -142,19 +175,22 @@ class Node:
             asyncio.create_task(self.firer.run(), name="chronoq-firing"),
             asyncio.create_task(self.reaper.run(), name="chronoq-reaper"),
             asyncio.create_task(self.pump.run(), name="chronoq-schedules"),
+            asyncio.create_task(self.retention.run(), name="chronoq-retention"),
+            asyncio.create_task(self.depth.run(), name="chronoq-depth"),
         ]
-        for name in ("", *SERVICE_NAMES):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.check()
+        self._tasks.append(asyncio.create_task(self.health.run(), name="chronoq-health"))
+        self._start_metrics()
         log.info("node %s serving on %s", s.node_id, self.address)
 
     def _add_services(self, server: grpc.aio.Server) -> None:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            TaskService(self.store, self.clock, s, self.notifier), server
+            TaskService(self.store, self.clock, s, self.notifier, self.metrics), server
         )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            WorkerService(self.store, self.clock, s, self.notifier), server
+            WorkerService(self.store, self.clock, s, self.notifier, self.metrics), server
         )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ClusterService(self.store, self.clock, s, self.ownership, self.firer), server
@@ -168,6 +204,31 @@ class Node:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
 
+    def _start_metrics(self) -> None:
+        s = self.settings
+        ownership = self.ownership
+        assert ownership is not None
+        lease = getattr(ownership, "lease", None)
+        self.metrics.add_collector(
+            LiveCollector(
+                owned=lambda: len(ownership.owned()),
+                lease=lambda: (lease.renewals, lease.losses) if lease is not None else (0, 0),
+                depth=lambda: self.depth.depth if self.depth is not None else {},
+            )
+        )
+        if s.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(s.metrics_host, s.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.metrics_port)
+
+    async def _set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, status)
+
     def partitions_changed(self, partitions: set[int]) -> None:
         """Ownership moved: forget cached watermarks and fire at once (backfill included)."""
         if self.firer is not None:
@@ -178,6 +239,8 @@ class Node:
         self.notifier.notify(result.ready_by_queue)
 
     def _requeued(self, tasks: list[Task]) -> None:
+        self.metrics.reaped.inc(len(tasks))
+        self.metrics.dead.inc(sum(1 for t in tasks if t.state is TaskState.DEAD))
         self.notifier.notify({(t.namespace, t.queue) for t in tasks})
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -204,6 +267,7 @@ class Node:
         if self.store is not None:
             await self.store.close()
             self.store = None
+        self.metrics.close()
         log.debug("node %s: stopped", self.settings.node_id)
 
     async def __aenter__(self) -> Node:

@@ -43,6 +43,14 @@ class Ownership(Protocol):
 
     def describe(self) -> ClusterView: ...
 
+    def expected(self) -> set[int]:
+        """The partitions this node should own now (empty while draining)."""
+        ...
+
+    async def drain(self) -> set[int]:
+        """Give up every partition and take no more; returns those released."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -61,6 +69,7 @@ class LocalOwnership:
         self._address = address
         self._owned: dict[int, int] = {}
         self.gate = asyncio.Lock()
+        self.draining = False
 
     async def start(self) -> None:
         fences = await self._store.take_fences_local(range(self._store.partitions), self._node_id)
@@ -71,6 +80,16 @@ class LocalOwnership:
 
     def owned(self) -> Mapping[int, int]:
         return self._owned
+
+    def expected(self) -> set[int]:
+        return set() if self.draining else set(range(self._store.partitions))
+
+    async def drain(self) -> set[int]:
+        async with self.gate:
+            released = set(self._owned)
+            self._owned = {}
+            self.draining = True
+        return released
 
     def describe(self) -> ClusterView:
         return ClusterView(

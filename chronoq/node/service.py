@@ -24,6 +24,7 @@ from chronoq.config import NodeSettings
 from chronoq.errors import InvalidArgument, StaleLease, TaskNotFound
 from chronoq.models import Lease, TaskSpec, TaskState, check_name
 from chronoq.node.firing import Firer
+from chronoq.node.metrics import NodeMetrics
 from chronoq.node.ownership import Ownership
 from chronoq.node.readiness import ReadyNotifier
 from chronoq.node.status import translated
@@ -34,8 +35,14 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 
 class TaskService(tasks_pb2_grpc.TaskServiceServicer):
     def __init__(
-        self, store: Store, clock: Clock, settings: NodeSettings, notifier: ReadyNotifier
+        self,
+        store: Store,
+        clock: Clock,
+        settings: NodeSettings,
+        notifier: ReadyNotifier,
+        metrics: NodeMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or NodeMetrics(settings.node_id)
         self._store = store
         self._clock = clock
         self._settings = settings
@@ -57,6 +64,7 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
     async def _submit(self, specs: list[tasks_pb2.TaskSpec]) -> list[Any]:
         now = self._clock.now()
         outcomes = await self._store.submit(self._checked(specs, now), now)
+        self._metrics.submitted.inc(sum(1 for o in outcomes if o.created))
         self._notifier.notify(
             {(o.task.namespace, o.task.queue) for o in outcomes if o.task.state is TaskState.READY}
         )
@@ -89,6 +97,7 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
             now = self._clock.now()
             specs = self._checked(list(request.tasks), now)
             accepted = await self._store.submit_ids(specs, now)
+            self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
             self._notifier.notify({(s.namespace, s.queue) for s in specs if s.run_at <= now})
             return tasks_pb2.SubmitBatchResponse(
                 ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
@@ -156,8 +165,14 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
 
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(
-        self, store: Store, clock: Clock, settings: NodeSettings, notifier: ReadyNotifier
+        self,
+        store: Store,
+        clock: Clock,
+        settings: NodeSettings,
+        notifier: ReadyNotifier,
+        metrics: NodeMetrics | None = None,
     ) -> None:
+        self._metrics = metrics or NodeMetrics(settings.node_id)
         self._store = store
         self._clock = clock
         self._settings = settings
@@ -216,6 +231,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         namespace = convert.namespace_of(request.namespace)
         lease = _lease(request)
         (outcome,) = await self._store.complete(namespace, [lease], self._clock.now())
+        self._metrics.completed.inc(int(outcome.ok))
         if not outcome.ok:
             if outcome.error.startswith("no task"):
                 raise TaskNotFound(lease.task_id, namespace)
@@ -230,6 +246,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         outcomes = await self._store.complete(
             convert.namespace_of(request.namespace), leases, self._clock.now()
         )
+        self._metrics.completed.inc(sum(1 for o in outcomes if o.ok))
         return worker_pb2.CompleteBatchResponse(
             results=[
                 worker_pb2.AckResult(task_id=o.task_id, ok=o.ok, error=o.error) for o in outcomes
@@ -252,6 +269,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             retry_after=retry_after,
             rng=self._rng,
         )
+        self._metrics.failed.inc()
+        if task.state is TaskState.DEAD:
+            self._metrics.dead.inc()
         if task.state is TaskState.READY:
             self._notifier.notify([(task.namespace, task.queue)])
         return convert.task_to_pb(task)
@@ -337,6 +357,13 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
             ],
             firing_partitions=sorted(self._ownership.owned()),
         )
+
+    @translated
+    async def Drain(
+        self, request: cluster_pb2.DrainRequest, context: Ctx
+    ) -> cluster_pb2.DrainResponse:
+        released = await self._ownership.drain()
+        return cluster_pb2.DrainResponse(node_id=self._settings.node_id, released=sorted(released))
 
     def _local_stats(self) -> dict[str, float]:
         return node_stats(self._firer)

@@ -24,6 +24,8 @@ STATUS_OF: dict[type[errors.ChronoqError], grpc.StatusCode] = {
     errors.FenceRejected: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.CoordinatorUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.NamespaceDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

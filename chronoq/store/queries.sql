@@ -290,3 +290,22 @@ UPDATE schedules
 SET next_fire_at = $2, last_fire_at = coalesce($3, last_fire_at),
     created_total = created_total + $4, skipped_total = skipped_total + $5
 WHERE id = $1;
+
+-- name: queue_depth
+-- READY and RUNNING per queue through their partial indexes (small by design), and
+-- SCHEDULED over the coming buckets only: never a scan of the whole backlog.
+SELECT namespace, queue, state, count(*) AS n FROM tasks WHERE state IN (1, 2)
+GROUP BY namespace, queue, state
+UNION ALL
+SELECT namespace, queue, 0 AS state, count(*) AS n FROM tasks
+WHERE state = 0 AND partition = ANY($1::smallint[]) AND bucket BETWEEN $2 AND $3
+GROUP BY namespace, queue;
+
+-- name: purge_finished
+-- Retention: finished tasks of some partitions, oldest first, in a bounded batch.
+DELETE FROM tasks WHERE id = ANY(ARRAY(
+    SELECT id FROM tasks
+    WHERE partition = ANY($1::smallint[]) AND state = ANY($2::smallint[]) AND finished_at < $3
+    ORDER BY finished_at
+    LIMIT $4
+));

@@ -648,6 +648,27 @@ class Store:
             rows = await conn.fetch(q("pending_by_bucket"), list(partitions), first, last)
         return {(r["partition"], r["bucket"]): r["pending"] for r in rows}
 
+    async def queue_depth(
+        self, partitions: Sequence[int], first: int, last: int
+    ) -> dict[tuple[str, str, str], int]:
+        """(namespace, queue, state name) → tasks: READY and RUNNING, and SCHEDULED in the
+        buckets ``first..last`` of ``partitions``."""
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("queue_depth"), list(partitions), first, last)
+        return {(r["namespace"], r["queue"], TaskState(r["state"]).name): r["n"] for r in rows}
+
+    async def purge_finished(
+        self, partitions: Sequence[int], states: Sequence[TaskState], before: datetime, batch: int
+    ) -> int:
+        """Delete up to ``batch`` tasks in ``states`` that finished before ``before``."""
+        if not partitions:
+            return 0
+        async with self._conn() as conn:
+            status = await conn.execute(
+                q("purge_finished"), list(partitions), [int(s) for s in states], before, batch
+            )
+        return int(status.split()[-1])
+
     async def count_by_state(self) -> dict[TaskState, int]:
         """Exact counts per state: a full scan, for tests, demos and small tables only."""
         async with self._conn() as conn:

@@ -172,6 +172,19 @@ def test_duplicate_after_a_worker_kill_mid_task_is_explained() -> None:
     assert "duplicates_explained" in problems(h)
 
 
+def test_worker_frozen_between_claim_and_handler_is_explained() -> None:
+    """Attempt 1 was claimed by w0.1 just before a pause; its lease expired, w1.1 ran
+    attempt 2; after SIGCONT w0.1 started attempt 1 anyway, later than attempt 2."""
+    h = history()
+    h.executions[0] = run("t-a", 1, 12.0, 5)
+    h.executions.append(run("t-a", 2, 10.0, 5, worker="w1.1"))
+    h.tasks = [dataclasses.replace(r, attempt=2) if r.id == "t-a" else r for r in h.tasks]
+    h.faults = [FaultRecord("pause-worker", "w0.1", at(5.0), at(11.9))]
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    assert verdict.duplicates[0].earlier.worker == "w0.1"
+
+
 def test_etcd_faults_do_not_explain_duplicates() -> None:
     h = history()
     h.executions.append(run("t-a", 2, 9.0, 5, worker="w1.1"))

@@ -83,3 +83,15 @@ class StatusResponse(_message.Message):
     tasks_by_state: _containers.ScalarMap[str, int]
     firing_partitions: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ..., firing_partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("node_id", "released")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    released: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., released: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -39,6 +39,11 @@ class ClusterServiceStub:
                 request_serializer=chronoq_dot_v1_dot_cluster__pb2.StatusRequest.SerializeToString,
                 response_deserializer=chronoq_dot_v1_dot_cluster__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/chronoq.v1.ClusterService/Drain',
+                request_serializer=chronoq_dot_v1_dot_cluster__pb2.DrainRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_cluster__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -50,6 +55,14 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Hand this node's partitions to the others and take no more; it keeps serving the API,
+        so workers finish what they hold. Stop it afterwards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +70,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=chronoq_dot_v1_dot_cluster__pb2.StatusRequest.FromString,
                     response_serializer=chronoq_dot_v1_dot_cluster__pb2.StatusResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=chronoq_dot_v1_dot_cluster__pb2.DrainRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_cluster__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +104,33 @@ class ClusterService:
             '/chronoq.v1.ClusterService/Status',
             chronoq_dot_v1_dot_cluster__pb2.StatusRequest.SerializeToString,
             chronoq_dot_v1_dot_cluster__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.ClusterService/Drain',
+            chronoq_dot_v1_dot_cluster__pb2.DrainRequest.SerializeToString,
+            chronoq_dot_v1_dot_cluster__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

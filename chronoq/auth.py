@@ -1,0 +1,170 @@
+"""Bearer tokens bound to namespaces: the token file, and who may touch which namespace.
+
+Pure: no gRPC here (``chronoq.node.auth_interceptor`` applies it to calls). The token file is
+TOML::
+
+    [tokens]
+    "secret-a" = ["team-a"]                 # this token reaches namespace team-a only
+    "secret-b" = ["team-b", "default"]
+    "sha256:2bb80d53...f5a8" = ["team-c"]   # the same, without the token itself on disk
+    "admin-token" = ["*"]                   # every namespace, and cluster-wide calls (Drain)
+
+Tokens are kept only as SHA-256 digests and looked up by digest. A dict lookup is not constant
+time, but what it could leak is how much of the *digest* of a guess matches a stored digest,
+which says nothing about the token (SHA-256 is preimage resistant); the token itself is never
+compared. That is why no ``hmac.compare_digest`` loop over every token is needed, and why a
+file may hold digests instead of secrets (``python -c "import hashlib;
+print(hashlib.sha256(b'TOKEN').hexdigest())"``). Use long random tokens
+(``python -c "import secrets; print(secrets.token_urlsafe(32))"``): a digest does not make a
+short token safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from chronoq.errors import ConfigError, InvalidArgument, NamespaceDenied, Unauthenticated
+from chronoq.models import DEFAULT_NAMESPACE, check_name
+
+#: The namespace entry that grants every namespace and cluster-wide calls.
+ALL_NAMESPACES = "*"
+_DIGEST_PREFIX = "sha256:"
+
+
+def token_digest(token: str) -> bytes:
+    """The SHA-256 digest under which a token is stored."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` header value, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one token may reach."""
+
+    namespaces: frozenset[str]
+    label: str  # the first hex digits of the token's digest: names it in logs, reveals nothing
+
+    @property
+    def admin(self) -> bool:
+        return ALL_NAMESPACES in self.namespaces
+
+    def allows(self, namespace: str) -> bool:
+        return self.admin or (namespace or DEFAULT_NAMESPACE) in self.namespaces
+
+
+class TokenAuth:
+    """Tokens and their namespaces; ``authenticate`` a token, then ``authorize`` a request."""
+
+    def __init__(self, tokens: Mapping[str, Iterable[str]], *, source: str = "tokens") -> None:
+        """Args:
+        tokens: token (or ``sha256:<hex digest>``) -> namespaces (``*`` for all).
+        source: where they came from, for error messages.
+        """
+        self._grants: dict[bytes, Grant] = {}
+        for key, namespaces in tokens.items():
+            digest = _digest_of_key(key, source)
+            if digest in self._grants:
+                raise ConfigError(f"{source}: token {_label(digest)} is listed twice")
+            label = _label(digest)
+            self._grants[digest] = Grant(_namespaces(namespaces, f"{source}: token {label}"), label)
+        if not self._grants:
+            raise ConfigError(f"{source}: no tokens: every call would be refused")
+
+    def __len__(self) -> int:
+        return len(self._grants)
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str = "token file") -> TokenAuth:
+        """Parse the ``[tokens]`` table of a TOML document."""
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+        table = doc.get("tokens")
+        if not isinstance(table, dict):
+            raise ConfigError(f'{source}: needs a [tokens] table: "token" = ["namespace", ...]')
+        return cls(table, source=source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TokenAuth:
+        """Read a token file (see the module docstring)."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"auth_tokens: cannot read {path}: {exc}") from exc
+        return cls.from_toml(text, source=str(path))
+
+    def authenticate(self, token: str | None) -> Grant:
+        """The grant of ``token``; ``Unauthenticated`` if it is missing or unknown."""
+        if not token:
+            raise Unauthenticated("missing bearer token: pass --token / CHRONOQ_TOKEN")
+        grant = self._grants.get(token_digest(token))
+        if grant is None:
+            raise Unauthenticated("unknown bearer token")
+        return grant
+
+    @staticmethod
+    def authorize(grant: Grant, namespaces: Iterable[str] | None, method: str = "") -> None:
+        """Raise ``NamespaceDenied`` unless ``grant`` reaches every namespace of a request.
+
+        ``namespaces`` None means a cluster-wide call (no namespace in the request), which only
+        a ``*`` token may make.
+        """
+        if namespaces is None:
+            if not grant.admin:
+                raise NamespaceDenied(None, method)
+            return
+        for namespace in sorted(namespaces):
+            if not grant.allows(namespace):
+                raise NamespaceDenied(namespace or DEFAULT_NAMESPACE, method)
+
+
+def _label(digest: bytes) -> str:
+    return f"sha256:{digest.hex()[:8]}…"
+
+
+def _digest_of_key(key: object, source: str) -> bytes:
+    if not isinstance(key, str) or not key.strip() or key != key.strip() or " " in key:
+        raise ConfigError(f"{source}: a token must be a non-empty string without spaces")
+    if not key.startswith(_DIGEST_PREFIX):
+        return token_digest(key)
+    hex_digest = key.removeprefix(_DIGEST_PREFIX)
+    try:
+        digest = bytes.fromhex(hex_digest)
+    except ValueError:
+        digest = b""
+    if len(digest) != hashlib.sha256().digest_size:
+        raise ConfigError(f"{source}: {key[:16]}… is not sha256: and 64 hex digits")
+    return digest
+
+
+def _namespaces(value: object, where: str) -> frozenset[str]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ConfigError(f'{where}: namespaces must be a list, e.g. ["team-a"]')
+    names: set[str] = set()
+    for name in value:
+        if name == ALL_NAMESPACES:
+            names.add(name)
+            continue
+        if not isinstance(name, str):
+            raise ConfigError(f"{where}: namespace {name!r} is not a string")
+        try:
+            names.add(check_name("namespace", name))
+        except InvalidArgument as exc:
+            raise ConfigError(f"{where}: {exc.message}") from exc
+    if not names:
+        raise ConfigError(f"{where}: grants no namespace")
+    return frozenset(names)
