@@ -190,6 +190,41 @@ DataDirOpt = Annotated[
 ]
 
 
+def _text_opt(flag: str, env: str, help: str, metavar: str = "PEM") -> Any:
+    return typer.Option(flag, envvar=_env(env), metavar=metavar, help=help)
+
+
+# Auth and TLS of `chronoq node` (server side) and of its etcd; see chronoq.auth, chronoq.tls.
+TlsCertOpt = Annotated[str | None, _text_opt(
+    "--tls-cert", "TLS_CERT", "Serve the gRPC API over TLS with this certificate chain.")]
+TlsKeyOpt = Annotated[str | None, _text_opt(
+    "--tls-key", "TLS_KEY", "The private key of --tls-cert.")]
+TlsClientCaOpt = Annotated[str | None, _text_opt(
+    "--tls-client-ca", "TLS_CLIENT_CA", "Mutual TLS: require client certificates of this CA.")]
+AuthTokensOpt = Annotated[str | None, _text_opt(
+    "--auth-tokens", "AUTH_TOKENS", 'Require bearer tokens: a TOML file, [tokens] "tok" = '
+    '["namespace", ...] ("*": all).', metavar="FILE")]
+EtcdUserOpt = Annotated[str | None, _text_opt(
+    "--etcd-user", "ETCD_USER", "etcd user name (etcd auth).", metavar="NAME")]
+EtcdPasswordOpt = Annotated[str | None, _text_opt(
+    "--etcd-password", "ETCD_PASSWORD", "etcd password (prefer the environment variable).",
+    metavar="PASSWORD")]
+EtcdCaOpt = Annotated[str | None, _text_opt(
+    "--etcd-ca", "ETCD_CA", "TLS to etcd, trusting this CA.")]
+EtcdCertOpt = Annotated[str | None, _text_opt(
+    "--etcd-cert", "ETCD_CERT", "Client certificate for etcd (--client-cert-auth).")]
+EtcdKeyOpt = Annotated[str | None, _text_opt(
+    "--etcd-key", "ETCD_KEY", "The private key of --etcd-cert.")]
+
+#: Set by the global options (--token, --tls, --tls-ca, --client-cert, --client-key).
+_CLIENT_OPTIONS: dict[str, Any] = {}
+
+
+def _make_client(address: str, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Client:
+    """A client of a node given by --address, with the global token and TLS options."""
+    return Client(address, namespace=namespace, **_CLIENT_OPTIONS, **kwargs)
+
+
 # ---------------------------------------------------------------------- running and errors
 
 
@@ -230,8 +265,25 @@ def _configure(
     log_level: Annotated[
         LogLevel, typer.Option("--log-level", envvar=_env("LOG_LEVEL"), help="Log verbosity.")
     ] = LogLevel.warning,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar=_env("TOKEN"), help="Bearer token for nodes that require one.")] = None,
+    tls: Annotated[bool, typer.Option(
+        "--tls", envvar=_env("TLS"), help="Talk TLS to nodes, trusting the system's CAs.")] = False,
+    tls_ca: Annotated[str | None, _text_opt(
+        "--tls-ca", "TLS_CA", "Talk TLS to nodes, trusting this CA.")] = None,
+    client_cert: Annotated[str | None, _text_opt(
+        "--client-cert", "CLIENT_CERT", "Client certificate for mutual TLS.")] = None,
+    client_key: Annotated[str | None, _text_opt(
+        "--client-key", "CLIENT_KEY", "The private key of --client-cert.")] = None,
 ) -> None:
-    """chronoq: a distributed scheduler for timed tasks (PostgreSQL buckets, etcd ownership)."""
+    """chronoq: a distributed scheduler for timed tasks (PostgreSQL buckets, etcd ownership).
+
+    Client options (--token, --tls, --tls-ca, --client-cert, --client-key) go before the
+    command: chronoq --token T --tls-ca ca.pem submit emails.
+    """
+    _CLIENT_OPTIONS.update(
+        token=token, tls=tls, tls_ca=tls_ca, tls_cert=client_cert, tls_key=client_key
+    )
     logging.basicConfig(
         level=log_level.value.upper(),
         format="%(name)s: %(message)s",
@@ -485,6 +537,15 @@ def node(
                      help="Run the node's clock this far ahead (or behind): the chaos "
                           "harness's clock-jump fault."),
     ] = 0,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    tls_client_ca: TlsClientCaOpt = None,
+    auth_tokens: AuthTokensOpt = None,
+    etcd_user: EtcdUserOpt = None,
+    etcd_password: EtcdPasswordOpt = None,
+    etcd_ca: EtcdCaOpt = None,
+    etcd_cert: EtcdCertOpt = None,
+    etcd_key: EtcdKeyOpt = None,
 ) -> None:
     """Run a scheduler node on an external PostgreSQL (and etcd), until Ctrl-C or SIGTERM.
 
@@ -497,10 +558,17 @@ def node(
     if node_id:
         fields["node_id"] = node_id
     with _reported():
+        etcd_access = {"username": etcd_user, "password": etcd_password, "ca_cert": etcd_ca,
+                       "cert_cert": etcd_cert, "cert_key": etcd_key}
         if etcd:
-            fields["cluster"] = _cluster_settings(etcd, cluster, lease_ttl)
+            fields["cluster"] = _cluster_settings(etcd, cluster, lease_ttl, **etcd_access)
+        elif any(etcd_access.values()):
+            raise typer.BadParameter("etcd credentials and TLS need --etcd too",
+                                     param_hint="--etcd-*")
         settings = NodeSettings(
             dsn=dsn, host=host, port=port, partitions=partitions, bucket_seconds=bucket_seconds,
+            tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
+            auth_tokens=auth_tokens,
             tick=timedelta(milliseconds=tick_ms),
             limits=Limits(
                 max_payload_bytes=max_payload_bytes, horizon=timedelta(days=horizon_days)
@@ -510,11 +578,17 @@ def node(
     _run(_node(settings, virtual_clock=virtual_clock, clock_offset_ms=clock_offset_ms))
 
 
-def _cluster_settings(endpoints: str, cluster: str, lease_ttl: int) -> ClusterSettings:
+def _cluster_settings(
+    endpoints: str, cluster: str, lease_ttl: int, *, username: str | None = None,
+    password: str | None = None, ca_cert: str | None = None, cert_cert: str | None = None,
+    cert_key: str | None = None,
+) -> ClusterSettings:
     hosts = [e.strip() for e in endpoints.split(",") if e.strip()]
-    return ClusterSettings(
-        etcd=EtcdSettings(endpoints=hosts, cluster=cluster), lease_ttl=lease_ttl
+    etcd = EtcdSettings(
+        endpoints=hosts, cluster=cluster, username=username, password=password, ca_cert=ca_cert,
+        cert_cert=cert_cert, cert_key=cert_key,
     )
+    return ClusterSettings(etcd=etcd, lease_ttl=lease_ttl)
 
 
 async def _node(settings: NodeSettings, *, virtual_clock: bool, clock_offset_ms: int = 0) -> None:
@@ -653,7 +727,7 @@ async def _submit(
         return dataclasses.replace(template, idempotency_key=k)
 
     results: list[Submitted] = []
-    async with Client(address, namespace=namespace) as client:
+    async with _make_client(address, namespace) as client:
         with _progress(count > SUBMIT_BATCH) as progress:
             bar = progress.add_task("submitting", total=count)
             for start in range(0, count, SUBMIT_BATCH):
@@ -712,7 +786,7 @@ def cancel(
 async def _with_client(
     address: str, namespace: str, call: Callable[[Client], Coroutine[Any, Any, T]]
 ) -> T:
-    async with Client(address, namespace=namespace) as client:
+    async with _make_client(address, namespace) as client:
         return await call(client)
 
 
@@ -722,7 +796,7 @@ async def _collect(
 ) -> list[Task]:
     tasks: list[Task] = []
     token = ""
-    async with Client(address, namespace=namespace) as client:
+    async with _make_client(address, namespace) as client:
         while len(tasks) < limit:
             page = await client.list(
                 queue=queue, state=state, dead=dead, page_token=token,
@@ -1055,7 +1129,7 @@ async def _work(
     address: str, namespace: str, handlers: dict[str, Handler], concurrency: int,
     worker_id: str | None,
 ) -> WorkerStats:
-    async with Client(address, namespace=namespace) as client:
+    async with _make_client(address, namespace) as client:
         await client.wait_ready()
         runner = Worker(client, handlers, concurrency=concurrency, worker_id=worker_id)
         runner.install_signal_handlers()

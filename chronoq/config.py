@@ -51,6 +51,8 @@ class NodeSettings:
     dead_retention: timedelta | None = timedelta(days=30)  # DEAD (the DLQ) kept this long
     retention_interval: timedelta = timedelta(seconds=60)
     retention_batch: int = 1000
+    submit_quota: float | None = None  # tasks/s per namespace on this node; None: unlimited
+    submit_quota_burst: float | None = None  # default: one second's worth (at least 1)
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= 32767:

@@ -76,6 +76,20 @@ class FenceRejected(ChronoqError):
         super().__init__(f"partition {partition}: fencing token {token} is stale")
 
 
+class QuotaExceeded(ChronoqError):
+    """A namespace submitted faster than its quota allows."""
+
+    def __init__(self, namespace: str, rate: float, retry_after: float) -> None:
+        self.namespace = namespace
+        self.retry_after = retry_after
+        wait = "the batch is larger than the burst" if retry_after == float("inf") else (
+            f"retry after {retry_after * 1000:.0f} ms"
+        )
+        super().__init__(
+            f"namespace {namespace!r} exceeded its submit quota of {rate:g} tasks/s; {wait}"
+        )
+
+
 class StoreUnavailable(ChronoqError):
     """The task store (PostgreSQL) cannot be reached or refused the statement."""
 

@@ -1,8 +1,9 @@
 """Container health probe: exit 0 when the target answers, 1 when it does not.
 
 A node (the image's default HEALTHCHECK) is healthy when its gRPC health service reports
-SERVING for the whole server (service ""); a draining node reports NOT_SERVING and so turns
-unhealthy before it exits. The lab is probed over HTTP instead::
+SERVING for the whole server (service ""); a node that cannot hold its share of the partitions,
+or is shutting down, reports NOT_SERVING and so shows as unhealthy. The lab is probed over
+HTTP instead::
 
     python healthcheck.py                          # gRPC, 127.0.0.1:$CHRONOQ_PORT (7070)
     python healthcheck.py grpc 127.0.0.1:7070

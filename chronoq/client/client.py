@@ -363,6 +363,17 @@ class Client:
     async def delete_schedule(self, name: str) -> None:
         await self._call(self._schedules.DeleteSchedule, self._ref(name))
 
+    async def set_queue_limit(self, queue: str, rate: float, burst: float = 0) -> None:
+        """Limit dispatch of ``queue`` to ``rate`` tasks/s across the cluster (0 removes it)."""
+        req = tasks_pb2.QueueLimit(namespace=self.namespace, queue=queue, rate=rate, burst=burst)
+        await self._call(self._tasks.SetQueueLimit, req)
+
+    async def queue_limits(self) -> dict[str, tuple[float, float]]:
+        """Queue → (rate, burst) of this namespace's limited queues."""
+        req = tasks_pb2.ListQueueLimitsRequest(namespace=self.namespace)
+        resp = await self._call(self._tasks.ListQueueLimits, req)
+        return {lim.queue: (lim.rate, lim.burst) for lim in resp.limits}
+
     async def drain(self) -> builtins.list[int]:
         """Ask this node to hand off its partitions and take no more; returns them."""
         resp = await self._call(self._cluster.Drain, cluster_pb2.DrainRequest())

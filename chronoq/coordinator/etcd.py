@@ -8,6 +8,7 @@ whose default pick-first policy fails over to the next member when one dies.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -68,9 +69,20 @@ def _target(endpoints: Sequence[str]) -> tuple[str, int]:
         parsed.append((host, int(port)))
     if len(parsed) == 1:
         return parsed[0]
+    # The ipv4: scheme takes literal addresses only: resolve names (docker-compose services)
+    # once, when the client is made.
+    parsed = [(_ipv4(h, p), p) for h, p in parsed]
     head = ",".join(f"{h}:{p}" for h, p in parsed[:-1])
     last_host, last_port = parsed[-1]
     return f"ipv4:{head},{last_host}", last_port
+
+
+def _ipv4(host: str, port: int) -> str:
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"etcd endpoint {host}:{port}: cannot resolve {host!r} ({exc})") from None
+    return str(infos[0][4][0])
 
 
 def connect(settings: EtcdSettings) -> aetcd.Client:

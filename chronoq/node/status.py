@@ -19,6 +19,7 @@ STATUS_OF: dict[type[errors.ChronoqError], grpc.StatusCode] = {
     errors.TaskNotFound: grpc.StatusCode.NOT_FOUND,
     errors.ScheduleNotFound: grpc.StatusCode.NOT_FOUND,
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.StaleLease: grpc.StatusCode.FAILED_PRECONDITION,
     errors.InvalidTransition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.FenceRejected: grpc.StatusCode.FAILED_PRECONDITION,

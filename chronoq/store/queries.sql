@@ -160,20 +160,20 @@ RETURNING t.*;
 SELECT * FROM tasks WHERE id = $1 AND namespace = $2 FOR UPDATE;
 
 -- name: claim
--- Per queue, the ready index is walked in (priority DESC, run_at) order and stops at the
--- limit: cost follows the tasks claimed, not the READY backlog. The candidate ids are
--- computed once (an InitPlan), so a nested-loop rescan with SKIP LOCKED can never hand out
--- more than the limit.
+-- Per queue (with its own cap, from a dispatch limit), the ready index is walked in
+-- (priority DESC, run_at) order and stops at the cap: cost follows the tasks claimed, not
+-- the READY backlog. The candidate ids are computed once (an InitPlan), so a nested-loop
+-- rescan with SKIP LOCKED can never hand out more than the limit.
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
     lease_until = $5::timestamptz + t.lease_timeout_ms * interval '1 millisecond'
 WHERE t.id = ANY(ARRAY(
     SELECT c.id
-    FROM unnest($2::text[]) AS q(queue) CROSS JOIN LATERAL (
+    FROM unnest($2::text[], $6::integer[]) AS q(queue, cap) CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM tasks
         WHERE namespace = $1 AND queue = q.queue AND state = 1
         ORDER BY priority DESC, run_at
-        LIMIT $3
+        LIMIT q.cap
         FOR UPDATE SKIP LOCKED
     ) c
     ORDER BY c.priority DESC, c.run_at
@@ -309,3 +309,36 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
     ORDER BY finished_at
     LIMIT $4
 ));
+
+-- name: set_queue_limit
+INSERT INTO queue_limits (namespace, queue, rate, burst, tokens, refilled_at)
+VALUES ($1, $2, $3, $4, $4, $5)
+ON CONFLICT (namespace, queue) DO UPDATE
+    SET rate = EXCLUDED.rate, burst = EXCLUDED.burst,
+        tokens = least(queue_limits.tokens, EXCLUDED.burst)
+RETURNING namespace, queue, rate, burst;
+
+-- name: delete_queue_limit
+DELETE FROM queue_limits WHERE namespace = $1 AND queue = $2;
+
+-- name: queue_limits
+SELECT namespace, queue, rate, burst FROM queue_limits ORDER BY namespace, queue;
+
+-- name: take_tokens
+-- Refill by elapsed time, then grant up to $3 whole tokens; one row lock per limited queue.
+WITH cur AS (
+    SELECT namespace, queue,
+           least(burst, tokens + rate * greatest(0, extract(epoch FROM ($4::timestamptz - refilled_at))))
+             AS avail
+    FROM queue_limits WHERE namespace = $1 AND queue = $2
+    FOR UPDATE
+)
+UPDATE queue_limits l
+SET tokens = cur.avail - least($3, floor(cur.avail)),
+    refilled_at = greatest(l.refilled_at, $4::timestamptz)
+FROM cur
+WHERE l.namespace = cur.namespace AND l.queue = cur.queue
+RETURNING least($3, floor(cur.avail))::integer AS granted;
+
+-- name: return_tokens
+UPDATE queue_limits SET tokens = least(burst, tokens + $3) WHERE namespace = $1 AND queue = $2;

@@ -282,9 +282,7 @@ class Store:
                 outcomes.append(SubmitOutcome(_task(first), created=False))
         return outcomes
 
-    async def submit_ids(
-        self, specs: Sequence[TaskSpec], now: datetime
-    ) -> list[tuple[str, bool]]:
+    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> list[tuple[str, bool]]:
         """``submit`` that answers only (task id, created) per spec: no rows sent back."""
         if not specs:
             return []
@@ -371,10 +369,34 @@ class Store:
         worker_id: str,
         max_tasks: int,
         now: datetime,
+        *,
+        limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
     ) -> list[Task]:
-        """READY → RUNNING for up to ``max_tasks``; each gets attempt + 1 as its lease token."""
+        """READY → RUNNING for up to ``max_tasks``; each gets attempt + 1 as its lease token.
+
+        Queues in ``limited`` have a cluster-wide dispatch limit: tokens are taken from their
+        bucket first, and the ones a claim did not use are given back.
+        """
         async with self._conn() as conn:
-            rows = await conn.fetch(q("claim"), namespace, list(queues), max_tasks, worker_id, now)
+            caps = []
+            for queue in queues:
+                cap = max_tasks
+                if (namespace, queue) in limited:
+                    granted = await conn.fetchval(
+                        q("take_tokens"), namespace, queue, max_tasks, now
+                    )
+                    cap = max_tasks if granted is None else granted
+                caps.append(cap)
+            if not any(caps):
+                return []
+            rows = await conn.fetch(
+                q("claim"), namespace, list(queues), max_tasks, worker_id, now, caps
+            )
+            for queue, cap in zip(queues, caps, strict=True):
+                if (namespace, queue) in limited:
+                    used = sum(1 for r in rows if r["queue"] == queue)
+                    if cap > used:
+                        await conn.execute(q("return_tokens"), namespace, queue, cap - used)
         tasks = [_task(r) for r in rows]
         tasks.sort(key=lambda t: (-t.priority, t.run_at))
         return tasks
@@ -668,6 +690,21 @@ class Store:
                 q("purge_finished"), list(partitions), [int(s) for s in states], before, batch
             )
         return int(status.split()[-1])
+
+    async def set_queue_limit(
+        self, namespace: str, queue: str, rate: float, burst: float, now: datetime
+    ) -> None:
+        """Limit dispatch of a queue to ``rate`` tasks/s across the cluster; rate 0 removes it."""
+        async with self._conn() as conn:
+            if rate <= 0:
+                await conn.execute(q("delete_queue_limit"), namespace, queue)
+            else:
+                await conn.fetchrow(q("set_queue_limit"), namespace, queue, rate, burst, now)
+
+    async def queue_limits(self) -> dict[tuple[str, str], tuple[float, float]]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(q("queue_limits"))
+        return {(r["namespace"], r["queue"]): (r["rate"], r["burst"]) for r in rows}
 
     async def count_by_state(self) -> dict[TaskState, int]:
         """Exact counts per state: a full scan, for tests, demos and small tables only."""

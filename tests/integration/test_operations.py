@@ -179,3 +179,57 @@ async def test_retention_purges_old_finished_tasks_only(
     # all within the DLQ's 2-day retention. The far-future task is untouched.
     assert counts == {TaskState.SUCCEEDED: 1, TaskState.DEAD: 10, TaskState.SCHEDULED: 1}
     assert (await store.get(recent.task.id, "default")).state is TaskState.SUCCEEDED
+
+
+async def test_queue_dispatch_limit_holds_across_nodes(make_node: NodeFactory) -> None:
+    """Two nodes share one limit of 5 tasks/s (burst 5): claims through both together
+    get 5 at once, then about 5 per second."""
+    a = await make_node()
+    b = await make_node()
+    ca, cb = Client(a.address), Client(b.address)
+    try:
+        await ca.set_queue_limit("slow", rate=5, burst=5)
+        assert await cb.queue_limits() == {"slow": (5.0, 5.0)}
+        await ca.submit_many([NewTask(queue="slow") for _ in range(40)])
+        await ca.submit_many([NewTask(queue="fast") for _ in range(40)])
+        await asyncio.sleep(2.1)  # nodes re-read limits every 2 s
+        first = await ca.claim(["slow"], max_tasks=40)
+        second = await cb.claim(["slow"], max_tasks=40)
+        assert len(first) + len(second) <= 6  # the burst (plus what 2 s of refill allows)
+        got = len(first) + len(second)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while loop.time() - started < 2.0:
+            got += len(await ca.claim(["slow"], max_tasks=10))
+            got += len(await cb.claim(["slow"], max_tasks=10))
+            await asyncio.sleep(0.05)
+        assert got <= 6 + 5 * 2.5  # never faster than the rate across both nodes
+        assert got >= 10  # but it does dispatch
+        assert len(await ca.claim(["fast"], max_tasks=40)) == 40  # other queues unaffected
+        await ca.set_queue_limit("slow", rate=0)
+        assert await ca.queue_limits() == {}
+    finally:
+        await ca.close()
+        await cb.close()
+
+
+async def test_submit_quota_refuses_with_resource_exhausted(make_node: NodeFactory) -> None:
+    from chronoq import errors
+
+    node = await make_node(submit_quota=10.0, submit_quota_burst=20.0)
+    client = Client(node.address)
+    other = Client(node.address, namespace="other")
+    try:
+        await client.submit_many([NewTask(queue="q") for _ in range(20)])
+        with pytest.raises(
+            errors.ResourceExhausted, match="exceeded its submit quota of 10 tasks/s"
+        ):
+            await client.submit("q")
+        assert (await other.submit("q")).created  # quotas are per namespace
+        with pytest.raises(errors.ResourceExhausted, match="larger than the burst"):
+            await other.submit_many([NewTask(queue="q") for _ in range(21)])
+        await asyncio.sleep(0.25)
+        assert (await client.submit("q")).created  # refilled at 10/s
+    finally:
+        await client.close()
+        await other.close()

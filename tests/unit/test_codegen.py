@@ -33,3 +33,4 @@ def test_stubs_are_fresh(tmp_path: Path) -> None:
         )
     stale = {p.name for p in codegen.OUT_DIR.glob("*_pb2*")} - {p.name for p in written}
     assert not stale, f"stubs without a .proto: {stale}"
+

@@ -525,7 +525,7 @@ def health_server() -> Iterator[tuple[str, health.HealthServicer]]:
         server.stop(None).wait()
 
 
-def test_probe_passes_a_serving_node_and_fails_a_draining_one(
+def test_probe_passes_a_serving_node_and_fails_a_not_serving_one(
     probe: ModuleType, health_server: tuple[str, health.HealthServicer]
 ) -> None:
     address, servicer = health_server

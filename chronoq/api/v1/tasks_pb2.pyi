@@ -208,3 +208,27 @@ class RequeueResponse(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class QueueLimit(_message.Message):
+    __slots__ = ("namespace", "queue", "rate", "burst")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    queue: str
+    rate: float
+    burst: float
+    def __init__(self, namespace: _Optional[str] = ..., queue: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ...) -> None: ...
+
+class ListQueueLimitsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class ListQueueLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[QueueLimit]
+    def __init__(self, limits: _Optional[_Iterable[_Union[QueueLimit, _Mapping]]] = ...) -> None: ...

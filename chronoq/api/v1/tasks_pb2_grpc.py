@@ -70,6 +70,16 @@ class TaskServiceStub:
                 request_serializer=chronoq_dot_v1_dot_tasks__pb2.RequeueRequest.SerializeToString,
                 response_deserializer=chronoq_dot_v1_dot_tasks__pb2.RequeueResponse.FromString,
                 _registered_method=True)
+        self.SetQueueLimit = channel.unary_unary(
+                '/chronoq.v1.TaskService/SetQueueLimit',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueLimit.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueLimit.FromString,
+                _registered_method=True)
+        self.ListQueueLimits = channel.unary_unary(
+                '/chronoq.v1.TaskService/ListQueueLimits',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -119,6 +129,19 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQueueLimit(self, request, context):
+        """Per-queue dispatch limits, enforced on claims by every node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueueLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -156,6 +179,16 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.Requeue,
                     request_deserializer=chronoq_dot_v1_dot_tasks__pb2.RequeueRequest.FromString,
                     response_serializer=chronoq_dot_v1_dot_tasks__pb2.RequeueResponse.SerializeToString,
+            ),
+            'SetQueueLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueueLimit,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueLimit.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueLimit.SerializeToString,
+            ),
+            'ListQueueLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueueLimits,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,6 +381,60 @@ class TaskService:
             '/chronoq.v1.TaskService/Requeue',
             chronoq_dot_v1_dot_tasks__pb2.RequeueRequest.SerializeToString,
             chronoq_dot_v1_dot_tasks__pb2.RequeueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueueLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/SetQueueLimit',
+            chronoq_dot_v1_dot_tasks__pb2.QueueLimit.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.QueueLimit.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueueLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/ListQueueLimits',
+            chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,
