@@ -216,16 +216,25 @@ def _clock_faults(history: History) -> list[FaultRecord]:
 def skewed_tokens(history: History) -> dict[tuple[int, int], int]:
     """(partition, token) → the clock offset (µs) of the node that fired with it.
 
-    A clock jump restarts its node with the offset, so the tokens that node was issued
-    inside the fault's window are exactly the ones it fired with a skewed clock; its fires
-    before the jump keep their true times.
+    A clock jump restarts its node with the offset and, at the end, restarts it again
+    without: the skewed incarnation is the one that claimed partitions after the jump began
+    and released them in the last release burst of the fault's window. Tokens the node was
+    issued in between are the ones it fired with a skewed clock.
     """
     out: dict[tuple[int, int], int] = {}
+    events = sorted(history.owners, key=lambda e: e.at_us)
     for f in _clock_faults(history):
         off = int(f.detail["offset_ms"]) * 1000
-        for e in history.owners:
+        holder: dict[int, str | None] = {}
+        released = f.start_us
+        for e in events:
+            if f.start_us <= e.at_us <= f.end_us and e.owner is None \
+                    and holder.get(e.partition) == f.target:
+                released = max(released, e.at_us)
+            holder[e.partition] = e.owner
+        for e in events:
             if (e.owner == f.target and e.token is not None
-                    and f.start_us <= e.at_us <= f.end_us):
+                    and f.start_us <= e.at_us < released):
                 out[(e.partition, e.token)] = off
     return out
 

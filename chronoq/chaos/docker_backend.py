@@ -4,17 +4,19 @@ The harness, the workload and the worker processes (with their ledgers) stay on 
 and reach the services through their published ports; faults act on the containers through
 the ``docker`` package: SIGKILL then start a node, pause (cgroup freezer, like SIGSTOP) and
 unpause it, restart them one by one, kill and start an etcd member or PostgreSQL. Services
-are found by their compose labels, so only their names are needed::
+are found by their compose labels, so only their names are needed (the defaults match
+docker-compose.yml, started with ``docker compose -p chronoq up -d``)::
 
     chronoq chaos --backend docker --compose-project chronoq \\
         --docker-nodes node-1,node-2,node-3 --docker-etcd etcd-1,etcd-2,etcd-3 \\
-        --docker-postgres db --docker-dsn postgresql://chronoq@127.0.0.1:5432/chronoq
+        --docker-postgres db --cluster prod --partitions 256 --lease-ttl 5
 
 Where no Docker engine answers, ``DockerUnavailable`` says so and the run is skipped.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -109,7 +111,9 @@ class DockerBackend:
     def dsn(self) -> str:
         if self._dsn:
             return self._dsn
-        return f"postgresql://chronoq@{self._published(self.postgres_service, PG_PORT)}/chronoq"
+        password = os.environ.get("CHRONOQ_DB_PASSWORD", "chronoq")  # as docker-compose.yml
+        host = self._published(self.postgres_service, PG_PORT)
+        return f"postgresql://chronoq:{password}@{host}/chronoq"
 
     @property
     def etcd_endpoints(self) -> list[str]:

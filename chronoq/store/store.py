@@ -80,6 +80,7 @@ def _translated() -> Any:
     except (
         OSError,
         asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # password, pg_hba, TLS
         asyncpg.exceptions.InterfaceError,
         asyncpg.exceptions.CannotConnectNowError,
         asyncpg.exceptions.AdminShutdownError,

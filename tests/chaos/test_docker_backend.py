@@ -23,6 +23,6 @@ def test_docker_backend_short_run(tmp_path: Path) -> None:
         pytest.skip(f"docker backend skipped: {exc.message}")
     options = ChaosOptions(
         duration=40, backend="docker", faults=(FaultKind.KILL_NODE, FaultKind.KILL_WORKER),
-        workers=2, rate=20, out=tmp_path, partitions=256, lease_ttl=5,
+        workers=2, rate=20, out=tmp_path, partitions=256, lease_ttl=5, cluster="prod",
     )
     assert run(options, Console(width=120)) == 0

@@ -236,3 +236,25 @@ def test_history_round_trips_through_json() -> None:
     h.faults = [FaultRecord("clock-jump", "node-0", at(3), at(10), {"offset_ms": -1000})]
     again = History.from_json(h.to_json())
     assert again == h
+
+
+def test_fired_at_of_a_clock_jumped_node_is_corrected_only_while_it_was_skewed() -> None:
+    from chronoq.chaos.checker import fire_lateness
+
+    h = history()
+    h.faults = [FaultRecord("clock-jump", "node-0", at(3), at(10), {"offset_ms": 3000})]
+    h.owners += [
+        OwnerEvent(at(3.0), 0, None, None),  # the old incarnation stops
+        OwnerEvent(at(3.1), 0, "node-0", 20),  # the skewed one claims
+        OwnerEvent(at(9.0), 0, None, None),  # ... and stops
+        OwnerEvent(at(9.2), 0, "node-0", 21),  # the clean one claims inside the window
+    ]
+    h.fences[0] = 21
+    h.submits += [submit("s", 5, "t-s"), submit("n", 12, "t-n")]
+    h.executions += [run("t-s", 1, 5.1, 5), run("t-n", 1, 12.1, 12)]
+    h.tasks += [row("t-s", "s", 5, fired=8.02, token=20), row("t-n", "n", 12, token=21)]
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    late = dict(fire_lateness(h))
+    assert abs(late[at(5)] - 0.02) < 1e-6  # 8.02 by its clock, 5.02 really
+    assert abs(late[at(12)] - 0.02) < 1e-6  # not corrected: fired after the jump ended
