@@ -49,7 +49,7 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type hin
             options = list(self._options.items())
             interceptors: list[grpc.aio.ClientInterceptor] = (
                 [_FreshTokenUnary(self), _FreshTokenStream(self)]
-                if False else []
+                if self._username is not None else []
             )
             self.channel = (
                 grpc.aio.secure_channel(
