@@ -96,6 +96,12 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
         settings.ca_cert or settings.cert_cert or settings.cert_key
         or any(e.startswith("https://") for e in settings.endpoints)  # system roots
     )
+    options: dict[str, int | str] = dict(KEEPALIVE_OPTIONS)
+    if tls and len(settings.endpoints) > 1:
+        # An ipv4: target has no host name to check certificates against: every member's
+        # certificate must then name the first endpoint's host (e.g. a shared DNS name or IP).
+        first = settings.endpoints[0].removeprefix("http://").removeprefix("https://")
+        options["grpc.ssl_target_name_override"] = first.rpartition(":")[0].strip("[]")
     return EtcdClient(
         credentials=channel_credentials(
             settings.ca_cert, settings.cert_cert, settings.cert_key, prefix="etcd"
@@ -105,7 +111,7 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
         username=settings.username,
         password=settings.password,
         timeout=settings.timeout,
-        options=KEEPALIVE_OPTIONS,
+        options=options,
     )
 
 

@@ -95,6 +95,7 @@ class EtcdOwnership:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.draining = False
+        self._suspended = False
         self._last_desired: set[int] = set()
 
     # ------------------------------------------------------------------ Ownership protocol
@@ -119,6 +120,27 @@ class EtcdOwnership:
         if held:
             await self._release(held)
         return held
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    async def suspend(self) -> None:
+        """Release every partition and claim none until ``resume`` (PostgreSQL is out of
+        reach from here but maybe not from the other nodes)."""
+        if self._suspended:
+            return
+        self._suspended = True
+        held = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+        log.warning("store unreachable: releasing %d partitions", len(held))
+        if held:
+            await self._release(held)
+
+    async def resume(self) -> None:
+        if self._suspended:
+            log.warning("store reachable again: claiming partitions")
+            self._suspended = False
+            self._wake.set()
 
     def describe(self) -> ClusterView:
         stats = self.member_stats()
@@ -243,7 +265,7 @@ class EtcdOwnership:
         """Release what is no longer ours, claim what is ours and free."""
         if self._stopping:
             return
-        if self.draining:
+        if self.draining or self._suspended:
             return
         if self.lease.id is None:  # lost: a new lease starts a new epoch
             self.states.clear()

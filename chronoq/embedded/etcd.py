@@ -92,9 +92,10 @@ class EtcdServerTLS:
     client_cert_auth: bool = False
 
     def args(self) -> list[str]:
-        out = [f"--cert-file={self.cert_file}", f"--key-file={self.key_file}",
-               f"--trusted-ca-file={self.trusted_ca_file}"]
-        return [*out, "--client-cert-auth"] if self.client_cert_auth else out
+        out = [f"--cert-file={self.cert_file}", f"--key-file={self.key_file}"]
+        if not self.client_cert_auth:  # etcd asks for client certs whenever it has a CA
+            return out
+        return [*out, f"--trusted-ca-file={self.trusted_ca_file}", "--client-cert-auth"]
 
     def opener(self) -> urllib.request.OpenerDirector:
         context = ssl.create_default_context(cafile=str(self.trusted_ca_file))

@@ -82,8 +82,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             # (UNIMPLEMENTED) rather than serve them unguarded.
             log.error("auth: %s is a streaming method, which the interceptor cannot guard", method)
             return None
-        token = bearer_token(_metadata_value(handler_call_details.invocation_metadata,
-                                             "authorization"))
+        token = bearer_token(
+            _metadata_value(handler_call_details.invocation_metadata, "authorization")
+        )
         return grpc.unary_unary_rpc_method_handler(
             self._guard(method, token, handler.unary_unary),  # type: ignore[arg-type]
             request_deserializer=handler.request_deserializer,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ class Firer:
         self.stats = FiringStats()
         self.lateness = LatenessWindow()
         self._wake = asyncio.Event()
+        self.last_ok = time.monotonic()  # when the last tick reached the store
 
     def poke(self) -> None:
         """Run the next tick now (the clock jumped, or ownership changed)."""
@@ -74,9 +76,13 @@ class Firer:
             started = loop.time()
             try:
                 await self.tick()
+                self.last_ok = time.monotonic()
             except StoreUnavailable as exc:
                 self.stats.errors += 1
                 log.warning("firing tick failed: %s", exc)
+            except Exception:  # the loop must outlive any single bad tick
+                self.stats.errors += 1
+                log.exception("firing tick failed unexpectedly")
             self._wake.clear()
             delay = self._tick - (loop.time() - started)
             if delay > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
@@ -134,3 +135,47 @@ class HealthWatch:
             await self._set_serving(now)
             log.info("health: %s", "SERVING" if now else "NOT_SERVING")
         return now
+
+
+class StoreWatch:
+    """Hands the partitions to other nodes while this one cannot reach PostgreSQL.
+
+    A node cut off from the store but not from etcd would otherwise keep renewing its lease
+    and hold partitions that nobody fires. When no firing tick has reached the store for
+    ``grace`` seconds, the ownership is suspended (partitions released); once the store
+    answers again, it resumes.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        ownership: Ownership,
+        last_ok: Callable[[], float],
+        *,
+        grace: float,
+        interval: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._ownership = ownership
+        self._last_ok = last_ok
+        self._grace = grace
+        self._interval = interval
+        self._monotonic = monotonic
+        self.suspensions = 0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.check()
+            except ChronoqError as exc:
+                log.warning("store watch: %s", exc)
+
+    async def check(self) -> None:
+        if self._ownership.suspended:
+            if await self._store.probe():
+                await self._ownership.resume()
+        elif self._monotonic() - self._last_ok() > self._grace:
+            self.suspensions += 1
+            await self._ownership.suspend()

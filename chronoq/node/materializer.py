@@ -40,6 +40,8 @@ class SchedulePump:
                 await self.pump()
             except StoreUnavailable as exc:
                 log.warning("schedule pass failed: %s", exc)
+            except Exception:  # the loop must outlive any single bad pass
+                log.exception("schedule pass failed unexpectedly")
             await asyncio.sleep(self._interval)
 
     async def pump(self) -> Materialized:

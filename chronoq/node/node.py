@@ -26,7 +26,7 @@ from chronoq.config import NodeSettings
 from chronoq.models import Task, TaskState
 from chronoq.node.auth_interceptor import api_security
 from chronoq.node.firing import Firer
-from chronoq.node.housekeeping import DepthPoller, HealthWatch, Retention
+from chronoq.node.housekeeping import DepthPoller, HealthWatch, Retention, StoreWatch
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, NodeMetrics
 from chronoq.node.ownership import LocalOwnership, Ownership
@@ -92,6 +92,7 @@ class Node:
         self.retention: Retention | None = None
         self.depth: DepthPoller | None = None
         self.health: HealthWatch | None = None
+        self.store_watch: StoreWatch | None = None
         self.pump: SchedulePump | None = None
         self.notifier = ReadyNotifier()
         self._server: grpc.aio.Server | None = None
@@ -107,7 +108,9 @@ class Node:
         """Connect the store, bind the port, take ownership, then fire and serve."""
         s = self.settings
         interceptors, credentials = api_security(
-            auth_tokens=s.auth_tokens, tls_cert=s.tls_cert, tls_key=s.tls_key,
+            auth_tokens=s.auth_tokens,
+            tls_cert=s.tls_cert,
+            tls_key=s.tls_key,
             tls_client_ca=s.tls_client_ca,
         )
         self.store = await Store.connect(
@@ -120,11 +123,12 @@ class Node:
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ]
+            ],
         )
         bind = f"{s.host}:{s.port}"
         self.port = (
-            server.add_secure_port(bind, credentials) if credentials is not None
+            server.add_secure_port(bind, credentials)
+            if credentials is not None
             else server.add_insecure_port(bind)
         )
         self._server = server
@@ -160,6 +164,13 @@ class Node:
         )
         self.depth = DepthPoller(self.store, self.clock)
         self.health = HealthWatch(self.ownership, self._set_serving)
+        firer = self.firer
+        self.store_watch = StoreWatch(
+            self.store,
+            self.ownership,
+            lambda: firer.last_ok,
+            grace=s.store_grace.total_seconds(),
+        )
         self.schedules = Schedules(self.store)
         self.pump = SchedulePump(
             self.schedules,
@@ -177,6 +188,7 @@ class Node:
             asyncio.create_task(self.pump.run(), name="chronoq-schedules"),
             asyncio.create_task(self.retention.run(), name="chronoq-retention"),
             asyncio.create_task(self.depth.run(), name="chronoq-depth"),
+            asyncio.create_task(self.store_watch.run(), name="chronoq-store-watch"),
         ]
         await self.health.check()
         self._tasks.append(asyncio.create_task(self.health.run(), name="chronoq-health"))

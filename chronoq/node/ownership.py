@@ -51,6 +51,16 @@ class Ownership(Protocol):
         """Give up every partition and take no more; returns those released."""
         ...
 
+    async def suspend(self) -> None:
+        """Release every partition until ``resume``: the store is out of reach, so the
+        partitions are better fired by others."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    @property
+    def suspended(self) -> bool: ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -90,6 +100,16 @@ class LocalOwnership:
             self._owned = {}
             self.draining = True
         return released
+
+    async def suspend(self) -> None:
+        """Alone, there is nobody to hand partitions to: keep them and keep trying."""
+
+    async def resume(self) -> None:
+        """Nothing was suspended."""
+
+    @property
+    def suspended(self) -> bool:
+        return False
 
     def describe(self) -> ClusterView:
         return ClusterView(

@@ -45,6 +45,8 @@ class Reaper:
                 await self.reap()
             except StoreUnavailable as exc:
                 log.warning("reaper pass failed: %s", exc)
+            except Exception:  # the loop must outlive any single bad pass
+                log.exception("reaper pass failed unexpectedly")
             await asyncio.sleep(self._interval)
 
     async def reap(self) -> list[Task]:

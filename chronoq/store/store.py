@@ -82,10 +82,23 @@ def _translated() -> Any:
         asyncpg.exceptions.PostgresConnectionError,
         asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # password, pg_hba, TLS
         asyncpg.exceptions.InterfaceError,
+        asyncpg.exceptions.InternalClientError,  # a connection left mid-protocol by a crash
         asyncpg.exceptions.CannotConnectNowError,
-        asyncpg.exceptions.AdminShutdownError,
+        asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cancelled query
+        asyncpg.exceptions.InsufficientResourcesError,  # too many connections
+        TimeoutError,  # command_timeout: the server or the network stopped answering
     ) as exc:
-        raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
+        raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+# The server notices a vanished client (a node cut off or killed) within seconds and ends
+# its transaction, so the fence locks of an in-flight owner statement do not outlive it.
+_LIVENESS = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "client_connection_check_interval": "2000",
+}
 
 
 async def _no_reset(conn: Any) -> None:
@@ -158,15 +171,20 @@ class Store:
         min_size: int = 2,
         max_size: int = 10,
         migrate: bool = True,
+        command_timeout: float = 15.0,
     ) -> Store:
-        """Open a pool on ``dsn`` and, by default, apply pending migrations."""
+        """Open a pool on ``dsn`` and, by default, apply pending migrations.
+
+        Statements give up after ``command_timeout`` (then ``StoreUnavailable``), so a node
+        cut off from PostgreSQL notices within seconds instead of hanging.
+        """
         with _translated():
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=min_size,
                 max_size=max_size,
-                command_timeout=60,
-                server_settings={"application_name": "chronoq", "timezone": "UTC"},
+                command_timeout=command_timeout,
+                server_settings={"application_name": "chronoq", "timezone": "UTC", **_LIVENESS},
                 reset=_no_reset,  # no session state to reset: saves a statement per call
             )
         store = cls(pool, partitions=partitions, bucket_seconds=bucket_seconds)
@@ -706,6 +724,15 @@ class Store:
         async with self._conn() as conn:
             rows = await conn.fetch(q("queue_limits"))
         return {(r["namespace"], r["queue"]): (r["rate"], r["burst"]) for r in rows}
+
+    async def probe(self, timeout: float = 2.0) -> bool:
+        """Whether PostgreSQL answers a trivial query within ``timeout`` seconds."""
+        try:
+            async with self._conn() as conn:
+                await conn.fetchval("SELECT 1", timeout=timeout)
+        except StoreUnavailable:
+            return False
+        return True
 
     async def count_by_state(self) -> dict[TaskState, int]:
         """Exact counts per state: a full scan, for tests, demos and small tables only."""

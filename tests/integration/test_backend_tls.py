@@ -69,6 +69,8 @@ async def test_etcd_over_mutual_tls(tls_etcd: EmbeddedEtcd, pki: Pki) -> None:
     assert await _roundtrip(good) == b"ok"
     # Also as https://, the form etcd prints.
     assert await _roundtrip(dataclasses.replace(good, endpoints=[f"https://{endpoint}"])) == b"ok"
+    # Several endpoints become one ipv4: target; certificates are checked against the first.
+    assert await _roundtrip(dataclasses.replace(good, endpoints=[endpoint, endpoint])) == b"ok"
 
     refused = {
         "plaintext": EtcdSettings(endpoints=[endpoint], timeout=1),
