@@ -19,9 +19,11 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
+import tomllib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -262,6 +264,13 @@ def _stop_event() -> asyncio.Event:
 
 @app.callback()
 def _configure(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar=_env("CONFIG"), dir_okay=False,
+                     help="A TOML file of settings: a table per command, e.g. [node]; "
+                          "flags and CHRONOQ_* variables override it."),
+    ] = None,
     log_level: Annotated[
         LogLevel, typer.Option("--log-level", envvar=_env("LOG_LEVEL"), help="Log verbosity.")
     ] = LogLevel.warning,
@@ -284,11 +293,82 @@ def _configure(
     _CLIENT_OPTIONS.update(
         token=token, tls=tls, tls_ca=tls_ca, tls_cert=client_cert, tls_key=client_key
     )
+    if config is not None:
+        # Click's default_map sits below flags and environment variables and above the
+        # declared defaults: exactly the order chronoq promises.
+        ctx.default_map = _load_config(config)
     logging.basicConfig(
         level=log_level.value.upper(),
         format="%(name)s: %(message)s",
         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
     )
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        _fail(f"cannot read --config {path}: {exc.strerror}", 2)
+    except tomllib.TOMLDecodeError as exc:
+        _fail(f"--config {path} is not valid TOML: {exc}", 2)
+    tables: dict[str, Any] = {}
+    for command, table in data.items():
+        if not isinstance(table, dict):
+            _fail(f"--config {path}: {command!r} must be a table like [node]", 2)
+        tables[command] = {key.replace("-", "_"): value for key, value in table.items()}
+    return tables
+
+
+_SOURCE_NAMES = {
+    "COMMANDLINE": "flag",
+    "ENVIRONMENT": "env",
+    "DEFAULT_MAP": "file",
+    "DEFAULT": "default",
+    "PROMPT": "prompt",
+}
+_SECRET = ("password", "token", "key", "dsn")
+
+
+def _print_sources(ctx: typer.Context) -> None:
+    """The effective value of every option of a command, and where it came from."""
+    table = Table(title=f"chronoq {ctx.info_name}: effective settings", title_justify="left")
+    for column in ("setting", "value", "from"):
+        table.add_column(column)
+    for param in ctx.command.params:
+        name = param.name or ""
+        if name in ("show_config", "help") or param.param_type_name != "option":
+            continue
+        value = ctx.params.get(name)
+        source = ctx.get_parameter_source(name)
+        origin = _SOURCE_NAMES.get(source.name if source else "DEFAULT", "default")
+        if origin == "env" and param.envvar:
+            origin = f"env {param.envvar}"
+        shown = "-" if value is None else str(value)
+        if value is not None and any(s in name for s in _SECRET) and origin != "default":
+            shown = _redact(name, shown)
+        table.add_row(param.opts[0], escape(shown), origin)  # type: ignore[attr-defined]
+    out.print(table)
+
+
+def _redact(name: str, value: str) -> str:
+    if name == "dsn":
+        return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", value)
+    return "***"
+
+
+@app.command("config", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def config_command(ctx: typer.Context) -> None:
+    """Show the effective settings of a node and where each came from (flag, CHRONOQ_*
+    variable, the --config file, or the default). Extra arguments are node flags.
+
+    Example: chronoq --config chronoq.toml config --port 7071
+    """
+    root = ctx.find_root()
+    node_cmd = root.command.commands["node"]  # type: ignore[attr-defined]
+    sub = node_cmd.make_context("node", [*ctx.args, "--show-config"], parent=root)
+    with sub:
+        node_cmd.invoke(sub)
 
 
 # ---------------------------------------------------------------------- rendering
@@ -487,11 +567,34 @@ async def _dev(settings: DevStackSettings) -> None:
     err.print("stopped")
 
 
-@app.command()
+node_app = typer.Typer(
+    help="Run a scheduler node (or `chronoq node drain` one).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("drain")
+def node_drain(
+    address: AddressOpt = DEFAULT_ADDRESS,
+) -> None:
+    """Hand a node's partitions to the others and take no more; it keeps serving the API,
+    so workers finish what they hold. Stop it afterwards.
+
+    Example: chronoq node drain --address 127.0.0.1:7071
+    """
+    released = _run(_with_client(address, DEFAULT_NAMESPACE, lambda c: c.drain()))
+    out.print(f"drained {address}: released {len(released)} partitions")
+
+
+@node_app.callback()
 def node(
+    ctx: typer.Context,
     dsn: Annotated[
-        str, typer.Option("--dsn", envvar=_env("DSN"), help="PostgreSQL DSN of the task store.")
-    ],
+        str | None,
+        typer.Option("--dsn", envvar=_env("DSN"), help="PostgreSQL DSN of the task store."),
+    ] = None,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 7070,
     node_id: Annotated[
@@ -546,11 +649,51 @@ def node(
     etcd_ca: EtcdCaOpt = None,
     etcd_cert: EtcdCertOpt = None,
     etcd_key: EtcdKeyOpt = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", envvar=_env("METRICS_HOST"),
+                          help="Address of the Prometheus /metrics endpoint.")
+    ] = "127.0.0.1",
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", envvar=_env("METRICS_PORT"), min=0,
+                                 help="Serve Prometheus metrics on this port [default: off].")
+    ] = None,
+    retention_days: Annotated[
+        float, typer.Option("--retention-days", envvar=_env("RETENTION_DAYS"), min=0,
+                            help="Keep SUCCEEDED/CANCELLED/SKIPPED tasks this long (0: forever).")
+    ] = 7.0,
+    dead_retention_days: Annotated[
+        float, typer.Option("--dead-retention-days", envvar=_env("DEAD_RETENTION_DAYS"), min=0,
+                            help="Keep DEAD tasks (the DLQ) this long (0: forever).")
+    ] = 30.0,
+    submit_quota: Annotated[
+        float | None, typer.Option("--submit-quota", envvar=_env("SUBMIT_QUOTA"), min=0,
+                                   help="Submits per second per namespace on this node "
+                                        "(RESOURCE_EXHAUSTED above) [default: unlimited].")
+    ] = None,
+    submit_quota_burst: Annotated[
+        float | None, typer.Option("--submit-quota-burst", envvar=_env("SUBMIT_QUOTA_BURST"),
+                                   min=1, help="Burst of the submit quota [default: 1 s worth].")
+    ] = None,
+    show_config: Annotated[
+        bool, typer.Option("--show-config", help="Print the effective settings, where each "
+                           "came from (flag, env, file, default), and exit.")
+    ] = False,
 ) -> None:
     """Run a scheduler node on an external PostgreSQL (and etcd), until Ctrl-C or SIGTERM.
 
+    Settings come from flags, then CHRONOQ_* variables, then the [node] table of the file
+    given by --config (CHRONOQ_CONFIG), then defaults.
+
     Example: chronoq node --dsn postgresql://chronoq@db:5432/chronoq --etcd etcd:2379
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    if show_config:
+        _print_sources(ctx)
+        return
+    if dsn is None:
+        raise typer.BadParameter("a PostgreSQL DSN is needed (or CHRONOQ_DSN, or dsn in the "
+                                 "[node] table of --config)", param_hint="--dsn")
     if virtual_clock and not etcd:
         raise typer.BadParameter("the virtual clock lives in etcd: give --etcd too",
                                  param_hint="--virtual-clock")
@@ -570,6 +713,10 @@ def node(
             tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
             auth_tokens=auth_tokens,
             tick=timedelta(milliseconds=tick_ms),
+            metrics_host=metrics_host, metrics_port=metrics_port,
+            retention=timedelta(days=retention_days) if retention_days else None,
+            dead_retention=timedelta(days=dead_retention_days) if dead_retention_days else None,
+            submit_quota=submit_quota or None, submit_quota_burst=submit_quota_burst,
             limits=Limits(
                 max_payload_bytes=max_payload_bytes, horizon=timedelta(days=horizon_days)
             ),
