@@ -11,6 +11,7 @@ Every process started is stopped by PID in a ``finally``, whatever happens.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import contextlib
 import logging
 import time
@@ -215,6 +216,10 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
     """Run the cluster under the workload and the faults; return what was recorded."""
     out = opts.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # A run owns its output folder: the data, ledgers and logs of an earlier run in it would
+    # mix two histories (same seed, same idempotency keys) and void every check.
+    for sub in ("cluster", "ledger", "logs"):
+        shutil.rmtree(out / sub, ignore_errors=True)
     for sub in ("ledger", "logs"):
         (out / sub).mkdir(exist_ok=True)
     backend = make_backend(opts, out / "cluster")
