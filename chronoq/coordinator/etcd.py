@@ -102,8 +102,6 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
         # certificate must then name the first endpoint's host (e.g. a shared DNS name or IP).
         first = settings.endpoints[0].removeprefix("http://").removeprefix("https://")
         options["grpc.ssl_target_name_override"] = first.rpartition(":")[0].strip("[]")
-    if not tls and settings.username is None:
-        return aetcd.Client(host=host, port=port, timeout=settings.timeout, options=options)
     return EtcdClient(
         credentials=channel_credentials(
             settings.ca_cert, settings.cert_cert, settings.cert_key, prefix="etcd"

@@ -132,13 +132,23 @@ class EtcdOwnership:
             return
         self._suspended = True
         held = {p for p, s in self.states.items() if s is PartitionState.OWNED}
-        log.warning("store unreachable: releasing %d partitions", len(held))
+        log.warning("store unreachable: leaving the assignment, releasing %d partitions", len(held))
+        # Leave the member list too, or the others would compute that these are still ours.
+        with translated("leave membership"):
+            await self.client.delete(self.keys.member(self.node_id))
         if held:
-            await self._release(held)
+            # Not waiting for the statement in flight: it is stuck on the dead connection.
+            # Whatever it did on the server is fenced: a successor's token bump waits for it.
+            await self._release(held, wait_in_flight=False)
 
     async def resume(self) -> None:
         if self._suspended:
-            log.warning("store reachable again: claiming partitions")
+            log.warning("store reachable again: rejoining")
+            lease_id = self.lease.id
+            if lease_id is not None:
+                value = json.dumps({"address": self.address}).encode()
+                with translated("rejoin membership"):
+                    await self.client.put(self.keys.member(self.node_id), value, lease=lease_id)
             self._suspended = False
             self._wake.set()
 
@@ -315,8 +325,12 @@ class EtcdOwnership:
         self.states[partition] = PartitionState.OWNED
         return True
 
-    async def _release(self, partitions: set[int]) -> None:
-        async with self.gate:  # the owner statement in flight finishes first
+    async def _release(self, partitions: set[int], *, wait_in_flight: bool = True) -> None:
+        if wait_in_flight:
+            async with self.gate:  # the owner statement in flight finishes first
+                for p in partitions:
+                    self.states[p] = PartitionState.RELEASING
+        else:
             for p in partitions:
                 self.states[p] = PartitionState.RELEASING
         self.on_released(partitions)

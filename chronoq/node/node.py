@@ -169,7 +169,10 @@ class Node:
             self.store,
             self.ownership,
             lambda: firer.last_ok,
-            grace=s.store_grace.total_seconds(),
+            grace=(
+                s.store_grace.total_seconds() if s.store_grace is not None
+                else float(s.cluster.lease_ttl) if s.cluster is not None else 6.0
+            ),
         )
         self.schedules = Schedules(self.store)
         self.pump = SchedulePump(

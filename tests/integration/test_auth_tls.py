@@ -344,3 +344,10 @@ async def test_cli_node_with_mutual_tls_and_tokens(dsn: str, pki: Pki, token_fil
         node.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(node.communicate(), 20)
     assert node.returncode == 0, stderr.decode()
+
+
+async def test_drain_needs_an_admin_token(connect: Any) -> None:
+    await _refused(connect(TEAM_A, "team-a").drain(), "PERMISSION_DENIED", "cluster-wide calls",
+                   "Drain")
+    await _refused(connect(None).drain(), "UNAUTHENTICATED", "missing bearer token")
+    assert set(await connect(ADMIN).drain()) <= set(range(16))  # the admin may
