@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import contextlib
 import logging
 import time
@@ -195,7 +196,17 @@ async def read_store(dsn: str) -> tuple[list[TaskRow], dict[int, int]]:
 def run(opts: ChaosOptions, console: Console | None = None) -> int:
     """Run, check and report; the exit status: 0 when every check passed, 1 otherwise."""
     console = console or Console()
-    history = asyncio.run(collect(opts, console))
+
+    def interrupted(signum: int, _frame: object) -> None:
+        # SIGTERM would end the process at once; as KeyboardInterrupt it unwinds through
+        # collect()'s finally, which stops every server and node it started.
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        history = asyncio.run(collect(opts, console))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     verdict = judge(history, opts.out, console, plot=opts.plot)
     return 0 if verdict.ok else 1
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -56,7 +58,13 @@ async def make_node(dsn: str) -> AsyncIterator[NodeFactory]:
         yield make
     finally:
         for node in nodes:
-            await node.stop(grace=0.5)
+            try:
+                await asyncio.wait_for(node.stop(grace=0.5), 20)
+            except TimeoutError:
+                # Say where it hung instead of failing the whole session on a timeout.
+                for task in asyncio.all_tasks():
+                    task.print_stack(limit=8)
+                raise
 
 
 @pytest.fixture
