@@ -1,6 +1,6 @@
 """PostgreSQL without chronoq in between: fresh databases, COPY loads and the raw ceilings.
 
-The ceilings run the very statements chronoq runs (``chronoq.store.sql.q``: ``insert_tasks``,
+The ceilings run the very statements chronoq runs (``chronoq.store.sql.q``: ``insert_task_ids``,
 ``fire_due``, ``claim``, ``complete``) through asyncpg in tight loops, with no gRPC, no node and
 no per-row Python work, on the same server and in the same run as the chronoq figures. On a
 shared, noisy machine only such same-run ratios mean much (see PERFORMANCE.md).
@@ -201,7 +201,7 @@ class RawCeilings:
 
 
 def _insert_columns(batch: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    """``insert_tasks`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` has them."""
+    """``insert_task_ids`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` has them."""
     cols: list[list[Any]] = [[] for _ in range(16)]
     for r in batch:
         (task_id, namespace, queue, partition, bucket, run_at, state, payload, max_attempts,
@@ -230,7 +230,7 @@ async def _raw_insert(
         rows, now + timedelta(minutes=5), timedelta(hours=1), now=now, partitions=partitions
     ))
     batches = [_insert_columns(source[i:i + batch]) for i in range(0, rows, batch)]
-    statements = {c: await c.prepare(q("insert_tasks")) for c in conns}
+    statements = {c: await c.prepare(q("insert_task_ids")) for c in conns}
     queue = iter(batches)
 
     async def job(conn: asyncpg.Connection) -> None:
@@ -284,8 +284,9 @@ async def _raw_claim_complete(
     async def job(conn: asyncpg.Connection) -> None:
         nonlocal done
         while done < rows:
+            take = min(claim_batch, rows - done)
             got = await claims[conn].fetch(
-                NAMESPACE, [QUEUE], min(claim_batch, rows - done), f"raw-{id(conn)}", now
+                NAMESPACE, [QUEUE], take, f"raw-{id(conn)}", now, [take]  # per-queue cap
             )
             if not got:
                 return

@@ -1,28 +1,9 @@
 -- Named queries of the store. Every state change is one conditional UPDATE whose rows
 -- affected decide who won. `now` always comes in as a parameter from the node's Clock.
 
--- name: insert_tasks
-INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
-                   idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
-                   lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
-                   fired_by)
-SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at, u.state, u.priority,
-       u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
-       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $17::timestamptz,
-       CASE WHEN u.state = 1 THEN $17::timestamptz END,
-       CASE WHEN u.state = 1 THEN 'submit' END
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
-            $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
-            $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
-            $16::bigint[])
-     AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
-          idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
-          misfire_policy, misfire_grace_ms)
-ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
-
 -- name: insert_task_ids
--- insert_tasks without sending every row back: what batch submits need.
+-- Answers with the ids it inserted only: a conflict on (namespace, idempotency_key) inserts
+-- nothing and the caller looks the first task up.
 INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
@@ -44,9 +25,6 @@ RETURNING id;
 
 -- name: task_ids_by_idempotency_key
 SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
-
--- name: tasks_by_idempotency_key
-SELECT * FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
 
 -- name: tasks_by_id
 SELECT * FROM tasks WHERE id = ANY($1::uuid[]);

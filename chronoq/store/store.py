@@ -239,7 +239,7 @@ class Store:
     def _insert_columns(
         self, specs: Sequence[TaskSpec], now: datetime
     ) -> tuple[list[uuid.UUID], list[list[Any]]]:
-        """New ids and the column arrays of ``insert_tasks``; due tasks start READY."""
+        """New ids and the column arrays of ``insert_task_ids``; due tasks start READY."""
         raw = os.urandom(16 * len(specs))  # one syscall for the whole batch
         ids = [uuid.UUID(bytes=raw[i : i + 16], version=4) for i in range(0, len(raw), 16)]
         cols: list[list[Any]] = [[] for _ in range(16)]
@@ -282,24 +282,11 @@ class Store:
 
         A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
         """
-        if not specs:
-            return []
-        ids, cols = self._insert_columns(specs, now)
+        accepted = await self.submit_ids(specs, now)
         async with self._conn() as conn:
-            rows = {r["id"]: r for r in await conn.fetch(q("insert_tasks"), *cols, now)}
-            existing: dict[tuple[str, str], Any] = {}
-            for ns, keys in self._conflicting_keys(ids, specs, set(rows)).items():
-                for r in await conn.fetch(q("tasks_by_idempotency_key"), ns, keys):
-                    existing[(ns, r["idempotency_key"])] = r
-        outcomes = []
-        for task_id, s in zip(ids, specs, strict=True):
-            if task_id in rows:
-                outcomes.append(SubmitOutcome(_task(rows[task_id]), created=True))
-            else:
-                assert s.idempotency_key is not None
-                first = existing[(s.namespace, s.idempotency_key)]
-                outcomes.append(SubmitOutcome(_task(first), created=False))
-        return outcomes
+            rows = await conn.fetch(q("tasks_by_id"), [uuid.UUID(i) for i, _c in accepted])
+        by_id = {str(r["id"]): _task(r) for r in rows}
+        return [SubmitOutcome(by_id[i], created) for i, created in accepted]
 
     async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> list[tuple[str, bool]]:
         """``submit`` that answers only (task id, created) per spec: no rows sent back."""
