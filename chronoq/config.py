@@ -51,7 +51,7 @@ class NodeSettings:
     dead_retention: timedelta | None = timedelta(days=30)  # DEAD (the DLQ) kept this long
     retention_interval: timedelta = timedelta(seconds=60)
     retention_batch: int = 1000
-    # No store for this long: hand the partitions off (default: the etcd lease TTL, so a node
+    # No store for this long: hand the partitions off (default: 0.6 x the etcd lease TTL, so a node
     # cut off from PostgreSQL fails over as fast as one cut off from etcd).
     store_grace: timedelta | None = None
     submit_quota: float | None = None  # tasks/s per namespace on this node; None: unlimited

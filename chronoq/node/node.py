@@ -171,7 +171,7 @@ class Node:
             lambda: firer.last_ok,
             grace=(
                 s.store_grace.total_seconds() if s.store_grace is not None
-                else float(s.cluster.lease_ttl) if s.cluster is not None else 6.0
+                else 0.6 * s.cluster.lease_ttl if s.cluster is not None else 6.0
             ),
         )
         self.schedules = Schedules(self.store)
