@@ -23,8 +23,8 @@ import re
 import signal
 import sys
 import threading
-import tomllib
 import time
+import tomllib
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -56,8 +56,8 @@ from chronoq.devstack import DevStack, DevStackSettings
 from chronoq.durations import format_duration, parse_duration, parse_instant
 from chronoq.errors import ChronoqError, InvalidArgument
 from chronoq.models import DEFAULT_NAMESPACE, Limits, MisfirePolicy, Schedule, Task, TaskState
-from chronoq.recurrence import CatchUp, Cron
 from chronoq.node import Node
+from chronoq.recurrence import CatchUp, Cron
 
 T = TypeVar("T")
 
@@ -163,7 +163,10 @@ HostOpt = Annotated[
 PartitionsOpt = Annotated[
     int,
     typer.Option(
-        "--partitions", envvar=_env("PARTITIONS"), min=1, max=32767,
+        "--partitions",
+        envvar=_env("PARTITIONS"),
+        min=1,
+        max=32767,
         help="Hash partitions; fixed when a database is first used.",
     ),
 ]
@@ -186,7 +189,9 @@ PortOpt = Annotated[
 DataDirOpt = Annotated[
     Path,
     typer.Option(
-        "--data-dir", envvar=_env("DATA_DIR"), file_okay=False,
+        "--data-dir",
+        envvar=_env("DATA_DIR"),
+        file_okay=False,
         help="Where the embedded PostgreSQL keeps its data (reused across runs).",
     ),
 ]
@@ -197,26 +202,50 @@ def _text_opt(flag: str, env: str, help: str, metavar: str = "PEM") -> Any:
 
 
 # Auth and TLS of `chronoq node` (server side) and of its etcd; see chronoq.auth, chronoq.tls.
-TlsCertOpt = Annotated[str | None, _text_opt(
-    "--tls-cert", "TLS_CERT", "Serve the gRPC API over TLS with this certificate chain.")]
-TlsKeyOpt = Annotated[str | None, _text_opt(
-    "--tls-key", "TLS_KEY", "The private key of --tls-cert.")]
-TlsClientCaOpt = Annotated[str | None, _text_opt(
-    "--tls-client-ca", "TLS_CLIENT_CA", "Mutual TLS: require client certificates of this CA.")]
-AuthTokensOpt = Annotated[str | None, _text_opt(
-    "--auth-tokens", "AUTH_TOKENS", 'Require bearer tokens: a TOML file, [tokens] "tok" = '
-    '["namespace", ...] ("*": all).', metavar="FILE")]
-EtcdUserOpt = Annotated[str | None, _text_opt(
-    "--etcd-user", "ETCD_USER", "etcd user name (etcd auth).", metavar="NAME")]
-EtcdPasswordOpt = Annotated[str | None, _text_opt(
-    "--etcd-password", "ETCD_PASSWORD", "etcd password (prefer the environment variable).",
-    metavar="PASSWORD")]
-EtcdCaOpt = Annotated[str | None, _text_opt(
-    "--etcd-ca", "ETCD_CA", "TLS to etcd, trusting this CA.")]
-EtcdCertOpt = Annotated[str | None, _text_opt(
-    "--etcd-cert", "ETCD_CERT", "Client certificate for etcd (--client-cert-auth).")]
-EtcdKeyOpt = Annotated[str | None, _text_opt(
-    "--etcd-key", "ETCD_KEY", "The private key of --etcd-cert.")]
+TlsCertOpt = Annotated[
+    str | None,
+    _text_opt("--tls-cert", "TLS_CERT", "Serve the gRPC API over TLS with this certificate chain."),
+]
+TlsKeyOpt = Annotated[
+    str | None, _text_opt("--tls-key", "TLS_KEY", "The private key of --tls-cert.")
+]
+TlsClientCaOpt = Annotated[
+    str | None,
+    _text_opt(
+        "--tls-client-ca", "TLS_CLIENT_CA", "Mutual TLS: require client certificates of this CA."
+    ),
+]
+AuthTokensOpt = Annotated[
+    str | None,
+    _text_opt(
+        "--auth-tokens",
+        "AUTH_TOKENS",
+        'Require bearer tokens: a TOML file, [tokens] "tok" = ["namespace", ...] ("*": all).',
+        metavar="FILE",
+    ),
+]
+EtcdUserOpt = Annotated[
+    str | None, _text_opt("--etcd-user", "ETCD_USER", "etcd user name (etcd auth).", metavar="NAME")
+]
+EtcdPasswordOpt = Annotated[
+    str | None,
+    _text_opt(
+        "--etcd-password",
+        "ETCD_PASSWORD",
+        "etcd password (prefer the environment variable).",
+        metavar="PASSWORD",
+    ),
+]
+EtcdCaOpt = Annotated[
+    str | None, _text_opt("--etcd-ca", "ETCD_CA", "TLS to etcd, trusting this CA.")
+]
+EtcdCertOpt = Annotated[
+    str | None,
+    _text_opt("--etcd-cert", "ETCD_CERT", "Client certificate for etcd (--client-cert-auth)."),
+]
+EtcdKeyOpt = Annotated[
+    str | None, _text_opt("--etcd-key", "ETCD_KEY", "The private key of --etcd-cert.")
+]
 
 #: Set by the global options (--token, --tls, --tls-ca, --client-cert, --client-key).
 _CLIENT_OPTIONS: dict[str, Any] = {}
@@ -267,23 +296,38 @@ def _configure(
     ctx: typer.Context,
     config: Annotated[
         Path | None,
-        typer.Option("--config", envvar=_env("CONFIG"), dir_okay=False,
-                     help="A TOML file of settings: a table per command, e.g. [node]; "
-                          "flags and CHRONOQ_* variables override it."),
+        typer.Option(
+            "--config",
+            envvar=_env("CONFIG"),
+            dir_okay=False,
+            help="A TOML file of settings: a table per command, e.g. [node]; "
+            "flags and CHRONOQ_* variables override it.",
+        ),
     ] = None,
     log_level: Annotated[
         LogLevel, typer.Option("--log-level", envvar=_env("LOG_LEVEL"), help="Log verbosity.")
     ] = LogLevel.warning,
-    token: Annotated[str | None, typer.Option(
-        "--token", envvar=_env("TOKEN"), help="Bearer token for nodes that require one.")] = None,
-    tls: Annotated[bool, typer.Option(
-        "--tls", envvar=_env("TLS"), help="Talk TLS to nodes, trusting the system's CAs.")] = False,
-    tls_ca: Annotated[str | None, _text_opt(
-        "--tls-ca", "TLS_CA", "Talk TLS to nodes, trusting this CA.")] = None,
-    client_cert: Annotated[str | None, _text_opt(
-        "--client-cert", "CLIENT_CERT", "Client certificate for mutual TLS.")] = None,
-    client_key: Annotated[str | None, _text_opt(
-        "--client-key", "CLIENT_KEY", "The private key of --client-cert.")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token", envvar=_env("TOKEN"), help="Bearer token for nodes that require one."
+        ),
+    ] = None,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls", envvar=_env("TLS"), help="Talk TLS to nodes, trusting the system's CAs."
+        ),
+    ] = False,
+    tls_ca: Annotated[
+        str | None, _text_opt("--tls-ca", "TLS_CA", "Talk TLS to nodes, trusting this CA.")
+    ] = None,
+    client_cert: Annotated[
+        str | None, _text_opt("--client-cert", "CLIENT_CERT", "Client certificate for mutual TLS.")
+    ] = None,
+    client_key: Annotated[
+        str | None, _text_opt("--client-key", "CLIENT_KEY", "The private key of --client-cert.")
+    ] = None,
 ) -> None:
     """chronoq: a distributed scheduler for timed tasks (PostgreSQL buckets, etcd ownership).
 
@@ -347,7 +391,7 @@ def _print_sources(ctx: typer.Context) -> None:
         shown = "-" if value is None else str(value)
         if value is not None and any(s in name for s in _SECRET) and origin != "default":
             shown = _redact(name, shown)
-        table.add_row(param.opts[0], escape(shown), origin)  # type: ignore[attr-defined]
+        table.add_row(param.opts[0], escape(shown), origin)
     out.print(table)
 
 
@@ -414,8 +458,12 @@ def _utc(value: datetime) -> str:
 
 
 _STATE_STYLE = {
-    TaskState.SCHEDULED: "cyan", TaskState.READY: "yellow", TaskState.RUNNING: "blue",
-    TaskState.SUCCEEDED: "green", TaskState.DEAD: "red", TaskState.CANCELLED: "dim",
+    TaskState.SCHEDULED: "cyan",
+    TaskState.READY: "yellow",
+    TaskState.RUNNING: "blue",
+    TaskState.SUCCEEDED: "green",
+    TaskState.DEAD: "red",
+    TaskState.CANCELLED: "dim",
     TaskState.SKIPPED: "dim",
 }
 
@@ -429,17 +477,24 @@ def _task_table(task: Task) -> Table:
     table.add_column(style="bold")
     table.add_column()
     rows: list[tuple[str, str]] = [
-        ("id", task.id), ("namespace", task.namespace), ("queue", task.queue),
-        ("state", _state(task.state)), ("run_at", _when(task.run_at)),
-        ("attempt", f"{task.attempt} of {task.max_attempts}"), ("priority", str(task.priority)),
+        ("id", task.id),
+        ("namespace", task.namespace),
+        ("queue", task.queue),
+        ("state", _state(task.state)),
+        ("run_at", _when(task.run_at)),
+        ("attempt", f"{task.attempt} of {task.max_attempts}"),
+        ("priority", str(task.priority)),
         ("partition / bucket", f"{task.partition} / {task.bucket}"),
         ("idempotency_key", escape(task.idempotency_key or "-")),
         ("payload", escape(_short(_payload_text(task.payload), 200))),
         ("lease_timeout", format_duration(task.lease_timeout)),
         ("misfire", f"{task.misfire_policy.name} (grace {format_duration(task.misfire_grace)})"),
-        ("created_at", _when(task.created_at)), ("fired_at", _when(task.fired_at)),
-        ("lease_until", _when(task.lease_until)), ("worker_id", escape(task.worker_id or "-")),
-        ("finished_at", _when(task.finished_at)), ("last_error", escape(task.last_error or "-")),
+        ("created_at", _when(task.created_at)),
+        ("fired_at", _when(task.fired_at)),
+        ("lease_until", _when(task.lease_until)),
+        ("worker_id", escape(task.worker_id or "-")),
+        ("finished_at", _when(task.finished_at)),
+        ("last_error", escape(task.last_error or "-")),
     ]
     for name, value in rows:
         table.add_row(name, value)
@@ -459,8 +514,12 @@ def _tasks_table(tasks: Sequence[Task], *, title: str, errors: bool = False) -> 
     for t in tasks:
         detail = t.last_error or "" if errors else _payload_text(t.payload)
         table.add_row(
-            t.id, escape(t.queue), _state(t.state), _utc(t.run_at),
-            f"{t.attempt}/{t.max_attempts}", escape(_short(detail, 60)),
+            t.id,
+            escape(t.queue),
+            _state(t.state),
+            _utc(t.run_at),
+            f"{t.attempt}/{t.max_attempts}",
+            escape(_short(detail, 60)),
         )
     return table
 
@@ -476,7 +535,10 @@ def dev(
     pg_port: Annotated[
         int,
         typer.Option(
-            "--pg-port", envvar=_env("PG_PORT"), min=0, max=65535,
+            "--pg-port",
+            envvar=_env("PG_PORT"),
+            min=0,
+            max=65535,
             help="PostgreSQL port (0: any free port).",
         ),
     ] = 0,
@@ -485,18 +547,33 @@ def dev(
     tick_ms: TickMsOpt = 100,
     nodes: Annotated[
         int,
-        typer.Option("--nodes", envvar=_env("DEV_NODES"), min=1, max=32,
-                     help="Scheduler nodes; more than one runs embedded etcd and node processes."),
+        typer.Option(
+            "--nodes",
+            envvar=_env("DEV_NODES"),
+            min=1,
+            max=32,
+            help="Scheduler nodes; more than one runs embedded etcd and node processes.",
+        ),
     ] = 1,
     etcd_members: Annotated[
         int,
-        typer.Option("--etcd-members", envvar=_env("DEV_ETCD_MEMBERS"), min=1, max=7,
-                     help="Members of the embedded etcd (with --nodes > 1)."),
+        typer.Option(
+            "--etcd-members",
+            envvar=_env("DEV_ETCD_MEMBERS"),
+            min=1,
+            max=7,
+            help="Members of the embedded etcd (with --nodes > 1).",
+        ),
     ] = 1,
     lease_ttl: Annotated[
         int,
-        typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=2, max=300,
-                     help="etcd lease TTL of each node, seconds (with --nodes > 1)."),
+        typer.Option(
+            "--lease-ttl",
+            envvar=_env("LEASE_TTL"),
+            min=2,
+            max=300,
+            help="etcd lease TTL of each node, seconds (with --nodes > 1).",
+        ),
     ] = 5,
 ) -> None:
     """Run a local stack: embedded PostgreSQL (kept in --data-dir) and a node, until Ctrl-C.
@@ -510,15 +587,24 @@ def dev(
         from chronoq.chaos.runner import ClusterSpec
 
         spec = ClusterSpec(
-            nodes=nodes, etcd_members=etcd_members, partitions=partitions, lease_ttl=lease_ttl,
-            tick_ms=tick_ms, cluster="dev", base_port=port,
+            nodes=nodes,
+            etcd_members=etcd_members,
+            partitions=partitions,
+            lease_ttl=lease_ttl,
+            tick_ms=tick_ms,
+            cluster="dev",
+            base_port=port,
         )
         _dev_cluster(data_dir, spec)
         return
     with _reported():
         settings = DevStackSettings(
-            data_dir=data_dir, host=host, port=port, pg_port=pg_port or None,
-            partitions=partitions, bucket_seconds=bucket_seconds,
+            data_dir=data_dir,
+            host=host,
+            port=port,
+            pg_port=pg_port or None,
+            partitions=partitions,
+            bucket_seconds=bucket_seconds,
             tick=timedelta(milliseconds=tick_ms),
         )
     _run(_dev(settings))
@@ -528,10 +614,13 @@ def _dev_cluster(data_dir: Path, spec: Any) -> None:
     from chronoq.chaos.runner import LocalCluster
 
     cluster = LocalCluster(data_dir.resolve(), spec)
-    err.print(f"starting etcd ×{spec.etcd_members}, PostgreSQL and {spec.nodes} nodes in {data_dir} …")
+    err.print(
+        f"starting etcd x{spec.etcd_members}, PostgreSQL and {spec.nodes} nodes in {data_dir} …"
+    )
     stopping = threading.Event()
     previous = {
-        sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+        sig: signal.signal(sig, lambda *_: stopping.set())
+        for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
         with _reported():
@@ -608,37 +697,60 @@ def node(
     tick_ms: TickMsOpt = 100,
     max_payload_bytes: Annotated[
         int,
-        typer.Option("--max-payload-bytes", envvar=_env("MAX_PAYLOAD_BYTES"), min=0,
-                     help="Largest payload a submit may carry."),
+        typer.Option(
+            "--max-payload-bytes",
+            envvar=_env("MAX_PAYLOAD_BYTES"),
+            min=0,
+            help="Largest payload a submit may carry.",
+        ),
     ] = Limits.max_payload_bytes,
     horizon_days: Annotated[
         int,
-        typer.Option("--horizon-days", envvar=_env("HORIZON_DAYS"), min=1,
-                     help="How far ahead a task may be scheduled."),
+        typer.Option(
+            "--horizon-days",
+            envvar=_env("HORIZON_DAYS"),
+            min=1,
+            help="How far ahead a task may be scheduled.",
+        ),
     ] = 366,
     etcd: Annotated[
         str | None,
-        typer.Option("--etcd", envvar=_env("ETCD"), metavar="HOST:PORT,...",
-                     help="etcd endpoints: join a cluster [default: own every partition alone]."),
+        typer.Option(
+            "--etcd",
+            envvar=_env("ETCD"),
+            metavar="HOST:PORT,...",
+            help="etcd endpoints: join a cluster [default: own every partition alone].",
+        ),
     ] = None,
     cluster: Annotated[
         str, typer.Option("--cluster", envvar=_env("CLUSTER"), help="Cluster name in etcd.")
     ] = "default",
     lease_ttl: Annotated[
         int,
-        typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=1,
-                     help="Seconds of silence before a node's partitions move to others."),
+        typer.Option(
+            "--lease-ttl",
+            envvar=_env("LEASE_TTL"),
+            min=1,
+            help="Seconds of silence before a node's partitions move to others.",
+        ),
     ] = 5,
     virtual_clock: Annotated[
         bool,
-        typer.Option("--virtual-clock", envvar=_env("VIRTUAL_CLOCK"),
-                     help="Fire by the cluster's shared virtual clock in etcd (tests, the lab)."),
+        typer.Option(
+            "--virtual-clock",
+            envvar=_env("VIRTUAL_CLOCK"),
+            help="Fire by the cluster's shared virtual clock in etcd (tests, the lab).",
+        ),
     ] = False,
     clock_offset_ms: Annotated[
         int,
-        typer.Option("--clock-offset-ms", envvar=_env("CLOCK_OFFSET_MS"), hidden=True,
-                     help="Run the node's clock this far ahead (or behind): the chaos "
-                          "harness's clock-jump fault."),
+        typer.Option(
+            "--clock-offset-ms",
+            envvar=_env("CLOCK_OFFSET_MS"),
+            hidden=True,
+            help="Run the node's clock this far ahead (or behind): the chaos "
+            "harness's clock-jump fault.",
+        ),
     ] = 0,
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
@@ -650,33 +762,66 @@ def node(
     etcd_cert: EtcdCertOpt = None,
     etcd_key: EtcdKeyOpt = None,
     metrics_host: Annotated[
-        str, typer.Option("--metrics-host", envvar=_env("METRICS_HOST"),
-                          help="Address of the Prometheus /metrics endpoint.")
+        str,
+        typer.Option(
+            "--metrics-host",
+            envvar=_env("METRICS_HOST"),
+            help="Address of the Prometheus /metrics endpoint.",
+        ),
     ] = "127.0.0.1",
     metrics_port: Annotated[
-        int | None, typer.Option("--metrics-port", envvar=_env("METRICS_PORT"), min=0,
-                                 help="Serve Prometheus metrics on this port [default: off].")
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar=_env("METRICS_PORT"),
+            min=0,
+            help="Serve Prometheus metrics on this port [default: off].",
+        ),
     ] = None,
     retention_days: Annotated[
-        float, typer.Option("--retention-days", envvar=_env("RETENTION_DAYS"), min=0,
-                            help="Keep SUCCEEDED/CANCELLED/SKIPPED tasks this long (0: forever).")
+        float,
+        typer.Option(
+            "--retention-days",
+            envvar=_env("RETENTION_DAYS"),
+            min=0,
+            help="Keep SUCCEEDED/CANCELLED/SKIPPED tasks this long (0: forever).",
+        ),
     ] = 7.0,
     dead_retention_days: Annotated[
-        float, typer.Option("--dead-retention-days", envvar=_env("DEAD_RETENTION_DAYS"), min=0,
-                            help="Keep DEAD tasks (the DLQ) this long (0: forever).")
+        float,
+        typer.Option(
+            "--dead-retention-days",
+            envvar=_env("DEAD_RETENTION_DAYS"),
+            min=0,
+            help="Keep DEAD tasks (the DLQ) this long (0: forever).",
+        ),
     ] = 30.0,
     submit_quota: Annotated[
-        float | None, typer.Option("--submit-quota", envvar=_env("SUBMIT_QUOTA"), min=0,
-                                   help="Submits per second per namespace on this node "
-                                        "(RESOURCE_EXHAUSTED above) [default: unlimited].")
+        float | None,
+        typer.Option(
+            "--submit-quota",
+            envvar=_env("SUBMIT_QUOTA"),
+            min=0,
+            help="Submits per second per namespace on this node "
+            "(RESOURCE_EXHAUSTED above) [default: unlimited].",
+        ),
     ] = None,
     submit_quota_burst: Annotated[
-        float | None, typer.Option("--submit-quota-burst", envvar=_env("SUBMIT_QUOTA_BURST"),
-                                   min=1, help="Burst of the submit quota [default: 1 s worth].")
+        float | None,
+        typer.Option(
+            "--submit-quota-burst",
+            envvar=_env("SUBMIT_QUOTA_BURST"),
+            min=1,
+            help="Burst of the submit quota [default: 1 s worth].",
+        ),
     ] = None,
     show_config: Annotated[
-        bool, typer.Option("--show-config", help="Print the effective settings, where each "
-                           "came from (flag, env, file, default), and exit.")
+        bool,
+        typer.Option(
+            "--show-config",
+            help="Print the effective settings, where each "
+            "came from (flag, env, file, default), and exit.",
+        ),
     ] = False,
 ) -> None:
     """Run a scheduler node on an external PostgreSQL (and etcd), until Ctrl-C or SIGTERM.
@@ -692,31 +837,48 @@ def node(
         _print_sources(ctx)
         return
     if dsn is None:
-        raise typer.BadParameter("a PostgreSQL DSN is needed (or CHRONOQ_DSN, or dsn in the "
-                                 "[node] table of --config)", param_hint="--dsn")
+        raise typer.BadParameter(
+            "a PostgreSQL DSN is needed (or CHRONOQ_DSN, or dsn in the [node] table of --config)",
+            param_hint="--dsn",
+        )
     if virtual_clock and not etcd:
-        raise typer.BadParameter("the virtual clock lives in etcd: give --etcd too",
-                                 param_hint="--virtual-clock")
+        raise typer.BadParameter(
+            "the virtual clock lives in etcd: give --etcd too", param_hint="--virtual-clock"
+        )
     fields: dict[str, Any] = {}
     if node_id:
         fields["node_id"] = node_id
     with _reported():
-        etcd_access = {"username": etcd_user, "password": etcd_password, "ca_cert": etcd_ca,
-                       "cert_cert": etcd_cert, "cert_key": etcd_key}
+        etcd_access = {
+            "username": etcd_user,
+            "password": etcd_password,
+            "ca_cert": etcd_ca,
+            "cert_cert": etcd_cert,
+            "cert_key": etcd_key,
+        }
         if etcd:
             fields["cluster"] = _cluster_settings(etcd, cluster, lease_ttl, **etcd_access)
         elif any(etcd_access.values()):
-            raise typer.BadParameter("etcd credentials and TLS need --etcd too",
-                                     param_hint="--etcd-*")
+            raise typer.BadParameter(
+                "etcd credentials and TLS need --etcd too", param_hint="--etcd-*"
+            )
         settings = NodeSettings(
-            dsn=dsn, host=host, port=port, partitions=partitions, bucket_seconds=bucket_seconds,
-            tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
+            dsn=dsn,
+            host=host,
+            port=port,
+            partitions=partitions,
+            bucket_seconds=bucket_seconds,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
             auth_tokens=auth_tokens,
             tick=timedelta(milliseconds=tick_ms),
-            metrics_host=metrics_host, metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
             retention=timedelta(days=retention_days) if retention_days else None,
             dead_retention=timedelta(days=dead_retention_days) if dead_retention_days else None,
-            submit_quota=submit_quota or None, submit_quota_burst=submit_quota_burst,
+            submit_quota=submit_quota or None,
+            submit_quota_burst=submit_quota_burst,
             limits=Limits(
                 max_payload_bytes=max_payload_bytes, horizon=timedelta(days=horizon_days)
             ),
@@ -726,14 +888,25 @@ def node(
 
 
 def _cluster_settings(
-    endpoints: str, cluster: str, lease_ttl: int, *, username: str | None = None,
-    password: str | None = None, ca_cert: str | None = None, cert_cert: str | None = None,
+    endpoints: str,
+    cluster: str,
+    lease_ttl: int,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    ca_cert: str | None = None,
+    cert_cert: str | None = None,
     cert_key: str | None = None,
 ) -> ClusterSettings:
     hosts = [e.strip() for e in endpoints.split(",") if e.strip()]
     etcd = EtcdSettings(
-        endpoints=hosts, cluster=cluster, username=username, password=password, ca_cert=ca_cert,
-        cert_cert=cert_cert, cert_key=cert_key,
+        endpoints=hosts,
+        cluster=cluster,
+        username=username,
+        password=password,
+        ca_cert=ca_cert,
+        cert_cert=cert_cert,
+        cert_key=cert_key,
     )
     return ClusterSettings(etcd=etcd, lease_ttl=lease_ttl)
 
@@ -788,8 +961,9 @@ def _read_payload(payload: str | None, payload_file: Path | None) -> bytes:
     try:
         return payload_file.read_bytes()
     except OSError as exc:
-        raise typer.BadParameter(f"cannot read {payload_file}: {exc.strerror}",
-                                 param_hint="--payload-file") from None
+        raise typer.BadParameter(
+            f"cannot read {payload_file}: {exc.strerror}", param_hint="--payload-file"
+        ) from None
 
 
 @app.command()
@@ -797,26 +971,41 @@ def submit(
     queue: Annotated[str, typer.Argument(help="Queue the task goes to.")],
     at: Annotated[
         datetime | None,
-        typer.Option("--at", parser=_instant, metavar="ISO8601", envvar=_env("SUBMIT_AT"),
-                     help="When to run, with a zone: 2030-01-01T12:00:00Z."),
+        typer.Option(
+            "--at",
+            parser=_instant,
+            metavar="ISO8601",
+            envvar=_env("SUBMIT_AT"),
+            help="When to run, with a zone: 2030-01-01T12:00:00Z.",
+        ),
     ] = None,
     in_: Annotated[
         timedelta | None,
-        typer.Option("--in", parser=_duration, metavar="DURATION", envvar=_env("SUBMIT_IN"),
-                     help="Run after this delay: 250ms, 30s, 5m, 1h, 2d. Default: now."),
+        typer.Option(
+            "--in",
+            parser=_duration,
+            metavar="DURATION",
+            envvar=_env("SUBMIT_IN"),
+            help="Run after this delay: 250ms, 30s, 5m, 1h, 2d. Default: now.",
+        ),
     ] = None,
     payload: Annotated[
         str | None, typer.Option(envvar=_env("SUBMIT_PAYLOAD"), help="Payload text.")
     ] = None,
     payload_file: Annotated[
         Path | None,
-        typer.Option(envvar=_env("SUBMIT_PAYLOAD_FILE"), dir_okay=False,
-                     help="Read the payload from a file ('-': stdin)."),
+        typer.Option(
+            envvar=_env("SUBMIT_PAYLOAD_FILE"),
+            dir_okay=False,
+            help="Read the payload from a file ('-': stdin).",
+        ),
     ] = None,
     key: Annotated[
         str | None,
-        typer.Option(envvar=_env("SUBMIT_KEY"),
-                     help="Idempotency key: a second submit returns the first task."),
+        typer.Option(
+            envvar=_env("SUBMIT_KEY"),
+            help="Idempotency key: a second submit returns the first task.",
+        ),
     ] = None,
     max_attempts: Annotated[
         int | None,
@@ -827,8 +1016,12 @@ def submit(
     ] = 0,
     lease_timeout: Annotated[
         timedelta | None,
-        typer.Option(parser=_duration, metavar="DURATION", envvar=_env("SUBMIT_LEASE_TIMEOUT"),
-                     help="A worker's lease per attempt, e.g. 30s."),
+        typer.Option(
+            parser=_duration,
+            metavar="DURATION",
+            envvar=_env("SUBMIT_LEASE_TIMEOUT"),
+            help="A worker's lease per attempt, e.g. 30s.",
+        ),
     ] = None,
     misfire: Annotated[
         Misfire,
@@ -836,13 +1029,20 @@ def submit(
     ] = Misfire.fire_late,
     misfire_grace: Annotated[
         timedelta | None,
-        typer.Option(parser=_duration, metavar="DURATION", envvar=_env("SUBMIT_MISFIRE_GRACE"),
-                     help="How late 'skip' still fires, e.g. 60s."),
+        typer.Option(
+            parser=_duration,
+            metavar="DURATION",
+            envvar=_env("SUBMIT_MISFIRE_GRACE"),
+            help="How late 'skip' still fires, e.g. 60s.",
+        ),
     ] = None,
     count: Annotated[
         int,
-        typer.Option(envvar=_env("SUBMIT_COUNT"), min=1,
-                     help=f"Submit this many copies (in batches of {SUBMIT_BATCH})."),
+        typer.Option(
+            envvar=_env("SUBMIT_COUNT"),
+            min=1,
+            help=f"Submit this many copies (in batches of {SUBMIT_BATCH}).",
+        ),
     ] = 1,
     address: AddressOpt = DEFAULT_ADDRESS,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
@@ -854,16 +1054,24 @@ def submit(
     if at is not None and in_ is not None:
         raise typer.BadParameter("use --at or --in, not both", param_hint="--at / --in")
     template = NewTask(
-        queue=queue, run_at=at, delay=in_, payload=_read_payload(payload, payload_file),
-        max_attempts=max_attempts, priority=priority, lease_timeout=lease_timeout,
-        misfire_policy=misfire.policy, misfire_grace=misfire_grace,
+        queue=queue,
+        run_at=at,
+        delay=in_,
+        payload=_read_payload(payload, payload_file),
+        max_attempts=max_attempts,
+        priority=priority,
+        lease_timeout=lease_timeout,
+        misfire_policy=misfire.policy,
+        misfire_grace=misfire_grace,
     )
     results = _run(_submit(address, namespace, template, key, count))
     for result in results:
         typer.echo(result.task.id)
         if not result.created:
-            err.print(f"[yellow]{result.task.id}: already submitted with key "
-                      f"{escape(result.task.idempotency_key or '')!s}; not created again[/]")
+            err.print(
+                f"[yellow]{result.task.id}: already submitted with key "
+                f"{escape(result.task.idempotency_key or '')!s}; not created again[/]"
+            )
 
 
 async def _submit(
@@ -886,8 +1094,12 @@ async def _submit(
 
 def _progress(visible: bool = True) -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, disable=not visible,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not visible,
     )
 
 
@@ -938,7 +1150,12 @@ async def _with_client(
 
 
 async def _collect(
-    address: str, namespace: str, *, queue: str | None, state: TaskState | None, dead: bool,
+    address: str,
+    namespace: str,
+    *,
+    queue: str | None,
+    state: TaskState | None,
+    dead: bool,
     limit: int,
 ) -> list[Task]:
     tasks: list[Task] = []
@@ -946,7 +1163,10 @@ async def _collect(
     async with _make_client(address, namespace) as client:
         while len(tasks) < limit:
             page = await client.list(
-                queue=queue, state=state, dead=dead, page_token=token,
+                queue=queue,
+                state=state,
+                dead=dead,
+                page_token=token,
                 page_size=min(1000, limit - len(tasks)),
             )
             tasks += page.tasks
@@ -977,8 +1197,16 @@ def list_tasks(
 
     Example: chronoq list --queue emails --state scheduled --limit 20
     """
-    tasks = _run(_collect(address, namespace, queue=queue,
-                          state=state.state if state else None, dead=False, limit=limit))
+    tasks = _run(
+        _collect(
+            address,
+            namespace,
+            queue=queue,
+            state=state.state if state else None,
+            dead=False,
+            limit=limit,
+        )
+    )
     if as_json:
         _print_json(tasks)
     else:
@@ -1028,17 +1256,32 @@ def dlq_requeue(
 
 def _schedules_table(schedules: Sequence[Schedule]) -> Table:
     table = Table(title="schedules", title_justify="left")
-    for column in ("name", "queue", "rule", "catch-up", "state", "next (UTC)", "created", "skipped"):
+    for column in (
+        "name",
+        "queue",
+        "rule",
+        "catch-up",
+        "state",
+        "next (UTC)",
+        "created",
+        "skipped",
+    ):
         table.add_column(column)
     for s in schedules:
         rule = s.spec.rule
         text = (
-            f"cron {rule.expression} ({rule.timezone})" if isinstance(rule, Cron)
+            f"cron {rule.expression} ({rule.timezone})"
+            if isinstance(rule, Cron)
             else f"every {format_duration(rule.interval)}"
         )
         table.add_row(
-            escape(s.spec.name), escape(s.spec.queue), escape(text), s.spec.catch_up.name.lower(),
-            "paused" if s.paused else "active", _utc(s.next_fire_at), str(s.created_total),
+            escape(s.spec.name),
+            escape(s.spec.queue),
+            escape(text),
+            s.spec.catch_up.name.lower(),
+            "paused" if s.paused else "active",
+            _utc(s.next_fire_at),
+            str(s.created_total),
             str(s.skipped_total),
         )
     return table
@@ -1047,19 +1290,49 @@ def _schedules_table(schedules: Sequence[Schedule]) -> Table:
 @schedule_app.command("create")
 def schedule_create(
     name: Annotated[str, typer.Argument(help="Schedule name, unique in its namespace.")],
-    queue: Annotated[str, typer.Option("--queue", "-q", envvar=_env("SCHEDULE_QUEUE"),
-                                       help="Queue of the tasks it creates.")],
-    cron: Annotated[str | None, typer.Option("--cron", envvar=_env("SCHEDULE_CRON"),
-                                             help="5-field cron expression, e.g. '*/5 * * * *'.")] = None,
-    every: Annotated[str | None, typer.Option("--every", envvar=_env("SCHEDULE_EVERY"),
-                                              help="Fixed interval, e.g. 30s, 5m, 1h.")] = None,
-    tz: Annotated[str, typer.Option("--tz", envvar=_env("SCHEDULE_TZ"),
-                                    help="IANA time zone of the cron expression.")] = "UTC",
-    catch_up: Annotated[str, typer.Option("--catch-up", envvar=_env("SCHEDULE_CATCH_UP"),
-                                          help="After downtime: all, latest or none.")] = "latest",
+    queue: Annotated[
+        str,
+        typer.Option(
+            "--queue", "-q", envvar=_env("SCHEDULE_QUEUE"), help="Queue of the tasks it creates."
+        ),
+    ],
+    cron: Annotated[
+        str | None,
+        typer.Option(
+            "--cron",
+            envvar=_env("SCHEDULE_CRON"),
+            help="5-field cron expression, e.g. '*/5 * * * *'.",
+        ),
+    ] = None,
+    every: Annotated[
+        str | None,
+        typer.Option(
+            "--every", envvar=_env("SCHEDULE_EVERY"), help="Fixed interval, e.g. 30s, 5m, 1h."
+        ),
+    ] = None,
+    tz: Annotated[
+        str,
+        typer.Option(
+            "--tz", envvar=_env("SCHEDULE_TZ"), help="IANA time zone of the cron expression."
+        ),
+    ] = "UTC",
+    catch_up: Annotated[
+        str,
+        typer.Option(
+            "--catch-up",
+            envvar=_env("SCHEDULE_CATCH_UP"),
+            help="After downtime: all, latest or none.",
+        ),
+    ] = "latest",
     payload: Annotated[str, typer.Option("--payload", envvar=_env("SCHEDULE_PAYLOAD"))] = "",
-    start_at: Annotated[str | None, typer.Option("--start-at", envvar=_env("SCHEDULE_START_AT"),
-                                                 help="First occurrence not before (ISO 8601).")] = None,
+    start_at: Annotated[
+        str | None,
+        typer.Option(
+            "--start-at",
+            envvar=_env("SCHEDULE_START_AT"),
+            help="First occurrence not before (ISO 8601).",
+        ),
+    ] = None,
     address: AddressOpt = DEFAULT_ADDRESS,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
 ) -> None:
@@ -1074,10 +1347,22 @@ def schedule_create(
         _fail(f"--catch-up must be all, latest or none, not {catch_up!r}", 2)
     interval = _duration(every) if every is not None else None
     start = _instant(start_at) if start_at is not None else None
-    made = _run(_with_client(address, namespace, lambda c: c.create_schedule(
-        name, queue, cron=cron, every=interval, timezone=tz, start_at=start,
-        catch_up=policies[catch_up], payload=payload.encode(),
-    )))
+    made = _run(
+        _with_client(
+            address,
+            namespace,
+            lambda c: c.create_schedule(
+                name,
+                queue,
+                cron=cron,
+                every=interval,
+                timezone=tz,
+                start_at=start,
+                catch_up=policies[catch_up],
+                payload=payload.encode(),
+            ),
+        )
+    )
     out.print(_schedules_table([made]))
 
 
@@ -1087,7 +1372,9 @@ def schedule_list(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
 ) -> None:
     """List the schedules of a namespace."""
-    out.print(_schedules_table(_run(_with_client(address, namespace, lambda c: c.list_schedules()))))
+    out.print(
+        _schedules_table(_run(_with_client(address, namespace, lambda c: c.list_schedules())))
+    )
 
 
 @schedule_app.command("pause")
@@ -1097,7 +1384,9 @@ def schedule_pause(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
 ) -> None:
     """Pause a schedule: no occurrence is created until it is resumed."""
-    out.print(_schedules_table([_run(_with_client(address, namespace, lambda c: c.pause_schedule(name)))]))
+    out.print(
+        _schedules_table([_run(_with_client(address, namespace, lambda c: c.pause_schedule(name)))])
+    )
 
 
 @schedule_app.command("resume")
@@ -1107,7 +1396,11 @@ def schedule_resume(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
 ) -> None:
     """Resume a paused schedule from its next occurrence (paused time is not caught up)."""
-    out.print(_schedules_table([_run(_with_client(address, namespace, lambda c: c.resume_schedule(name)))]))
+    out.print(
+        _schedules_table(
+            [_run(_with_client(address, namespace, lambda c: c.resume_schedule(name)))]
+        )
+    )
 
 
 @schedule_app.command("delete")
@@ -1128,8 +1421,13 @@ def schedule_delete(
 def status(
     buckets: Annotated[
         int,
-        typer.Option("--buckets", envvar=_env("STATUS_BUCKETS"), min=1, max=1440,
-                     help="Upcoming buckets to count."),
+        typer.Option(
+            "--buckets",
+            envvar=_env("STATUS_BUCKETS"),
+            min=1,
+            max=1440,
+            help="Upcoming buckets to count.",
+        ),
     ] = 10,
     as_json: JsonOpt = False,
     address: AddressOpt = DEFAULT_ADDRESS,
@@ -1158,8 +1456,12 @@ def _members_table(cluster: ClusterStatus) -> Table:
         table.add_column(column, justify="left" if column in ("node", "address") else "right")
     for m in cluster.members:
         table.add_row(
-            escape(m.node_id), m.address, str(m.owned_partitions), f"{m.lateness_p50_ms:.1f} ms",
-            f"{m.lateness_p99_ms:.1f} ms", str(m.fired_total),
+            escape(m.node_id),
+            m.address,
+            str(m.owned_partitions),
+            f"{m.lateness_p50_ms:.1f} ms",
+            f"{m.lateness_p99_ms:.1f} ms",
+            str(m.fired_total),
         )
     return table
 
@@ -1213,16 +1515,18 @@ def _import_handlers(module: str) -> dict[str, Handler]:
         )
     bad = [q for q, h in handlers.items() if not isinstance(q, str) or not callable(h)]
     if bad:
-        raise typer.BadParameter(f"{module}.HANDLERS: {bad!r} are not queue → callable",
-                                 param_hint="--module")
+        raise typer.BadParameter(
+            f"{module}.HANDLERS: {bad!r} are not queue → callable", param_hint="--module"
+        )
     return handlers
 
 
 def _select_handlers(module: str | None, queues: Sequence[str]) -> dict[str, Handler]:
     if module is None:
         if not queues:
-            raise typer.BadParameter("name the queues to serve (or give --module)",
-                                     param_hint="--queue")
+            raise typer.BadParameter(
+                "name the queues to serve (or give --module)", param_hint="--queue"
+            )
         return handlers_for(queues)
     handlers = _import_handlers(module)
     missing = [q for q in queues if q not in handlers]
@@ -1239,23 +1543,39 @@ def _select_handlers(module: str | None, queues: Sequence[str]) -> dict[str, Han
 def worker(
     queue: Annotated[
         list[str] | None,
-        typer.Option("--queue", "-q", envvar=_env("WORKER_QUEUES"),
-                     help="A queue to serve (repeat for more; env: space-separated)."),
+        typer.Option(
+            "--queue",
+            "-q",
+            envvar=_env("WORKER_QUEUES"),
+            help="A queue to serve (repeat for more; env: space-separated).",
+        ),
     ] = None,
     module: Annotated[
         str | None,
-        typer.Option("--module", "-m", envvar=_env("WORKER_MODULE"),
-                     help="Import HANDLERS = {queue: handler} from this module "
-                          "[default: the demo handler]."),
+        typer.Option(
+            "--module",
+            "-m",
+            envvar=_env("WORKER_MODULE"),
+            help="Import HANDLERS = {queue: handler} from this module [default: the demo handler].",
+        ),
     ] = None,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", "-c", envvar=_env("WORKER_CONCURRENCY"), min=1,
-                     help="Tasks run at once."),
+        typer.Option(
+            "--concurrency",
+            "-c",
+            envvar=_env("WORKER_CONCURRENCY"),
+            min=1,
+            help="Tasks run at once.",
+        ),
     ] = 10,
     worker_id: Annotated[
-        str | None, typer.Option("--worker-id", envvar=_env("WORKER_ID"),
-                                 help="Name in leases and logs [default: host-pid].")
+        str | None,
+        typer.Option(
+            "--worker-id",
+            envvar=_env("WORKER_ID"),
+            help="Name in leases and logs [default: host-pid].",
+        ),
     ] = None,
     address: AddressOpt = DEFAULT_ADDRESS,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
@@ -1273,15 +1593,19 @@ def worker(
 
 
 async def _work(
-    address: str, namespace: str, handlers: dict[str, Handler], concurrency: int,
+    address: str,
+    namespace: str,
+    handlers: dict[str, Handler],
+    concurrency: int,
     worker_id: str | None,
 ) -> WorkerStats:
     async with _make_client(address, namespace) as client:
         await client.wait_ready()
         runner = Worker(client, handlers, concurrency=concurrency, worker_id=worker_id)
         runner.install_signal_handlers()
-        err.print(f"worker {runner.worker_id} serving {', '.join(handlers)} on {address} "
-                  "(Ctrl-C to stop)")
+        err.print(
+            f"worker {runner.worker_id} serving {', '.join(handlers)} on {address} (Ctrl-C to stop)"
+        )
         return await runner.run()
 
 
@@ -1310,8 +1634,13 @@ def demo(
     ] = 3000,
     over: Annotated[
         timedelta,
-        typer.Option(parser=_duration, metavar="DURATION", envvar=_env("DEMO_OVER"),
-                     show_default="60s", help="Spread run_at uniformly over this long."),
+        typer.Option(
+            parser=_duration,
+            metavar="DURATION",
+            envvar=_env("DEMO_OVER"),
+            show_default="60s",
+            help="Spread run_at uniformly over this long.",
+        ),
     ] = timedelta(seconds=60),
     workers: Annotated[
         int, typer.Option(envvar=_env("DEMO_WORKERS"), min=1, help="Workers (in-process).")
@@ -1321,8 +1650,12 @@ def demo(
     ] = 50,
     fail_rate: Annotated[
         float,
-        typer.Option(envvar=_env("DEMO_FAIL_RATE"), min=0.0, max=1.0,
-                     help="Share of tasks that fail at least once (a tenth of them fatally)."),
+        typer.Option(
+            envvar=_env("DEMO_FAIL_RATE"),
+            min=0.0,
+            max=1.0,
+            help="Share of tasks that fail at least once (a tenth of them fatally).",
+        ),
     ] = 0.05,
     data_dir: DataDirOpt = Path(".chronoq"),
     seed: Annotated[
@@ -1342,12 +1675,17 @@ async def _demo(opts: DemoOptions) -> int:
     stop = _stop_event()
     database = f"demo_{datetime.now(UTC):%Y%m%d_%H%M%S}_{os.getpid()}"
     settings = DevStackSettings(
-        data_dir=opts.data_dir, port=0, database=database, drop_database=True,
+        data_dir=opts.data_dir,
+        port=0,
+        database=database,
+        drop_database=True,
     )
     err.print(f"starting the embedded stack in {opts.data_dir} (database {database}) …")
     async with DevStack(settings) as stack:
-        err.print(f"node on {stack.address}; submitting {opts.tasks} tasks over "
-                  f"{format_duration(opts.over)} to {opts.workers} workers")
+        err.print(
+            f"node on {stack.address}; submitting {opts.tasks} tasks over "
+            f"{format_duration(opts.over)} to {opts.workers} workers"
+        )
         started = time.monotonic()
         payloads = demo_payloads(opts.tasks, fail_rate=opts.fail_rate, seed=opts.seed)
         async with Client(stack.address, timeout=60) as client:
@@ -1364,9 +1702,13 @@ async def _submit_demo(client: Client, payloads: list[DemoPayload], over: timede
     now = datetime.now(UTC)
     specs = [
         NewTask(
-            queue=DEMO_QUEUE, run_at=now + over * (i + 1) / len(payloads), payload=p.encode(),
-            idempotency_key=f"demo-{p.n}", max_attempts=3,
-            backoff_initial=timedelta(milliseconds=200), backoff_max=timedelta(seconds=2),
+            queue=DEMO_QUEUE,
+            run_at=now + over * (i + 1) / len(payloads),
+            payload=p.encode(),
+            idempotency_key=f"demo-{p.n}",
+            max_attempts=3,
+            backoff_initial=timedelta(milliseconds=200),
+            backoff_max=timedelta(seconds=2),
         )
         for i, p in enumerate(payloads)
     ]
@@ -1380,10 +1722,17 @@ async def _demo_workers(address: str, opts: DemoOptions) -> AsyncIterator[list[W
         workers = []
         for i in range(opts.workers):
             client = await resources.enter_async_context(Client(address, timeout=30))
-            workers.append(Worker(client, handlers_for([DEMO_QUEUE]),
-                                  concurrency=opts.concurrency, worker_id=f"demo-worker-{i + 1}"))
-        runs = [asyncio.create_task(w.run(), name=f"demo-worker-{i + 1}")
-                for i, w in enumerate(workers)]
+            workers.append(
+                Worker(
+                    client,
+                    handlers_for([DEMO_QUEUE]),
+                    concurrency=opts.concurrency,
+                    worker_id=f"demo-worker-{i + 1}",
+                )
+            )
+        runs = [
+            asyncio.create_task(w.run(), name=f"demo-worker-{i + 1}") for i, w in enumerate(workers)
+        ]
         try:
             yield workers
         finally:
@@ -1449,9 +1798,11 @@ def _verdict(summary: DemoSummary, finished: bool, stop: asyncio.Event, opts: De
     if stop.is_set():
         err.print(f"[yellow]interrupted; unfinished tasks: {missing}[/]")
         return 130
-    err.print(f"[bold red]error:[/] [red]not finished after {opts.deadline:.0f} s: "
-              f"{summary.submitted - summary.succeeded - summary.dead} of {opts.tasks} tasks "
-              f"still open ({missing})[/]")
+    err.print(
+        f"[bold red]error:[/] [red]not finished after {opts.deadline:.0f} s: "
+        f"{summary.submitted - summary.succeeded - summary.dead} of {opts.tasks} tasks "
+        f"still open ({missing})[/]"
+    )
     return 1
 
 
@@ -1467,8 +1818,11 @@ def bench_throughput(
     concurrency: Annotated[int, typer.Option(envvar=_env("BENCH_CONCURRENCY"), min=1)] = 64,
     data_dir: Annotated[
         Path | None,
-        typer.Option(envvar=_env("BENCH_DATA_DIR"), file_okay=False,
-                     help="Embedded PostgreSQL data directory [default: a temporary one]."),
+        typer.Option(
+            envvar=_env("BENCH_DATA_DIR"),
+            file_okay=False,
+            help="Embedded PostgreSQL data directory [default: a temporary one].",
+        ),
     ] = None,
     dsn: Annotated[
         str | None,
@@ -1487,34 +1841,45 @@ def bench_throughput(
     ] = None,
     pending_sizes: Annotated[
         str,
-        typer.Option(envvar=_env("BENCH_PENDING_SIZES"),
-                     help="Comma-separated pending-task counts for the node memory phase "
-                          "(10k, 1M allowed)."),
+        typer.Option(
+            envvar=_env("BENCH_PENDING_SIZES"),
+            help="Comma-separated pending-task counts for the node memory phase (10k, 1M allowed).",
+        ),
     ] = "10000,1000000",
     lateness_seconds: Annotated[
         float,
-        typer.Option(envvar=_env("BENCH_LATENESS_SECONDS"), min=0.1,
-                     help="How long tasks keep coming due in the lateness phase."),
+        typer.Option(
+            envvar=_env("BENCH_LATENESS_SECONDS"),
+            min=0.1,
+            help="How long tasks keep coming due in the lateness phase.",
+        ),
     ] = 20.0,
     submitters: Annotated[
         str,
-        typer.Option(envvar=_env("BENCH_SUBMITTERS"),
-                     help="Comma-separated counts of concurrent submitters."),
+        typer.Option(
+            envvar=_env("BENCH_SUBMITTERS"), help="Comma-separated counts of concurrent submitters."
+        ),
     ] = "1,2,4",
     layouts: Annotated[
         str,
-        typer.Option(envvar=_env("BENCH_LAYOUTS"),
-                     help="Worker layouts end to end: in-process, processes."),
+        typer.Option(
+            envvar=_env("BENCH_LAYOUTS"), help="Worker layouts end to end: in-process, processes."
+        ),
     ] = "in-process,processes",
     phases: Annotated[
         str,
-        typer.Option(envvar=_env("BENCH_PHASES"),
-                     help="Phases to run: raw, submit, fire, e2e, lateness, rss."),
+        typer.Option(
+            envvar=_env("BENCH_PHASES"),
+            help="Phases to run: raw, submit, fire, e2e, lateness, rss.",
+        ),
     ] = "raw,submit,fire,e2e,lateness,rss",
     rss_settle_seconds: Annotated[
         float,
-        typer.Option(envvar=_env("BENCH_RSS_SETTLE_SECONDS"), min=0.0,
-                     help="How long a node fires before its memory is read."),
+        typer.Option(
+            envvar=_env("BENCH_RSS_SETTLE_SECONDS"),
+            min=0.0,
+            help="How long a node fires before its memory is read.",
+        ),
     ] = 5.0,
 ) -> None:
     """Measure submit, firing and claim throughput, and firing cost against pending-set size.
@@ -1530,10 +1895,19 @@ def bench_throughput(
     with _reported():
         try:
             module.main(
-                tasks=tasks, workers=workers, concurrency=concurrency, data_dir=data_dir,
-                dsn=dsn, due_rate=due_rate, json_out=json_out, pending_sizes=pending_sizes,
-                lateness_seconds=lateness_seconds, submitters=submitters, layouts=layouts,
-                phases=phases, rss_settle_seconds=rss_settle_seconds,
+                tasks=tasks,
+                workers=workers,
+                concurrency=concurrency,
+                data_dir=data_dir,
+                dsn=dsn,
+                due_rate=due_rate,
+                json_out=json_out,
+                pending_sizes=pending_sizes,
+                lateness_seconds=lateness_seconds,
+                submitters=submitters,
+                layouts=layouts,
+                phases=phases,
+                rss_settle_seconds=rss_settle_seconds,
             )
         except ValueError as exc:  # a malformed list option
             _fail(str(exc), 2)
@@ -1545,8 +1919,13 @@ def bench_throughput(
 @bench_app.command("failover")
 def bench_failover(
     trials: Annotated[
-        int, typer.Option(envvar=_env("BENCH_TRIALS"), min=1, max=100,
-                          help="Trials of each kind (SIGKILL, SIGTERM).")
+        int,
+        typer.Option(
+            envvar=_env("BENCH_TRIALS"),
+            min=1,
+            max=100,
+            help="Trials of each kind (SIGKILL, SIGTERM).",
+        ),
     ] = 5,
     nodes: Annotated[int, typer.Option(envvar=_env("BENCH_NODES"), min=2, max=16)] = 3,
     partitions: Annotated[int, typer.Option(envvar=_env("BENCH_PARTITIONS"), min=1)] = 64,
@@ -1556,12 +1935,17 @@ def bench_failover(
     tick_ms: TickMsOpt = 50,
     data_dir: Annotated[
         Path | None,
-        typer.Option(envvar=_env("BENCH_DATA_DIR"), file_okay=False,
-                     help="Where etcd, PostgreSQL and node logs live [default: a temporary dir]."),
+        typer.Option(
+            envvar=_env("BENCH_DATA_DIR"),
+            file_okay=False,
+            help="Where etcd, PostgreSQL and node logs live [default: a temporary dir].",
+        ),
     ] = None,
     json_out: Annotated[
         Path | None,
-        typer.Option(envvar=_env("BENCH_JSON_OUT"), dir_okay=False, help="Also write results here."),
+        typer.Option(
+            envvar=_env("BENCH_JSON_OUT"), dir_okay=False, help="Also write results here."
+        ),
     ] = None,
 ) -> None:
     """Failover (SIGKILL → partitions re-owned → first fire) and graceful handoff (SIGTERM)
@@ -1573,8 +1957,13 @@ def bench_failover(
 
     with _reported():
         failover_main(
-            trials=trials, nodes=nodes, partitions=partitions, lease_ttl=lease_ttl,
-            tick_ms=tick_ms, data_dir=data_dir, json_out=json_out,
+            trials=trials,
+            nodes=nodes,
+            partitions=partitions,
+            lease_ttl=lease_ttl,
+            tick_ms=tick_ms,
+            data_dir=data_dir,
+            json_out=json_out,
         )
 
 
@@ -1582,39 +1971,60 @@ def bench_failover(
 def bench_scan(
     sizes: Annotated[
         str,
-        typer.Option(envvar=_env("BENCH_SIZES"),
-                     help="Comma-separated pending sizes (100k, 1m, 10m); each also gets a "
-                          "fired history of the same size."),
+        typer.Option(
+            envvar=_env("BENCH_SIZES"),
+            help="Comma-separated pending sizes (100k, 1m, 10m); each also gets a "
+            "fired history of the same size.",
+        ),
     ] = "100k,1m",
     repeats: Annotated[
-        int, typer.Option(envvar=_env("BENCH_REPEATS"), min=1, max=100,
-                          help="Timed runs per strategy (fewer when one is slow).")
+        int,
+        typer.Option(
+            envvar=_env("BENCH_REPEATS"),
+            min=1,
+            max=100,
+            help="Timed runs per strategy (fewer when one is slow).",
+        ),
     ] = 5,
     partitions: Annotated[int, typer.Option(envvar=_env("BENCH_PARTITIONS"), min=1)] = 256,
     nodes: Annotated[
-        int, typer.Option(envvar=_env("BENCH_NODES"), min=1,
-                          help="Cluster size: one node owns partitions / nodes of them.")
+        int,
+        typer.Option(
+            envvar=_env("BENCH_NODES"),
+            min=1,
+            help="Cluster size: one node owns partitions / nodes of them.",
+        ),
     ] = 3,
     order: Annotated[
         str,
-        typer.Option(envvar=_env("BENCH_ORDER"),
-                     help="Heap order of the load: scattered (submission order, as in "
-                          "service) or sorted (run_at order, which flatters run_at indexes)."),
+        typer.Option(
+            envvar=_env("BENCH_ORDER"),
+            help="Heap order of the load: scattered (submission order, as in "
+            "service) or sorted (run_at order, which flatters run_at indexes).",
+        ),
     ] = "scattered",
     data_dir: Annotated[
         Path | None,
-        typer.Option(envvar=_env("BENCH_DATA_DIR"), file_okay=False,
-                     help="Embedded PostgreSQL data directory (default: a temporary one)."),
+        typer.Option(
+            envvar=_env("BENCH_DATA_DIR"),
+            file_okay=False,
+            help="Embedded PostgreSQL data directory (default: a temporary one).",
+        ),
     ] = None,
     dsn: Annotated[
         str | None,
-        typer.Option(envvar=_env("BENCH_DSN"),
-                     help="Use this PostgreSQL (a role that may CREATE DATABASE) instead."),
+        typer.Option(
+            envvar=_env("BENCH_DSN"),
+            help="Use this PostgreSQL (a role that may CREATE DATABASE) instead.",
+        ),
     ] = None,
     out_dir: Annotated[
         Path,
-        typer.Option(envvar=_env("BENCH_OUT_DIR"), file_okay=False,
-                     help="Where scan.json, scan-plans.txt and scan.png go."),
+        typer.Option(
+            envvar=_env("BENCH_OUT_DIR"),
+            file_okay=False,
+            help="Where scan.json, scan-plans.txt and scan.png go.",
+        ),
     ] = Path("bench-scan"),
 ) -> None:
     """Bucketed scans against full-table and run_at-index scans, as pending load grows:
@@ -1630,8 +2040,16 @@ def bench_scan(
 
     with _reported():
         try:
-            scan_main(sizes=sizes, repeats=repeats, partitions=partitions, nodes=nodes,
-                      order=order, data_dir=data_dir, dsn=dsn, out_dir=out_dir)
+            scan_main(
+                sizes=sizes,
+                repeats=repeats,
+                partitions=partitions,
+                nodes=nodes,
+                order=order,
+                data_dir=data_dir,
+                dsn=dsn,
+                out_dir=out_dir,
+            )
         except ValueError as exc:  # a malformed --sizes, or nodes > partitions
             _fail(str(exc), 2)
         except (BenchError, EmbeddedPostgresError, asyncpg.PostgresError, OSError) as exc:
@@ -1648,23 +2066,34 @@ def chaos(
     ] = 120.0,
     nodes: Annotated[int, typer.Option(envvar=_env("CHAOS_NODES"), min=2, max=16)] = 3,
     workers: Annotated[int, typer.Option(envvar=_env("CHAOS_WORKERS"), min=1, max=32)] = 3,
-    etcd_members: Annotated[
-        int, typer.Option(envvar=_env("CHAOS_ETCD_MEMBERS"), min=1, max=7)
-    ] = 3,
+    etcd_members: Annotated[int, typer.Option(envvar=_env("CHAOS_ETCD_MEMBERS"), min=1, max=7)] = 3,
     faults: Annotated[
         str,
-        typer.Option(envvar=_env("CHAOS_FAULTS"), metavar="KIND,...",
-                     help="Fault kinds, or 'all': kill-node, pause-node, kill-worker, "
-                          "pause-worker, kill-etcd-member, kill-etcd-leader, restart-postgres, "
-                          "cut-node-etcd, cut-node-postgres, clock-jump, rolling-restart."),
+        typer.Option(
+            envvar=_env("CHAOS_FAULTS"),
+            metavar="KIND,...",
+            help="Fault kinds, or 'all': kill-node, pause-node, kill-worker, "
+            "pause-worker, kill-etcd-member, kill-etcd-leader, restart-postgres, "
+            "cut-node-etcd, cut-node-postgres, clock-jump, rolling-restart.",
+        ),
     ] = "all",
-    seed: Annotated[int, typer.Option(envvar=_env("CHAOS_SEED"),
-                                      help="Replays the same workload and fault schedule.")] = 1,
-    rate: Annotated[float, typer.Option(envvar=_env("CHAOS_RATE"), min=1,
-                                        help="Tasks submitted per second.")] = 50.0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("CHAOS_SEED"), help="Replays the same workload and fault schedule."
+        ),
+    ] = 1,
+    rate: Annotated[
+        float, typer.Option(envvar=_env("CHAOS_RATE"), min=1, help="Tasks submitted per second.")
+    ] = 50.0,
     out_dir: Annotated[
-        Path, typer.Option("--out", envvar=_env("CHAOS_OUT"), file_okay=False,
-                           help="Where history.json, report.json, timeline.png and logs go.")
+        Path,
+        typer.Option(
+            "--out",
+            envvar=_env("CHAOS_OUT"),
+            file_okay=False,
+            help="Where history.json, report.json, timeline.png and logs go.",
+        ),
     ] = Path("chaos-out"),
     backend: Annotated[
         str, typer.Option(envvar=_env("CHAOS_BACKEND"), help="local (processes) or docker.")
@@ -1674,13 +2103,19 @@ def chaos(
     tick_ms: Annotated[int, typer.Option(envvar=_env("CHAOS_TICK_MS"), min=1)] = 50,
     clock_jump_ms: Annotated[int, typer.Option(envvar=_env("CHAOS_CLOCK_JUMP_MS"), min=1)] = 3000,
     cluster: Annotated[
-        str, typer.Option(envvar=_env("CHAOS_CLUSTER"),
-                          help="The nodes' --cluster (etcd key prefix); docker: the deployment's.")
+        str,
+        typer.Option(
+            envvar=_env("CHAOS_CLUSTER"),
+            help="The nodes' --cluster (etcd key prefix); docker: the deployment's.",
+        ),
     ] = "chaos",
     recheck: Annotated[
         Path | None,
-        typer.Option(envvar=_env("CHAOS_RECHECK"), dir_okay=False,
-                     help="Check a saved history.json again instead of running."),
+        typer.Option(
+            envvar=_env("CHAOS_RECHECK"),
+            dir_okay=False,
+            help="Check a saved history.json again instead of running.",
+        ),
     ] = None,
     compose_project: Annotated[
         str, typer.Option(envvar=_env("CHAOS_COMPOSE_PROJECT"), help="docker: compose project.")
@@ -1720,14 +2155,29 @@ def chaos(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--faults") from None
     options = ChaosOptions(
-        duration=duration, nodes=nodes, workers=workers, etcd_members=etcd_members,
-        faults=tuple(kinds), seed=seed, rate=rate, out=out_dir, backend=backend,
-        partitions=partitions, lease_ttl=lease_ttl, tick_ms=tick_ms, clock_jump_ms=clock_jump_ms,
+        duration=duration,
+        nodes=nodes,
+        workers=workers,
+        etcd_members=etcd_members,
+        faults=tuple(kinds),
+        seed=seed,
+        rate=rate,
+        out=out_dir,
+        backend=backend,
+        partitions=partitions,
+        lease_ttl=lease_ttl,
+        tick_ms=tick_ms,
+        clock_jump_ms=clock_jump_ms,
         cluster=cluster,
         docker_services={
-            "project": compose_project, "nodes": tuple(docker_nodes.split(",")),
-            "etcd": tuple(docker_etcd.split(",")), "postgres": docker_postgres, "dsn": docker_dsn,
-        } if backend == "docker" else {},
+            "project": compose_project,
+            "nodes": tuple(docker_nodes.split(",")),
+            "etcd": tuple(docker_etcd.split(",")),
+            "postgres": docker_postgres,
+            "dsn": docker_dsn,
+        }
+        if backend == "docker"
+        else {},
     )
     with _reported():
         try:
@@ -1746,8 +2196,14 @@ def chaos(
 @app.command()
 def lab(
     port: Annotated[
-        int, typer.Option("--port", envvar=_env("LAB_PORT"), min=0, max=65535,
-                          help="HTTP port of the page (0: any free port).")
+        int,
+        typer.Option(
+            "--port",
+            envvar=_env("LAB_PORT"),
+            min=0,
+            max=65535,
+            help="HTTP port of the page (0: any free port).",
+        ),
     ] = 8080,
     host: Annotated[
         str, typer.Option("--host", envvar=_env("LAB_HOST"), help="Address the page binds.")
@@ -1755,14 +2211,23 @@ def lab(
     nodes: Annotated[int, typer.Option(envvar=_env("LAB_NODES"), min=1, max=8)] = 3,
     partitions: PartitionsOpt = DEFAULT_PARTITIONS,
     lease_ttl: Annotated[
-        int, typer.Option("--lease-ttl", envvar=_env("LEASE_TTL"), min=2, max=60,
-                          help="etcd lease TTL of each node: how long a killed owner is missed.")
+        int,
+        typer.Option(
+            "--lease-ttl",
+            envvar=_env("LEASE_TTL"),
+            min=2,
+            max=60,
+            help="etcd lease TTL of each node: how long a killed owner is missed.",
+        ),
     ] = 3,
     data_dir: Annotated[
         Path | None,
-        typer.Option(envvar=_env("LAB_DATA_DIR"), file_okay=False,
-                     help="Keep etcd, PostgreSQL and node logs here (default: a temporary "
-                          "directory, removed on exit)."),
+        typer.Option(
+            envvar=_env("LAB_DATA_DIR"),
+            file_okay=False,
+            help="Keep etcd, PostgreSQL and node logs here (default: a temporary "
+            "directory, removed on exit).",
+        ),
     ] = None,
 ) -> None:
     """An interactive web page over a live local cluster (etcd, PostgreSQL, N nodes, workers)
@@ -1773,8 +2238,14 @@ def lab(
     from chronoq.embedded.postgres import EmbeddedPostgresError
     from chronoq.lab.server import LabSettings, run
 
-    settings = LabSettings(host=host, port=port, nodes=nodes, partitions=partitions,
-                           lease_ttl=lease_ttl, data_dir=data_dir)
+    settings = LabSettings(
+        host=host,
+        port=port,
+        nodes=nodes,
+        partitions=partitions,
+        lease_ttl=lease_ttl,
+        data_dir=data_dir,
+    )
     with _reported():
         try:
             run(settings, announce=lambda line: out.print(escape(line)))

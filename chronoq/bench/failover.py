@@ -68,8 +68,12 @@ def main(
     console = Console()
     workdir = data_dir or Path(tempfile.mkdtemp(prefix="cqfailover-"))
     spec = ClusterSpec(
-        nodes=nodes, partitions=partitions, lease_ttl=lease_ttl, tick_ms=tick_ms,
-        cluster="bench", durable=False,
+        nodes=nodes,
+        partitions=partitions,
+        lease_ttl=lease_ttl,
+        tick_ms=tick_ms,
+        cluster="bench",
+        durable=False,
     )
     cluster = LocalCluster(workdir, spec)
     console.print(f"starting etcd, PostgreSQL and {nodes} nodes in {workdir} …")
@@ -153,16 +157,16 @@ async def _trial(
     return Trial(kind, victim, len(lost), reowned, first_fire)
 
 
-async def _first_fire(
-    store: Store, lost: set[int], victim: str, since: datetime
-) -> float | None:
+async def _first_fire(store: Store, lost: set[int], victim: str, since: datetime) -> float | None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         async with store.pool.acquire() as conn:
             first = await conn.fetchval(
                 "SELECT min(fired_at) FROM tasks WHERE partition = ANY($1::smallint[])"
                 " AND fired_at > $2 AND fired_by <> $3 AND fire_token IS NOT NULL",
-                sorted(lost), since, victim,
+                sorted(lost),
+                since,
+                victim,
             )
         if first is not None:
             return float((first - since).total_seconds())
@@ -179,7 +183,9 @@ async def _feed(cluster: LocalCluster) -> None:
             if live and client.target not in live:
                 await client.close()
                 client = Client(live[0])
-            batch = [NewTask(queue="failover", delay=timedelta(milliseconds=5 * i)) for i in range(400)]
+            batch = [
+                NewTask(queue="failover", delay=timedelta(milliseconds=5 * i)) for i in range(400)
+            ]
             try:
                 await client.submit_ids(batch)
             except Exception:  # noqa: BLE001 - the node we talk to may be the one killed
@@ -204,13 +210,21 @@ def render(report: FailoverReport) -> Table:
         runs = [t for t in report.trials if t.kind == kind]
         for label, values in (
             ("re-owned", [t.reowned_s for t in runs]),
-            ("first fire by new owner", [t.first_fire_s for t in runs if t.first_fire_s is not None]),
+            (
+                "first fire by new owner",
+                [t.first_fire_s for t in runs if t.first_fire_s is not None],
+            ),
         ):
             if not values:
                 continue
             table.add_row(
-                kind, str(len(values)), label, _ms(min(values)), _ms(statistics.median(values)),
-                _ms(max(values)), aims[kind],
+                kind,
+                str(len(values)),
+                label,
+                _ms(min(values)),
+                _ms(statistics.median(values)),
+                _ms(max(values)),
+                aims[kind],
             )
     return table
 

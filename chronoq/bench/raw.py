@@ -201,7 +201,7 @@ class RawCeilings:
 
 
 def _insert_columns(batch: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    """``insert_task_ids`` parameters $1..$16 from COPY-shaped rows, as ``Store.submit`` has them."""
+    """``insert_task_ids`` parameters $1..$16 from COPY-shaped rows, as the store makes them."""
     cols: list[list[Any]] = [[] for _ in range(16)]
     for r in batch:
         (task_id, namespace, queue, partition, bucket, run_at, state, payload, max_attempts,

@@ -3,7 +3,8 @@
 Phases, each on a fresh database (see ``benchmarks/README.md``):
 
 1. raw: chronoq's own statements through asyncpg in tight loops (``chronoq.bench.raw``);
-2. submit: ``Client.submit_ids`` (bulk submit answered with ids) in batches through a node's gRPC API (node in a child process);
+2. submit: ``Client.submit_ids`` (bulk, answered with ids) in batches through a node's gRPC API
+   (node in a child process);
 3. fire: a node on a ``ManualClock``; the clock jumps and its firing loop moves the tasks to READY;
 4. e2e: tasks due at once, ``workers`` workers with a no-op handler, first fire to last completion,
    with the workers in this process and in one process each;

@@ -11,10 +11,10 @@ Every process started is stopped by PID in a ``finally``, whatever happens.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import signal
 import contextlib
 import logging
+import shutil
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
