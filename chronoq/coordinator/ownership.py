@@ -292,11 +292,30 @@ class EtcdOwnership:
             await self._release(holding - desired)
         owners = self.owner_of()
         free = sorted(p for p in desired - holding if p not in owners)
+        # Keys we hold under this lease but never fenced (the store failed right after the
+        # claim): finish them, or nobody would ever fire those partitions.
+        unfenced = sorted(p for p in self._unfenced_keys() if p not in holding)
         # Claims run concurrently: a handoff of dozens of partitions is one round trip deep.
-        won = await asyncio.gather(*(self._acquire(p) for p in free))
-        acquired = {p for p, ok in zip(free, won, strict=True) if ok}
+        won = await asyncio.gather(
+            *(self._acquire(p) for p in free),
+            *(self._finish(p, self._unfenced_keys()[p], keep=p in desired) for p in unfenced),
+            return_exceptions=True,
+        )
+        acquired = {p for p, ok in zip([*free, *unfenced], won, strict=True) if ok is True}
         if acquired:
             self.on_acquired(acquired)
+        failures = [e for e in won if isinstance(e, BaseException)]
+        if failures:
+            raise failures[0]
+
+    def _unfenced_keys(self) -> dict[int, int]:
+        """Owner keys of this node under its current lease, by partition → token."""
+        lease_id = self.lease.id
+        return {
+            self.keys.partition_of(e.key): e.create_revision
+            for e in self.owners.items.values()
+            if e.lease == lease_id and e.value.decode() == self.node_id
+        }
 
     async def _acquire(self, partition: int) -> bool:
         key = self.keys.owner(partition)
@@ -315,7 +334,20 @@ class EtcdOwnership:
             self.states.pop(partition, None)
             return False
         token = responses[0].response_put.header.revision
-        fence = await self._store.take_fence(partition, token, self.cluster_id, self.node_id)
+        return await self._finish(partition, token, keep=True)
+
+    async def _finish(self, partition: int, token: int, *, keep: bool) -> bool:
+        """Record our token in the store (ACQUIRING → OWNED), or give the key back."""
+        if not keep:
+            await self._delete_key(partition, token)
+            self.states.pop(partition, None)
+            return False
+        self.states[partition] = PartitionState.ACQUIRING
+        try:
+            fence = await self._store.take_fence(partition, token, self.cluster_id, self.node_id)
+        except StoreUnavailable:
+            self.states.pop(partition, None)  # the key stays ours: the next pass finishes it
+            raise
         if fence is None:  # the store holds a newer token: never fire with ours
             log.error("partition %d: store refused token %d", partition, token)
             await self._delete_key(partition, token)

@@ -50,6 +50,8 @@ ON CONFLICT (partition) DO UPDATE
     SET token = EXCLUDED.token, owner = EXCLUDED.owner, cluster_id = EXCLUDED.cluster_id,
         acquired_at = now()
     WHERE f.token < EXCLUDED.token OR f.cluster_id <> EXCLUDED.cluster_id
+       -- the same claim again (its first answer was lost): idempotent
+       OR (f.token = EXCLUDED.token AND f.owner = EXCLUDED.owner)
 RETURNING partition, token, watermark;
 
 -- name: fences

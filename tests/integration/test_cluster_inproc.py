@@ -191,3 +191,23 @@ async def test_status_shows_members_owners_and_tokens(
     assert all(o.fencing_token > 0 for o in status.ownership)
     assert sorted(status.firing_partitions) == sorted(p for p, n in owners.items() if n == "s2")
     assert sum(m.owned_partitions for m in status.members) == 16
+
+
+async def test_a_claim_whose_fence_write_failed_is_finished_later(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store
+) -> None:
+    """The etcd claim succeeded but the store failed before the token was recorded: the key
+    is ours, so nobody else claims it; the next reconcile must finish the job."""
+    node = await make_node(cluster=cluster(etcd, cluster_name), node_id="f0")
+    await settled([node])
+    own = node.ownership
+    assert isinstance(own, EtcdOwnership)
+    # Simulate the failure: forget partition 3 locally while its key stays in etcd.
+    async with own.gate:
+        own.states.pop(3)
+        own.tokens.pop(3)
+    assert 3 not in own.owned() and own.owner_of()[3][0] == "f0"
+    await own.reconcile()
+    assert 3 in own.owned()
+    (fence,) = [f for f in await store.fences() if f.partition == 3]
+    assert fence.token == own.owner_of()[3][1] and fence.owner == "f0"
