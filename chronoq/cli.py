@@ -1755,7 +1755,8 @@ async def _watch(stack: DevStack, opts: DemoOptions, stop: asyncio.Event) -> boo
             if stop.is_set() or time.monotonic() >= deadline:
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.25)
+                async with asyncio.timeout(0.25):
+                    await stop.wait()
 
 
 def _progress_line(counts: dict[TaskState, int]) -> str:

@@ -11,6 +11,7 @@ picked from the pick number at injection time (the etcd leader is whoever leads 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
@@ -171,10 +172,9 @@ class Injector:
         for pf in plan:
             delay = started + pf.at - time.monotonic()
             if delay > 0:
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):  # not wait_for (3.11 cancel race)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
             if stop.is_set():
                 return
             await self.inject(pf)

@@ -278,5 +278,6 @@ class Worker:
 
 
 async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), seconds)
+    with contextlib.suppress(TimeoutError):  # asyncio.timeout never swallows a cancel
+        async with asyncio.timeout(seconds):
+            await event.wait()

@@ -261,8 +261,9 @@ class EtcdOwnership:
 
     async def _reconcile_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.reconcile_interval)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see Firer.run
+                async with asyncio.timeout(self.settings.reconcile_interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile()

@@ -9,6 +9,7 @@ backfill: after downtime the buckets between a partition's watermark and now are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -86,10 +87,11 @@ class Firer:
             self._wake.clear()
             delay = self._tick - (loop.time() - started)
             if delay > 0:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                except TimeoutError:
-                    pass
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that races with the event, and the loop would never stop.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
     async def tick(self) -> FireResult:
         """One tick: fire what is due now in every owned partition; returns the totals."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -267,9 +266,11 @@ class Node:
             async with self.ownership.gate:  # the owner statement in flight finishes first
                 for task in self._tasks:
                     task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Bounded: a task that ignored its cancellation must not hold the stop forever.
+            _done, stuck = await asyncio.wait(self._tasks, timeout=5)
+            for task in stuck:
+                log.error("node %s: task %s did not stop", self.settings.node_id, task.get_name())
         self._tasks = []
         log.debug("node %s: firing stopped", self.settings.node_id)
         if self.ownership is not None:

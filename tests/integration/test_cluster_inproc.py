@@ -166,7 +166,12 @@ async def test_virtual_clock_moves_every_node(
         assert fired_by == {"v0", "v1"}  # both nodes fired their own partitions
         await client.close()
         for node in nodes:
-            await node.stop()  # before their clocks go
+            try:
+                await asyncio.wait_for(node.stop(), 20)  # before their clocks go
+            except TimeoutError:
+                for task in asyncio.all_tasks():
+                    task.print_stack(limit=12)
+                raise
     finally:
         for c in clocks:
             await c.stop()
