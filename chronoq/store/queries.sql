@@ -1,6 +1,18 @@
 -- Named queries of the store. Every state change is one conditional UPDATE whose rows
 -- affected decide who won. `now` always comes in as a parameter from the node's Clock.
 
+-- fragment: owned_fences
+-- The fencing clause of every owner statement: the caller's partitions ($1) whose stored
+-- token is still the caller's ($2), share-locked for the statement, so a new owner's token
+-- bump waits for it and a stale token matches nothing. Used as {{owned_fences}}.
+WITH fence AS (
+    SELECT f.partition, f.watermark
+    FROM partition_fences f
+    JOIN unnest($1::smallint[], $2::bigint[]) AS o(partition, token)
+      ON o.partition = f.partition AND o.token = f.token
+    FOR SHARE OF f
+)
+
 -- name: insert_task_ids
 -- Answers with the ids it inserted only: a conflict on (namespace, idempotency_key) inserts
 -- nothing and the caller looks the first task up.
@@ -62,13 +74,7 @@ SELECT partition, token, cluster_id, owner, watermark FROM partition_fences ORDE
 -- policy). The fence rows are share-locked, so a new owner's token bump waits for this
 -- statement and a stale token matches no fence row: nothing fires. Per partition the scan is
 -- the index range [watermark - 1, (now_bucket, now)]: rows examined = rows due.
-WITH fence AS (
-    SELECT f.partition, f.watermark
-    FROM partition_fences f
-    JOIN unnest($1::smallint[], $2::bigint[]) AS o(partition, token)
-      ON o.partition = f.partition AND o.token = f.token
-    FOR SHARE OF f
-), due AS (
+{{owned_fences}}, due AS (
     SELECT d.id
     FROM fence CROSS JOIN LATERAL (
         SELECT t.id FROM tasks t
@@ -105,13 +111,7 @@ RETURNING f.partition;
 
 -- name: expired_leases
 -- Running tasks of the caller's partitions whose lease ran out; fenced like fire_due.
-WITH fence AS (
-    SELECT f.partition
-    FROM partition_fences f
-    JOIN unnest($1::smallint[], $2::bigint[]) AS o(partition, token)
-      ON o.partition = f.partition AND o.token = f.token
-    FOR SHARE OF f
-)
+{{owned_fences}}
 SELECT d.* FROM fence CROSS JOIN LATERAL (
     SELECT t.id, t.attempt, t.max_attempts, t.retry_base, t.backoff_initial_ms,
            t.backoff_max_ms, t.worker_id
@@ -250,13 +250,7 @@ DELETE FROM schedules WHERE namespace = $1 AND name = $2 RETURNING id;
 -- name: due_schedules
 -- Active schedules of the caller's partitions whose next occurrence is within the
 -- lookahead; fenced and share-locked like fire_due.
-WITH fence AS (
-    SELECT f.partition
-    FROM partition_fences f
-    JOIN unnest($1::smallint[], $2::bigint[]) AS o(partition, token)
-      ON o.partition = f.partition AND o.token = f.token
-    FOR SHARE OF f
-)
+{{owned_fences}}
 SELECT d.* FROM fence CROSS JOIN LATERAL (
     SELECT s.* FROM schedules s
     WHERE s.partition = fence.partition AND NOT s.paused AND s.next_fire_at <= $3

@@ -6,18 +6,25 @@ import re
 from functools import cache
 from importlib import resources
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SECTION = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
 
 @cache
 def queries() -> dict[str, str]:
+    """Named queries, with ``{{fragment}}`` references expanded (one definition of the
+    fencing clause that every owner statement shares)."""
     text = resources.files("chronoq.store").joinpath("queries.sql").read_text()
-    parts = _NAME.split(text)
+    parts = _SECTION.split(text)
     named: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    fragments: dict[str, str] = {}
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
-        named[name] = "\n".join(lines).rstrip().rstrip(";")
-    return named
+        sql = "\n".join(lines).rstrip().rstrip(";")
+        (fragments if kind == "fragment" else named)[name] = sql
+    return {
+        name: _INCLUDE.sub(lambda m: fragments[m.group(1)], sql) for name, sql in named.items()
+    }
 
 
 def q(name: str) -> str:
