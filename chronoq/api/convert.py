@@ -72,6 +72,33 @@ def namespace_of(value: str) -> str:
     return value or DEFAULT_NAMESPACE
 
 
+def _execution_fields(
+    pb: tasks_pb2.TaskSpec | schedules_pb2.ScheduleSpec, defaults: SpecDefaults
+) -> dict[str, Any]:
+    """Retry policy and lease timeout of a task or schedule spec, server defaults if unset."""
+    retry = pb.retry
+    return {
+        "max_attempts": (
+            retry.max_attempts if retry.HasField("max_attempts") else defaults.max_attempts
+        ),
+        "backoff_initial": (
+            from_duration("retry.backoff_initial", retry.backoff_initial)
+            if retry.HasField("backoff_initial")
+            else defaults.backoff_initial
+        ),
+        "backoff_max": (
+            from_duration("retry.backoff_max", retry.backoff_max)
+            if retry.HasField("backoff_max")
+            else defaults.backoff_max
+        ),
+        "lease_timeout": (
+            from_duration("lease_timeout", pb.lease_timeout)
+            if pb.HasField("lease_timeout")
+            else defaults.lease_timeout
+        ),
+    }
+
+
 def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) -> TaskSpec:
     """Build a TaskSpec; ``delay`` is measured from the node's ``now``."""
     which = pb.WhichOneof("when")
@@ -83,31 +110,13 @@ def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) 
         raise InvalidArgument(
             "run_at", "is required: set run_at (a timestamp) or delay (a duration)"
         )
-    retry = pb.retry
     return TaskSpec(
         namespace=namespace_of(pb.namespace),
         queue=pb.queue,
         run_at=run_at,
         payload=pb.payload,
         idempotency_key=pb.idempotency_key or None,
-        max_attempts=retry.max_attempts
-        if retry.HasField("max_attempts")
-        else defaults.max_attempts,
-        backoff_initial=(
-            from_duration("retry.backoff_initial", retry.backoff_initial)
-            if retry.HasField("backoff_initial")
-            else defaults.backoff_initial
-        ),
-        backoff_max=(
-            from_duration("retry.backoff_max", retry.backoff_max)
-            if retry.HasField("backoff_max")
-            else max(defaults.backoff_max, timedelta(0))
-        ),
-        lease_timeout=(
-            from_duration("lease_timeout", pb.lease_timeout)
-            if pb.HasField("lease_timeout")
-            else defaults.lease_timeout
-        ),
+        **_execution_fields(pb, defaults),
         priority=pb.priority,
         misfire_policy=(
             MisfirePolicy.SKIP
@@ -266,7 +275,6 @@ def schedule_spec_from_pb(
             "rule", "is required: set cron (an expression) or interval (a duration)"
         )
     catch_up = {v: k for k, v in _CATCH_UP_TO_PB.items()}.get(pb.catch_up, CatchUp.LATEST)
-    retry = pb.retry
     return ScheduleSpec(
         name=pb.name,
         queue=pb.queue,
@@ -276,24 +284,7 @@ def schedule_spec_from_pb(
         start_at=start,
         payload=pb.payload,
         priority=pb.priority,
-        max_attempts=retry.max_attempts
-        if retry.HasField("max_attempts")
-        else defaults.max_attempts,
-        backoff_initial=(
-            from_duration("retry.backoff_initial", retry.backoff_initial)
-            if retry.HasField("backoff_initial")
-            else defaults.backoff_initial
-        ),
-        backoff_max=(
-            from_duration("retry.backoff_max", retry.backoff_max)
-            if retry.HasField("backoff_max")
-            else defaults.backoff_max
-        ),
-        lease_timeout=(
-            from_duration("lease_timeout", pb.lease_timeout)
-            if pb.HasField("lease_timeout")
-            else defaults.lease_timeout
-        ),
+        **_execution_fields(pb, defaults),
     )
 
 

@@ -35,7 +35,10 @@ from chronoq.store import Store
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
-class TaskService(tasks_pb2_grpc.TaskServiceServicer):
+class _Servicer:
+    """What the task and worker servicers share: the store, the clock, settings, the
+    notifier that wakes long-polling claims, and the node's metrics."""
+
     def __init__(
         self,
         store: Store,
@@ -49,6 +52,12 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         self._clock = clock
         self._settings = settings
         self._notifier = notifier
+
+
+class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = self._settings
         self._quotas = (
             Quotas(
                 settings.submit_quota,
@@ -215,20 +224,9 @@ class TaskService(tasks_pb2_grpc.TaskServiceServicer):
         return tasks_pb2.RequeueResponse(tasks=[convert.task_to_pb(t) for t in tasks])
 
 
-class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        settings: NodeSettings,
-        notifier: ReadyNotifier,
-        metrics: NodeMetrics | None = None,
-    ) -> None:
-        self._metrics = metrics or NodeMetrics(settings.node_id)
-        self._store = store
-        self._clock = clock
-        self._settings = settings
-        self._notifier = notifier
+class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._rng = random.Random()
         self._limited: set[tuple[str, str]] = set()
         self._limits_read = float("-inf")
