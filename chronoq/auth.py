@@ -22,13 +22,18 @@ short token safe.
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import time
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from chronoq.errors import ConfigError, InvalidArgument, NamespaceDenied, Unauthenticated
 from chronoq.models import DEFAULT_NAMESPACE, check_name
+
+log = logging.getLogger("chronoq.auth")
 
 #: The namespace entry that grants every namespace and cluster-wide calls.
 ALL_NAMESPACES = "*"
@@ -130,6 +135,68 @@ class TokenAuth:
         for namespace in sorted(namespaces):
             if not grant.allows(namespace):
                 raise NamespaceDenied(namespace or DEFAULT_NAMESPACE, method)
+
+
+class TokenFile:
+    """A token file that is re-read when it changes, so tokens rotate without a restart.
+
+    ``current()`` looks at the file (one ``stat``) at most once per ``interval``, on use; a
+    changed file that no longer parses keeps the tokens in force and logs why, because a typo
+    in the file must not lock every client out. The file must be valid at start.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        interval: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = Path(path)
+        self._interval = interval
+        self._monotonic = monotonic
+        self._auth = TokenAuth.from_file(self.path)
+        self._stamp = self._stat()
+        self._checked = monotonic()
+        self.reloads = 0
+
+    def current(self) -> TokenAuth:
+        """The tokens in force (reloaded first if the file changed and the check is due)."""
+        now = self._monotonic()
+        if now - self._checked >= self._interval:
+            self._checked = now
+            self._reload_if_changed()
+        return self._auth
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _reload_if_changed(self) -> None:
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        if stamp is None:
+            log.error(
+                "token file %s is gone: keeping the %d tokens in force", self.path, len(self._auth)
+            )
+            return
+        try:
+            auth = TokenAuth.from_file(self.path)
+        except ConfigError as exc:
+            log.error(
+                "token file changed but is not usable, keeping the %d tokens in force: %s",
+                len(self._auth),
+                exc,
+            )
+            return
+        self._auth = auth
+        self.reloads += 1
+        log.info("token file %s reloaded: %d tokens", self.path, len(auth))
 
 
 def _label(digest: bytes) -> str:

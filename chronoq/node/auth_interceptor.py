@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.message import Message
 
 from chronoq import tls
-from chronoq.auth import TokenAuth, bearer_token
+from chronoq.auth import TokenAuth, TokenFile, bearer_token
 from chronoq.errors import ChronoqError
 from chronoq.models import DEFAULT_NAMESPACE
 from chronoq.node.status import code_for
@@ -63,8 +63,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuse chronoq calls without a known token (UNAUTHENTICATED) or outside its namespaces
     (PERMISSION_DENIED)."""
 
-    def __init__(self, auth: TokenAuth) -> None:
-        self._auth = auth
+    def __init__(self, auth: TokenAuth | TokenFile) -> None:
+        self._tokens = auth.current if isinstance(auth, TokenFile) else lambda: auth
 
     async def intercept_service(
         self,
@@ -94,10 +94,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _guard(self, method: str, token: str | None, behavior: Behavior) -> Behavior:
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
-                grant = self._auth.authenticate(token)
+                auth = self._tokens()
+                grant = auth.authenticate(token)
                 namespaces = request_namespaces(request)
                 if namespaces is not None or method not in OPEN_CLUSTER_METHODS:
-                    self._auth.authorize(grant, namespaces, method.rsplit("/", 1)[-1])
+                    auth.authorize(grant, namespaces, method.rsplit("/", 1)[-1])
             except ChronoqError as exc:
                 log.info("auth: %s refused from %s: %s", method, context.peer(), exc.message)
                 await context.abort(code_for(exc), exc.message)
@@ -114,8 +115,9 @@ def api_security(
     tls_client_ca: str | None,
 ) -> tuple[list[grpc.aio.ServerInterceptor], grpc.ServerCredentials | None]:
     """A node's interceptors and server credentials from its settings: read (and checked) up
-    front, so a bad token file or certificate stops the node before it binds anything."""
+    front, so a bad token file or certificate stops the node before it binds anything. The token
+    file is then watched: edits take effect within a second (see ``TokenFile``)."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if auth_tokens is not None:
-        interceptors.append(AuthInterceptor(TokenAuth.from_file(auth_tokens)))
+        interceptors.append(AuthInterceptor(TokenFile(auth_tokens)))
     return interceptors, tls.server_credentials(tls_cert, tls_key, tls_client_ca)

@@ -351,3 +351,32 @@ async def test_drain_needs_an_admin_token(connect: Any) -> None:
                    "Drain")
     await _refused(connect(None).drain(), "UNAUTHENTICATED", "missing bearer token")
     assert set(await connect(ADMIN).drain()) <= set(range(16))  # the admin may
+
+
+async def test_an_edited_token_file_takes_effect_without_a_restart(
+    make_node: NodeFactory, tmp_path: Path, clients: list[Client]
+) -> None:
+    """Rotating a token: the new one works and the revoked one is refused within seconds; a
+    broken edit keeps the tokens in force."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(f'[tokens]\n"{TEAM_A}" = ["team-a"]\n')
+    node = await make_node(auth_tokens=str(path))
+    old = Client(node.address, namespace="team-a", token=TEAM_A, timeout=5)
+    new = Client(node.address, namespace="team-a", token=TEAM_B, timeout=5)
+    clients += [old, new]
+    assert (await old.submit("q")).task.namespace == "team-a"
+    await _refused(new.submit("q"), "UNAUTHENTICATED")
+
+    path.write_text(f'[tokens]\n"{TEAM_B}" = ["team-a"]\n')
+    for _ in range(50):  # the file is looked at once a second
+        try:
+            await new.submit("q")
+            break
+        except errors.AccessDenied:
+            await asyncio.sleep(0.1)
+    await _refused(old.submit("q"), "UNAUTHENTICATED", "unknown bearer token")
+    assert len((await new.list()).tasks) == 2  # nothing accepted before was lost
+
+    path.write_text("[tokens]\nbroken")
+    await asyncio.sleep(1.5)
+    assert (await new.submit("q")).task.namespace == "team-a"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 import pytest
 
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
-from chronoq.auth import TokenAuth, bearer_token
+from chronoq.auth import TokenAuth, TokenFile, bearer_token
 from chronoq.errors import ConfigError, NamespaceDenied, Unauthenticated
 from chronoq.node.auth_interceptor import OPEN_CLUSTER_METHODS, request_namespaces
 
@@ -103,3 +104,50 @@ def test_request_namespaces() -> None:
     assert request_namespaces(schedules_pb2.ScheduleRef(namespace="s")) == {"s"}
     assert request_namespaces(schedules_pb2.ScheduleSpec()) == {"default"}
     assert request_namespaces(cluster_pb2.StatusRequest()) is None
+
+
+class _Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_file_reloads_changes_and_keeps_tokens_over_a_broken_edit(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text('[tokens]\n"old-token" = ["team-a"]\n')
+    ticks = _Ticks()
+    tokens = TokenFile(path, interval=1.0, monotonic=ticks)
+    assert tokens.current().authenticate("old-token").allows("team-a")
+
+    path.write_text('[tokens]\n"new-token" = ["team-b"]\n')
+    ticks.now = 0.5  # not due yet: no stat, the old tokens still hold
+    assert tokens.current().authenticate("old-token")
+    ticks.now = 1.0
+    assert tokens.current().authenticate("new-token").allows("team-b")
+    with pytest.raises(Unauthenticated):
+        tokens.current().authenticate("old-token")
+    assert tokens.reloads == 1
+
+    path.write_text("[tokens\n")  # a typo must not lock everyone out
+    ticks.now = 2.0
+    assert tokens.current().authenticate("new-token")
+    path.unlink()  # nor may a deleted file
+    ticks.now = 3.0
+    assert tokens.current().authenticate("new-token")
+    path.write_text('[tokens]\n"third-token" = ["team-c"]\n')
+    ticks.now = 4.0
+    assert tokens.current().authenticate("third-token").allows("team-c")
+    assert tokens.reloads == 2
+
+
+def test_a_token_file_must_be_valid_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text("[tokens]\n")
+    with pytest.raises(ConfigError, match="no tokens"):
+        TokenFile(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        TokenFile(tmp_path / "missing.toml")
