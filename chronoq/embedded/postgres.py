@@ -398,9 +398,19 @@ class EmbeddedPostgres:
         if result.returncode != 0:
             raise EmbeddedPostgresError(
                 f"psql failed (exit {result.returncode}) running {sql!r} on {database!r}: "
-                f"{result.stderr.strip()}"
+                f"{result.stderr.strip()}{self._why_down()}"
             )
         return result.stdout
+
+    def _why_down(self) -> str:
+        """When the server is not running, how it ended and the end of its log."""
+        if self.pid is not None:
+            return ""
+        code = self._proc.poll() if self._proc is not None else None
+        ended = f" (exit status {code})" if code is not None else ""
+        return (
+            f"; the server is not running{ended}; {self._log_file} ends with:\n{self._log_tail()}"
+        )
 
     def create_database(self, name: str, template: str | None = None) -> str:
         """Create database ``name`` (a copy of ``template`` if given) and return its DSN.

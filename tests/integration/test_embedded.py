@@ -124,6 +124,8 @@ async def test_postgres_survives_kill_and_sigstop(tmp_path: Path) -> None:
         assert server.pid is None
         assert server.server_pids() == []  # the orphaned backends are gone too
         server.kill()  # idempotent
+        with pytest.raises(EmbeddedPostgresError, match="the server is not running"):
+            server.run_sql("SELECT 1")  # says why, with the end of the server's log
 
         server.start()  # crash recovery
         assert server.pid not in (None, first)
