@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,11 +53,29 @@ def template_db(postgres: EmbeddedPostgres) -> str:
     return name
 
 
+def create_test_database(postgres: EmbeddedPostgres, name: str, template: str) -> str:
+    """Copy the migrated template for one test.
+
+    If the session's server has died (seen once in a dozen full runs, cause not yet known),
+    warn with the end of its log and start it again, so one crash does not fail every later
+    test, and the log says what happened.
+    """
+    if postgres.pid is None:
+        log = postgres.log_file
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+        warnings.warn(
+            f"the session's PostgreSQL was not running; restarting it. {log} ends with:\n{tail}",
+            stacklevel=2,
+        )
+        postgres.start()
+    return postgres.create_database(name, template=template)
+
+
 @pytest.fixture
 def dsn(postgres: EmbeddedPostgres, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for one test."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    url = postgres.create_database(name, template=template_db)
+    url = create_test_database(postgres, name, template_db)
     try:
         yield url
     finally:

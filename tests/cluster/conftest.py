@@ -11,6 +11,7 @@ import pytest
 
 from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.embedded.postgres import EmbeddedPostgres
+from tests.conftest import create_test_database
 
 ClusterFactory = Callable[..., LocalCluster]
 
@@ -26,7 +27,7 @@ def make_cluster(
 
     def make(**spec: Any) -> LocalCluster:
         db = f"c_{uuid.uuid4().hex[:12]}"
-        dsn = postgres.create_database(db, template=template_db)
+        dsn = create_test_database(postgres, db, template_db)
         databases.append(db)
         fields: dict[str, Any] = {
             "nodes": 3,
