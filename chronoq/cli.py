@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 import tomllib
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
@@ -38,7 +37,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
-from chronoq.client import Client, ClusterStatus, NewTask, Submitted, Worker, WorkerStats
+from chronoq.client import (
+    Client,
+    ClusterStatus,
+    MemberStatus,
+    NewTask,
+    Submitted,
+    Worker,
+    WorkerStats,
+)
 from chronoq.client.demo import (
     DEMO_QUEUE,
     DemoPayload,
@@ -583,20 +590,6 @@ def dev(
 
     Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3
     """
-    if nodes > 1 or etcd_members > 1:
-        from chronoq.chaos.runner import ClusterSpec
-
-        spec = ClusterSpec(
-            nodes=nodes,
-            etcd_members=etcd_members,
-            partitions=partitions,
-            lease_ttl=lease_ttl,
-            tick_ms=tick_ms,
-            cluster="dev",
-            base_port=port,
-        )
-        _dev_cluster(data_dir, spec)
-        return
     with _reported():
         settings = DevStackSettings(
             data_dir=data_dir,
@@ -606,50 +599,34 @@ def dev(
             partitions=partitions,
             bucket_seconds=bucket_seconds,
             tick=timedelta(milliseconds=tick_ms),
+            nodes=nodes,
+            etcd_members=etcd_members,
+            lease_ttl=lease_ttl,
         )
     _run(_dev(settings))
 
 
-def _dev_cluster(data_dir: Path, spec: Any) -> None:
-    from chronoq.chaos.runner import LocalCluster
-
-    cluster = LocalCluster(data_dir.resolve(), spec)
-    err.print(
-        f"starting etcd x{spec.etcd_members}, PostgreSQL and {spec.nodes} nodes in {data_dir} …"
-    )
-    stopping = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stopping.set())
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        with _reported():
-            cluster.start()
-        out.print("[bold green]chronoq dev cluster is running[/]")
-        for node in cluster.nodes.values():
-            out.print(f"  {node.node_id:8} {node.address}   (pid {node.pid}, log {node.log_file})")
-        out.print(f"  etcd           {','.join(cluster.etcd_endpoints)}")
-        out.print(f"  PostgreSQL DSN {cluster.dsn}")
-        out.print(f"  try: chronoq status --address {cluster.addresses[0]}")
-        out.print("  Ctrl-C to stop")
-        while not stopping.wait(0.5):
-            pass
-        err.print("stopping …")
-    finally:
-        cluster.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    err.print("stopped")
-
-
 async def _dev(settings: DevStackSettings) -> None:
     stop = _stop_event()
-    err.print(f"starting embedded PostgreSQL in {settings.data_dir / 'postgres'} …")
+    what = "PostgreSQL"
+    if settings.nodes > 1:
+        what = f"etcd x{settings.etcd_members}, PostgreSQL and {settings.nodes} node processes"
+    err.print(f"starting {what} in {settings.data_dir} …")
     async with DevStack(settings) as stack:
-        out.print("[bold green]chronoq dev stack is running[/]")
-        out.print(f"  gRPC address   {stack.address}")
+        out.print(
+            f"[bold green]chronoq dev {'cluster' if stack.cluster else 'stack'} is running[/]"
+        )
+        if stack.cluster is None:
+            out.print(f"  gRPC address   {stack.address}")
+        else:
+            for node in stack.cluster.nodes.values():
+                out.print(f"  gRPC address   {node.address}   ({node.node_id}, pid {node.pid})")
+            out.print(f"  etcd           {','.join(stack.cluster.etcd_endpoints)}")
+            out.print(f"  node logs      {stack.cluster.workdir}")
         out.print(f"  PostgreSQL DSN {stack.dsn}")
         out.print(f"  try: CHRONOQ_ADDRESS={stack.address} chronoq submit hello --in 5s")
+        if stack.cluster is not None:
+            out.print(f"       chronoq status --address {stack.address}")
         out.print("  Ctrl-C to stop")
         await stop.wait()
         err.print("stopping …")
@@ -1621,6 +1598,7 @@ class DemoOptions:
     fail_rate: float
     data_dir: Path
     seed: int
+    nodes: int = 3
 
     @property
     def deadline(self) -> float:
@@ -1661,13 +1639,24 @@ def demo(
     seed: Annotated[
         int, typer.Option(envvar=_env("DEMO_SEED"), help="Seed of the failure pattern.")
     ] = 0,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("DEMO_NODES"),
+            min=1,
+            max=16,
+            help="Scheduler nodes: more than one is a cluster on an embedded etcd, a process "
+            "per node; 1 runs a single node in this process.",
+        ),
+    ] = 3,
 ) -> None:
-    """A one-command tour: embedded stack, timed tasks, workers, retries, a dead-letter queue.
+    """A one-command tour: a local cluster on the embedded stack, timed tasks, workers,
+    retries, a dead-letter queue.
 
     Uses a fresh database in the embedded PostgreSQL for each run and drops it at the end.
-    Example: chronoq demo --tasks 300 --over 5s --workers 2
+    Example: chronoq demo --tasks 300 --over 5s --workers 2 --nodes 3
     """
-    options = DemoOptions(tasks, over, workers, concurrency, fail_rate, data_dir, seed)
+    options = DemoOptions(tasks, over, workers, concurrency, fail_rate, data_dir, seed, nodes)
     raise typer.Exit(_run(_demo(options)))
 
 
@@ -1679,22 +1668,25 @@ async def _demo(opts: DemoOptions) -> int:
         port=0,
         database=database,
         drop_database=True,
+        nodes=opts.nodes,
     )
-    err.print(f"starting the embedded stack in {opts.data_dir} (database {database}) …")
+    what = "a node" if opts.nodes == 1 else f"etcd and {opts.nodes} nodes"
+    err.print(f"starting {what} on the embedded stack in {opts.data_dir} (database {database}) …")
     async with DevStack(settings) as stack:
         err.print(
-            f"node on {stack.address}; submitting {opts.tasks} tasks over "
+            f"nodes on {', '.join(stack.addresses)}; submitting {opts.tasks} tasks over "
             f"{format_duration(opts.over)} to {opts.workers} workers"
         )
         started = time.monotonic()
         payloads = demo_payloads(opts.tasks, fail_rate=opts.fail_rate, seed=opts.seed)
         async with Client(stack.address, timeout=60) as client:
             await _submit_demo(client, payloads, opts.over)
-            async with _demo_workers(stack.address, opts):
+            async with _demo_workers(stack.addresses, opts):
                 finished = await _watch(stack, opts, stop)
             summary = summarize([t async for t in client.iter_tasks(queue=DEMO_QUEUE)])
+            members = (await client.status(bucket_horizon=0)).members
         wall = time.monotonic() - started
-    out.print(_summary_table(summary, payloads, wall))
+    out.print(_summary_table(summary, payloads, wall, members))
     return _verdict(summary, finished, stop, opts)
 
 
@@ -1717,10 +1709,12 @@ async def _submit_demo(client: Client, payloads: list[DemoPayload], over: timede
 
 
 @contextlib.asynccontextmanager
-async def _demo_workers(address: str, opts: DemoOptions) -> AsyncIterator[list[Worker]]:
+async def _demo_workers(addresses: list[str], opts: DemoOptions) -> AsyncIterator[list[Worker]]:
+    """Workers spread over the nodes: any node serves any task."""
     async with contextlib.AsyncExitStack() as resources:
         workers = []
         for i in range(opts.workers):
+            address = addresses[i % len(addresses)]
             client = await resources.enter_async_context(Client(address, timeout=30))
             workers.append(
                 Worker(
@@ -1768,7 +1762,9 @@ def _ms(value: timedelta | None) -> str:
     return "-" if value is None else f"{value / timedelta(milliseconds=1):.1f} ms"
 
 
-def _summary_table(summary: DemoSummary, payloads: list[DemoPayload], wall: float) -> Table:
+def _summary_table(
+    summary: DemoSummary, payloads: list[DemoPayload], wall: float, members: list[MemberStatus]
+) -> Table:
     fatal = sum(p.fatal for p in payloads)
     exhausted = sum(not p.fatal and p.fail_attempts >= 3 for p in payloads)
     table = Table(title="demo summary", title_justify="left")
@@ -1786,6 +1782,8 @@ def _summary_table(summary: DemoSummary, payloads: list[DemoPayload], wall: floa
         ("lateness max", _ms(summary.lateness_max)),
         ("wall time", f"{wall:.1f} s"),
     ]
+    for m in sorted(members, key=lambda m: m.node_id):
+        rows.append((f"fired by {m.node_id}", f"{m.fired_total} ({m.owned_partitions} partitions)"))
     for name, value in rows:
         table.add_row(name, value)
     return table

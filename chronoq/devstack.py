@@ -1,12 +1,13 @@
 """A local chronoq stack for development and demos: embedded PostgreSQL plus scheduler node(s).
 
-``async with DevStack(Path(".chronoq")) as stack:`` starts a durable PostgreSQL server in
+``async with DevStack(settings) as stack:`` starts a durable PostgreSQL server in
 ``<data_dir>/postgres`` (kept across runs), makes sure the database exists, starts the nodes on
-it and stops everything, nodes first, on exit. ``stack.address`` is the gRPC address to give
-clients and workers; ``stack.dsn`` the database.
+it and stops everything, nodes first, on exit. ``stack.addresses`` are the gRPC addresses to
+give clients and workers; ``stack.dsn`` the database.
 
-Today the stack runs one node with local ownership; a cluster (several nodes coordinated by an
-embedded etcd) plugs in at ``_start_nodes`` and ``_node_settings``.
+One node runs in this process with local ownership. More than one is a real cluster: an
+embedded etcd and one ``chronoq node`` process per node (``chronoq.chaos.runner.LocalCluster``),
+in a scratch directory under ``data_dir`` that is removed on exit.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.config import NodeSettings
@@ -27,6 +31,9 @@ from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronoq.errors import ChronoqError, ConfigError
 from chronoq.node import Node
 from chronoq.store import Store
+
+if TYPE_CHECKING:
+    from chronoq.chaos.runner import LocalCluster
 
 log = logging.getLogger("chronoq.devstack")
 
@@ -50,12 +57,16 @@ class DevStackSettings:
     tick: timedelta = timedelta(milliseconds=100)
     database: str = DEFAULT_DATABASE
     drop_database: bool = False  # drop it on exit (demo runs use a throwaway database)
-    nodes: int = 1
-    node_overrides: dict[str, Any] = field(default_factory=dict)
+    nodes: int = 1  # more than one: an embedded etcd and a process per node
+    etcd_members: int = 1
+    lease_ttl: int = 5
+    node_overrides: dict[str, Any] = field(default_factory=dict)  # one in-process node only
 
     def __post_init__(self) -> None:
-        if self.nodes != 1:
-            raise ConfigError("the dev stack runs exactly one node for now (clusters need etcd)")
+        if self.nodes < 1 or self.etcd_members < 1:
+            raise ConfigError("the dev stack needs at least one node and one etcd member")
+        if self.nodes > 1 and self.node_overrides:
+            raise ConfigError("node_overrides apply to a single in-process node only")
 
 
 class DevStack:
@@ -67,6 +78,8 @@ class DevStack:
             settings.data_dir / "postgres", port=settings.pg_port, durable=True
         )
         self.nodes: list[Node] = []
+        self.cluster: LocalCluster | None = None
+        self._cluster_store: Store | None = None
         self._created_database = False
         self._postgres_started = False
 
@@ -78,18 +91,22 @@ class DevStack:
     @property
     def address(self) -> str:
         """gRPC address of the first node."""
-        if not self.nodes:
-            raise DevStackError("the dev stack is not running")
-        return self.nodes[0].address
+        return self.addresses[0]
 
     @property
     def addresses(self) -> list[str]:
-        return [n.address for n in self.nodes]
+        """gRPC addresses of the running nodes."""
+        found = (
+            self.cluster.addresses if self.cluster is not None else [n.address for n in self.nodes]
+        )
+        if not found:
+            raise DevStackError("the dev stack is not running")
+        return found
 
     @property
     def store(self) -> Store:
-        """The first node's store (for counts in demos and tests)."""
-        store = self.nodes[0].store if self.nodes else None
+        """A store on the stack's database (for counts in demos and tests)."""
+        store = self._cluster_store or (self.nodes[0].store if self.nodes else None)
         if store is None:
             raise DevStackError("the dev stack is not running")
         return store
@@ -102,7 +119,10 @@ class DevStack:
                 await _finish_in_thread(self._ensure_database)
             except EmbeddedPostgresError as exc:
                 raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
-            await self._start_nodes()
+            if self.settings.nodes == 1:
+                await self._start_nodes()
+            else:
+                await self._start_cluster()
         except BaseException:
             await self.stop()
             raise
@@ -113,6 +133,7 @@ class DevStack:
         for node in reversed(nodes):
             with contextlib.suppress(ChronoqError, OSError):
                 await node.stop(grace=1.0)
+        await self._stop_cluster()
         if self.settings.drop_database and self._created_database:
             self._created_database = False
             try:
@@ -177,6 +198,41 @@ class DevStack:
                     f"(is another chronoq running? pick another --port): {exc}"
                 ) from exc
             self.nodes.append(node)
+
+    async def _start_cluster(self) -> None:
+        from chronoq.chaos.runner import ClusterSpec, LocalCluster  # grpc sync stubs: lazily
+
+        s = self.settings
+        workdir = Path(tempfile.mkdtemp(prefix="cluster-", dir=s.data_dir))
+        spec = ClusterSpec(
+            nodes=s.nodes,
+            etcd_members=s.etcd_members,
+            partitions=s.partitions,
+            lease_ttl=s.lease_ttl,
+            tick_ms=max(1, round(s.tick / timedelta(milliseconds=1))),
+            cluster=f"dev-{uuid.uuid4().hex[:8]}",  # a fresh key space in etcd for each run
+            durable=False,  # etcd only: it lives as long as this run; PostgreSQL is ours
+            base_port=s.port,
+            extra_node_args=("--bucket-seconds", str(s.bucket_seconds)),
+        )
+        self.cluster = LocalCluster(workdir, spec, postgres=self.postgres, dsn=self.dsn)
+        try:
+            await _finish_in_thread(self.cluster.start)
+        except (OSError, RuntimeError) as exc:  # a node exited or never served (log tail in it)
+            raise DevStackError(f"cluster did not start: {exc}") from exc
+        self._cluster_store = await Store.connect(
+            self.dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds, max_size=2
+        )
+
+    async def _stop_cluster(self) -> None:
+        store, self._cluster_store = self._cluster_store, None
+        if store is not None:
+            with contextlib.suppress(ChronoqError, OSError):
+                await store.close()
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
 
 
 async def _finish_in_thread(fn: Callable[[], None]) -> None:

@@ -1,6 +1,6 @@
 """The async Python client and worker SDK of chronoq."""
 
-from chronoq.client.client import Client, ClusterStatus, NewTask, Submitted
+from chronoq.client.client import Client, ClusterStatus, MemberStatus, NewTask, Submitted
 from chronoq.client.worker import FatalTaskError, Handler, TaskContext, Worker, WorkerStats
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "ClusterStatus",
     "FatalTaskError",
     "Handler",
+    "MemberStatus",
     "NewTask",
     "Submitted",
     "TaskContext",

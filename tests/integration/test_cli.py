@@ -305,10 +305,12 @@ async def test_worker_runs_handlers_from_a_module(
 # ---------------------------------------------------------------------- the demo
 
 
-def test_demo_runs_to_the_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nodes", [3, 1])
+def test_demo_runs_to_the_end(tmp_path: Path, nodes: int) -> None:
+    """The quick start's command: by default a 3-node cluster on an embedded etcd."""
     proc = subprocess.Popen(
         [*CLI, "demo", "--tasks", "300", "--over", "5s", "--workers", "2",
-         "--data-dir", str(tmp_path / "stack")],
+         "--data-dir", str(tmp_path / "stack"), *(["--nodes", "1"] if nodes == 1 else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "120"},
     )
@@ -332,8 +334,57 @@ def test_demo_runs_to_the_end(tmp_path: Path) -> None:
     assert value("fired") == 300
     assert value("retried") > 0
     assert "lateness p99" in stdout
+    # Every node fired, and together they owned every partition.
+    per_node = re.findall(r"fired by (\S+)\W+(\d+) \((\d+) partitions\)", stdout)
+    assert len(per_node) == nodes, stdout
+    assert all(int(fired) > 0 for _, fired, _ in per_node)
+    assert sum(int(owned) for _, _, owned in per_node) == 256
+    assert sum(int(fired) for _, fired, _ in per_node) >= 300
     # Postgres was stopped: nothing left running on the data directory.
     assert not (tmp_path / "stack" / "postgres" / "postmaster.pid").exists()
+
+
+async def test_dev_cluster_runs_and_stops_cleanly(
+    tmp_path: Path, start_process: Callable[..., Awaitable[asyncio.subprocess.Process]]
+) -> None:
+    """`chronoq dev --nodes 3`: etcd, PostgreSQL and three node processes sharing the
+    partitions; any node takes a task; Ctrl-C stops every process and removes the scratch dir."""
+    proc = await start_process("dev", "--nodes", "3", "--data-dir", str(tmp_path / "stack"),
+                               "--port", "0", "--partitions", "16", "--lease-ttl", "2")
+    assert proc.stdout is not None
+    nodes: dict[str, int] = {}  # address -> pid
+    try:
+        for _ in range(20):
+            line = (await asyncio.wait_for(proc.stdout.readline(), 90)).decode()
+            if match := re.search(r"gRPC address\s+(\S+)\s+\((node-\d), pid (\d+)\)", line):
+                nodes[match.group(1)] = int(match.group(3))
+            if "Ctrl-C to stop" in line:
+                break
+        assert len(nodes) == 3, nodes
+        first, second, _ = nodes
+        status = json.loads(ok(await cli("status", "--json", "--address", first)))
+        owned = {m["node_id"]: m["owned_partitions"] for m in status["members"]}
+        assert sorted(owned) == ["node-0", "node-1", "node-2"] and sum(owned.values()) == 16
+        task_id = ok(await cli("submit", "q", "--in", "300ms", "--address", second)).strip()
+        async with Client(first) as client:
+            task = await wait_for_state(client, task_id, TaskState.READY)
+        assert task.fired_at is not None
+
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, stderr.decode()
+        assert "Traceback" not in stderr.decode()
+        assert not (tmp_path / "stack" / "postgres" / "postmaster.pid").exists()
+        assert [p.name for p in (tmp_path / "stack").iterdir() if p.name.startswith("cluster-")] == []
+        for pid in nodes.values():
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        for pid in nodes.values():  # node processes run in their own sessions: never leave one
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 # ---------------------------------------------------------------------- the demo workload
