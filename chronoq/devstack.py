@@ -67,6 +67,11 @@ class DevStackSettings:
             raise ConfigError("the dev stack needs at least one node and one etcd member")
         if self.nodes > 1 and self.node_overrides:
             raise ConfigError("node_overrides apply to a single in-process node only")
+        if self.nodes > 1 and self.host != "127.0.0.1":
+            raise ConfigError(
+                f"--host {self.host}: a local cluster's nodes listen on 127.0.0.1 only; "
+                "drop --host, or run one node (--nodes 1)"
+            )
 
 
 class DevStack:

@@ -219,6 +219,7 @@ async def test_usage_errors_from_the_console_script_are_one_line() -> None:
         (["get", UNKNOWN_ID, "--address", "127.0.0.1:1"], "UNAVAILABLE"),
         (["worker", "--address", "127.0.0.1:1"], "--queue"),
         (["node", "--dsn", "postgresql://x@127.0.0.1:1/x", "--virtual-clock"], "--etcd"),
+        (["dev", "--nodes", "3", "--host", "0.0.0.0"], "listen on 127.0.0.1 only"),
     ):
         code, stdout, stderr = await run_process(*args)
         assert code in (1, 2), (args, code, stderr)
