@@ -65,6 +65,7 @@ from chronoq.errors import ChronoqError, InvalidArgument
 from chronoq.models import DEFAULT_NAMESPACE, Limits, MisfirePolicy, Schedule, Task, TaskState
 from chronoq.node import Node
 from chronoq.recurrence import CatchUp, Cron
+from chronoq.targets import split_addresses
 
 T = TypeVar("T")
 
@@ -155,7 +156,11 @@ class LogLevel(enum.StrEnum):
 AddressOpt = Annotated[
     str,
     typer.Option(
-        "--address", "-a", envvar=_env("ADDRESS"), help="gRPC address of any chronoq node."
+        "--address",
+        "-a",
+        envvar=_env("ADDRESS"),
+        help="gRPC address of any chronoq node, or several comma-separated (round robin, "
+        "failing over when one is down).",
     ),
 ]
 NamespaceOpt = Annotated[
@@ -650,6 +655,10 @@ def node_drain(
 
     Example: chronoq node drain --address 127.0.0.1:7071
     """
+    if len(split_addresses(address)) != 1:
+        raise typer.BadParameter(
+            "drain one node at a time: give its address only", param_hint="--address"
+        )
     released = _run(_with_client(address, DEFAULT_NAMESPACE, lambda c: c.drain()))
     out.print(f"drained {address}: released {len(released)} partitions")
 

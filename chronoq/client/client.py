@@ -34,6 +34,7 @@ from chronoq.models import (
     TaskState,
 )
 from chronoq.recurrence import CatchUp
+from chronoq.targets import first_host, grpc_target, is_several
 from chronoq.tls import channel_credentials
 
 _ERRORS: dict[grpc.StatusCode, type[errors.RemoteError]] = {
@@ -171,23 +172,34 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ) -> None:
-        """``token``: bearer token for nodes with ``auth_tokens``. TLS when ``tls`` or any
+        """``target``: a node's ``host:port``, or several comma-separated: calls then go round
+        robin over the nodes that answer, so a dead node costs at most the calls in flight to
+        it (any node serves any call). A gRPC target (``dns:///name:7070``) is used as is.
+
+        ``token``: bearer token for nodes with ``auth_tokens``. TLS when ``tls`` or any
         ``tls_*`` is given: ``tls_ca`` is the CA to trust (None: the system's roots),
-        ``tls_cert``/``tls_key`` a client certificate for nodes that require mutual TLS."""
+        ``tls_cert``/``tls_key`` a client certificate for nodes that require mutual TLS; with
+        several addresses every node's certificate must name the first address's host."""
         self.target = target
         self.namespace = namespace
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        options = [
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_timeout_ms", 5_000),
         ]
-        if channel is None and (tls or tls_ca or tls_cert or tls_key):
+        resolved = grpc_target(target, what="node address") if channel is None else target
+        secure = tls or tls_ca or tls_cert or tls_key
+        if is_several(resolved):
+            options.append(("grpc.lb_policy_name", "round_robin"))
+            if secure:
+                options.append(("grpc.ssl_target_name_override", first_host(target)))
+        if channel is None and secure:
             credentials = channel_credentials(tls_ca, tls_cert, tls_key)
-            channel = grpc.aio.secure_channel(target, credentials, options=options)
-        self._channel = channel or grpc.aio.insecure_channel(target, options=options)
+            channel = grpc.aio.secure_channel(resolved, credentials, options=options)
+        self._channel = channel or grpc.aio.insecure_channel(resolved, options=options)
         self._tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._workers = worker_pb2_grpc.WorkerServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)  # type: ignore[no-untyped-call]

@@ -8,7 +8,6 @@ whose default pick-first policy fails over to the next member when one dies.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import aetcd.exceptions
 from chronoq.coordinator.etcd_tls import EtcdClient
 from chronoq.coordinator.ring import DEFAULT_EPSILON
 from chronoq.errors import ConfigError, CoordinatorUnavailable
+from chronoq.targets import first_host, grpc_target, host_port
 from chronoq.tls import channel_credentials
 
 # etcd refuses pings more often than its --grpc-keepalive-min-time (5 s by default) with
@@ -60,31 +60,12 @@ class ClusterSettings:
 
 def _target(endpoints: Sequence[str]) -> tuple[str, int]:
     """aetcd builds ``f"{host}:{port}"``; a multi-address ``ipv4:`` target fits that shape."""
-    if not endpoints:
-        raise ConfigError("at least one etcd endpoint is needed")
-    parsed: list[tuple[str, int]] = []
-    for endpoint in endpoints:
-        ep = endpoint.removeprefix("http://").removeprefix("https://")
-        host, sep, port = ep.rpartition(":")
-        if not sep or not port.isdigit() or not host:
-            raise ConfigError(f"etcd endpoint {ep!r} is not host:port")
-        parsed.append((host, int(port)))
-    if len(parsed) == 1:
-        return parsed[0]
-    # The ipv4: scheme takes literal addresses only: resolve names (docker-compose services)
-    # once, when the client is made.
-    parsed = [(_ipv4(h, p), p) for h, p in parsed]
-    head = ",".join(f"{h}:{p}" for h, p in parsed[:-1])
-    last_host, last_port = parsed[-1]
-    return f"ipv4:{head},{last_host}", last_port
-
-
-def _ipv4(host: str, port: int) -> str:
-    try:
-        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ConfigError(f"etcd endpoint {host}:{port}: cannot resolve {host!r} ({exc})") from None
-    return str(infos[0][4][0])
+    bare = [e.removeprefix("http://").removeprefix("https://") for e in endpoints]
+    target = grpc_target(bare, what="etcd endpoint")
+    if len(bare) == 1:
+        host_port(target, "etcd endpoint")  # one endpoint goes as given: check its shape
+    head, _, port = target.rpartition(":")
+    return head, int(port)
 
 
 def connect(settings: EtcdSettings) -> aetcd.Client:
@@ -93,7 +74,9 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
     if (settings.username is None) != (settings.password is None):
         raise ConfigError("etcd username and password go together")
     tls = (
-        settings.ca_cert or settings.cert_cert or settings.cert_key
+        settings.ca_cert
+        or settings.cert_cert
+        or settings.cert_key
         or any(e.startswith("https://") for e in settings.endpoints)  # system roots
     )
     options: dict[str, int | str] = dict(KEEPALIVE_OPTIONS)
@@ -101,11 +84,13 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
         # An ipv4: target has no host name to check certificates against: every member's
         # certificate must then name the first endpoint's host (e.g. a shared DNS name or IP).
         first = settings.endpoints[0].removeprefix("http://").removeprefix("https://")
-        options["grpc.ssl_target_name_override"] = first.rpartition(":")[0].strip("[]")
+        options["grpc.ssl_target_name_override"] = first_host(first)
     return EtcdClient(
         credentials=channel_credentials(
             settings.ca_cert, settings.cert_cert, settings.cert_key, prefix="etcd"
-        ) if tls else None,
+        )
+        if tls
+        else None,
         host=host,
         port=port,
         username=settings.username,

@@ -211,6 +211,12 @@ async def test_bad_input_is_one_clean_line(address: str, tmp_path: Path) -> None
     failed(await cli("get", UNKNOWN_ID, "--address", "127.0.0.1:1"), 1, "UNAVAILABLE")
 
 
+async def test_address_may_list_several_nodes(address: str) -> None:
+    several = f"{address},localhost:{address.rpartition(':')[2]}"  # names resolve
+    task_id = ok(await cli("submit", "q", "--in", "1h", "--address", several)).strip()
+    assert task_id in ok(await cli("get", task_id, "--address", several))
+
+
 async def test_usage_errors_from_the_console_script_are_one_line() -> None:
     for args, needle in (
         (["submit"], "Missing argument"),
@@ -220,6 +226,9 @@ async def test_usage_errors_from_the_console_script_are_one_line() -> None:
         (["worker", "--address", "127.0.0.1:1"], "--queue"),
         (["node", "--dsn", "postgresql://x@127.0.0.1:1/x", "--virtual-clock"], "--etcd"),
         (["dev", "--nodes", "3", "--host", "0.0.0.0"], "listen on 127.0.0.1 only"),
+        (["node", "drain", "--address", "127.0.0.1:1,127.0.0.1:2"], "one node at a time"),
+        (["get", UNKNOWN_ID, "--address", "127.0.0.1:1,127.0.0.1:2"], "UNAVAILABLE"),
+        (["get", UNKNOWN_ID, "--address", "127.0.0.1:1,nohost"], "'nohost' is not host:port"),
     ):
         code, stdout, stderr = await run_process(*args)
         assert code in (1, 2), (args, code, stderr)

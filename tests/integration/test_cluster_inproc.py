@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from chronoq.client import Client, NewTask
+from chronoq import errors
+from chronoq.client import Client, NewTask, TaskContext, Worker
 from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.models import TaskState
@@ -221,3 +222,63 @@ async def test_a_claim_whose_fence_write_failed_is_finished_later(
     assert 3 in own.owned()
     (fence,) = [f for f in await store.fences() if f.partition == 3]
     assert fence.token == own.owner_of()[3][1] and fence.owner == "f0"
+
+
+async def test_a_client_of_several_nodes_keeps_working_when_one_stops(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store
+) -> None:
+    """`Client("a,b")`: calls go round robin; when node a stops, a worker on that client
+    finishes every task through node b, and plain calls fail at most while in flight."""
+    settings = cluster(etcd, cluster_name)
+    a, b = [await make_node(cluster=settings, node_id=f"m{i}") for i in range(2)]
+    await settled([a, b])
+    done: list[str] = []
+
+    async def handler(ctx: TaskContext) -> None:
+        done.append(ctx.id)
+
+    async with Client(f"{a.address},{b.address}", timeout=5) as client:
+        first = await client.submit_many(
+            [NewTask(queue="multi", delay=timedelta(milliseconds=200)) for _ in range(20)]
+        )
+        worker = Worker(client, {"multi": handler}, concurrency=4, worker_id="multi-worker",
+                        claim_wait=timedelta(milliseconds=300))
+        run = asyncio.create_task(worker.run())
+        try:
+            for _ in range(100):
+                if len(done) == 20:
+                    break
+                await asyncio.sleep(0.05)
+            await a.stop()  # node a is gone; the client still knows its address
+            second = await submit_through_failures(client, 20)
+            for _ in range(200):
+                if len(done) == 40:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await run
+        ids = [s.task.id for s in first] + [s.task.id for s in second]
+        assert sorted(done) == sorted(ids)  # each task ran exactly once
+        assert (await client.get(ids[0])).state is TaskState.SUCCEEDED
+
+
+async def submit_through_failures(client: Client, count: int) -> list[Any]:
+    """Submit ``count`` tasks one call at a time, counting the calls a dying node failed."""
+    made: list[Any] = []
+    failures = 0
+    for i in range(count):
+        for _ in range(3):
+            try:
+                made.append(
+                    await client.submit(
+                        "multi", delay=timedelta(milliseconds=100), idempotency_key=f"after-{i}"
+                    )
+                )
+                break
+            except errors.Unavailable:
+                failures += 1
+                await asyncio.sleep(0.1)
+    assert failures <= 5, failures  # only calls racing the stop may fail (one node: 60)
+    assert len(made) == count
+    return made
