@@ -164,14 +164,18 @@ class Node:
         self.depth = DepthPoller(self.store, self.clock)
         self.health = HealthWatch(self.ownership, self._set_serving)
         firer = self.firer
+        grace = (
+            s.store_grace.total_seconds() if s.store_grace is not None
+            else 0.6 * s.cluster.lease_ttl if s.cluster is not None else 6.0
+        )
         self.store_watch = StoreWatch(
             self.store,
             self.ownership,
             lambda: firer.last_ok,
-            grace=(
-                s.store_grace.total_seconds() if s.store_grace is not None
-                else 0.6 * s.cluster.lease_ttl if s.cluster is not None else 6.0
-            ),
+            grace=grace,
+            # Looking is a clock comparison (no I/O while the store answers): look often, so
+            # a cut-off node hands off at grace + a fraction of it, not grace + a second.
+            interval=min(1.0, grace / 5),
         )
         self.schedules = Schedules(self.store)
         self.pump = SchedulePump(

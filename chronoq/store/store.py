@@ -86,6 +86,7 @@ def _translated() -> Any:
         asyncpg.exceptions.CannotConnectNowError,
         asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cancelled query
         asyncpg.exceptions.InsufficientResourcesError,  # too many connections
+        asyncpg.exceptions.IdleInTransactionSessionTimeoutError,  # see _LIVENESS
         TimeoutError,  # command_timeout: the server or the network stopped answering
     ) as exc:
         raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}") from exc
@@ -93,11 +94,18 @@ def _translated() -> Any:
 
 # The server notices a vanished client (a node cut off or killed) within seconds and ends
 # its transaction, so the fence locks of an in-flight owner statement do not outlive it.
+# Keepalives cover a dead peer; a peer that is alive but silent (a node cut off between the
+# statement and the COMMIT of a reap, behind a proxy or a partition) holds its FOR SHARE
+# locks on the fences until the idle-in-transaction timeout, and the successor's fence write
+# waits that long: keep it under the time a successor needs to take over (0.6 x lease TTL).
+# chronoq never idles in a transaction beyond a few ms of Python between two statements.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 1000
 _LIVENESS = {
     "tcp_keepalives_idle": "5",
     "tcp_keepalives_interval": "2",
     "tcp_keepalives_count": "3",
     "client_connection_check_interval": "2000",
+    "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 
@@ -10,10 +11,12 @@ import pytest
 from chronoq.buckets import bucket_of
 from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
+from chronoq.errors import StoreUnavailable
 from chronoq.models import MisfirePolicy, TaskSpec, TaskState
 from chronoq.node.ownership import LocalOwnership
 from chronoq.store import Store
 from chronoq.store.sql import q
+from chronoq.store.store import IDLE_IN_TRANSACTION_TIMEOUT_MS, _translated
 from tests.integration.conftest import NodeFactory
 
 pytestmark = pytest.mark.timeout(90)
@@ -157,3 +160,23 @@ def _nodes(plan: dict[str, object]) -> list[dict[str, object]]:
     for child in plan.get("Plans", []):  # type: ignore[attr-defined]
         out += _nodes(child)
     return out
+
+
+async def test_a_silent_owner_mid_transaction_holds_the_fence_only_briefly(store: Store) -> None:
+    """A node cut off between a statement and its COMMIT (a reap) leaves its backend idle in a
+    transaction with FOR SHARE on the fence rows. The server ends that transaction after the
+    idle-in-transaction timeout, so a successor's fence write waits about that long, not until
+    the network heals (keepalives cannot tell: a proxy or a partition keeps the socket up)."""
+    assert await store.take_fence(5, 10, "cid", "old") is not None
+    loop = asyncio.get_running_loop()
+    async with store.pool.acquire() as stuck:
+        await stuck.execute("BEGIN")
+        await stuck.fetch("SELECT token FROM partition_fences WHERE partition = 5 FOR SHARE")
+        started = loop.time()
+        fence = await store.take_fence(5, 11, "cid", "new")  # blocked by the stuck FOR SHARE
+        waited = loop.time() - started
+        assert fence is not None and fence.token == 11 and fence.owner == "new"
+        assert IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 * 0.8 < waited < 5, waited
+        with pytest.raises(StoreUnavailable):
+            with _translated():  # the stuck node learns it when it speaks again
+                await stuck.execute("COMMIT")
