@@ -157,17 +157,30 @@ async def copy_tasks(
     started = time.perf_counter()
     conn = await asyncpg.connect(dsn)
     try:
-        done = 0
-        while done < count:
-            records = [next(rows) for _ in range(min(chunk, count - done))]
-            await conn.copy_records_to_table("tasks", records=records, columns=COPY_COLUMNS)
-            done += len(records)
-            if progress is not None:
-                progress(len(records))
+        await copy_rows(conn, rows, count, progress=progress, chunk=chunk)
         await conn.execute("ANALYZE tasks")
     finally:
         await conn.close()
     return time.perf_counter() - started
+
+
+async def copy_rows(
+    conn: asyncpg.Connection,
+    rows: Iterator[tuple[Any, ...]],
+    count: int,
+    *,
+    columns: Sequence[str] = COPY_COLUMNS,
+    progress: Callable[[int], None] | None = None,
+    chunk: int = 50_000,
+) -> None:
+    """COPY the first ``count`` of ``rows`` into ``tasks``, one transaction per ``chunk``."""
+    done = 0
+    while done < count:
+        records = [next(rows) for _ in range(min(chunk, count - done))]
+        await conn.copy_records_to_table("tasks", records=records, columns=columns)
+        done += len(records)
+        if progress is not None:
+            progress(len(records))
 
 
 # ------------------------------------------------------------------------ ceilings

@@ -56,6 +56,7 @@ from chronoq.bench.raw import (
     COPY_COLUMNS,
     BenchError,
     Databases,
+    copy_rows,
     copy_tasks,
     server_settings,
     task_rows,
@@ -372,10 +373,11 @@ async def _load(
                 await copy_tasks(dsn, count, first, DAY, partitions=partitions,
                                  progress=_advance(progress, pending_bar))
             else:
-                await _copy(conn, scattered_rows(count, first, partitions), count, COPY_COLUMNS,
-                            _advance(progress, pending_bar))
+                await copy_rows(conn, scattered_rows(count, first, partitions), count,
+                                progress=_advance(progress, pending_bar))
             history = history_rows(count, first - DAY, partitions, scattered=order != "sorted")
-            await _copy(conn, history, count, HISTORY_COLUMNS, _advance(progress, history_bar))
+            await copy_rows(conn, history, count, columns=HISTORY_COLUMNS,
+                            progress=_advance(progress, history_bar))
         copied = time.perf_counter()
         for statement in indexes:
             await conn.execute(statement)
@@ -471,18 +473,6 @@ def history_rows(
         attempt = 1 if state == TaskState.SUCCEEDED else 0
         yield (*row[:state_at], int(state), *row[state_at + 1:], run_at, "bench", 1, finished,
                attempt)
-
-
-async def _copy(
-    conn: asyncpg.Connection, rows: Iterator[tuple[Any, ...]], count: int,
-    columns: Sequence[str], progress: Callable[[int], None], chunk: int = 50_000,
-) -> None:
-    done = 0
-    while done < count:
-        records = [next(rows) for _ in range(min(chunk, count - done))]
-        await conn.copy_records_to_table("tasks", records=records, columns=columns)
-        done += len(records)
-        progress(len(records))
 
 
 def _progress(console: Console) -> Progress:

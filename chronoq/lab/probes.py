@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from chronoq.bench.raw import COPY_COLUMNS, task_rows
+from chronoq.bench.raw import COPY_COLUMNS, copy_rows, task_rows
 from chronoq.bench.scan import (
     Explained,
     explain_analyze,
@@ -217,12 +217,8 @@ async def copy_pending(
 ) -> float:
     """COPY ``count`` pending tasks in chunks (one transaction each), then ANALYZE; seconds."""
     started = time.perf_counter()
-    rows = lab_rows(count, first, partitions, width)
-    done = 0
-    while done < count:
-        records = [next(rows) for _ in range(min(chunk, count - done))]
-        await conn.copy_records_to_table("tasks", records=records, columns=COPY_COLUMNS)
-        done += len(records)
-        progress(len(records))
+    await copy_rows(
+        conn, lab_rows(count, first, partitions, width), count, progress=progress, chunk=chunk
+    )
     await conn.execute("ANALYZE tasks")
     return time.perf_counter() - started
