@@ -87,7 +87,7 @@ class Schedules:
         cron = spec.rule.expression if isinstance(spec.rule, Cron) else None
         interval = spec.rule.interval // _MS if isinstance(spec.rule, Every) else None
         tz = spec.rule.timezone if isinstance(spec.rule, Cron) else "UTC"
-        async with self.store.pool.acquire() as conn:
+        async with self.store.connection() as conn:
             row = await conn.fetchrow(
                 q("insert_schedule"),
                 schedule_id,
@@ -114,7 +114,7 @@ class Schedules:
         return _schedule(row)
 
     async def get(self, namespace: str, name: str) -> Schedule:
-        async with self.store.pool.acquire() as conn:
+        async with self.store.connection() as conn:
             row = await conn.fetchrow(q("get_schedule"), namespace, name)
         if row is None:
             raise ScheduleNotFound(name, namespace)
@@ -125,12 +125,12 @@ class Schedules:
     ) -> list[Schedule]:
         if not 1 <= page_size <= 1000:
             raise InvalidArgument("page_size", "must be between 1 and 1000")
-        async with self.store.pool.acquire() as conn:
+        async with self.store.connection() as conn:
             rows = await conn.fetch(q("list_schedules"), namespace, after, page_size)
         return [_schedule(r) for r in rows]
 
     async def pause(self, namespace: str, name: str) -> Schedule:
-        async with self.store.pool.acquire() as conn:
+        async with self.store.connection() as conn:
             row = await conn.fetchrow(q("pause_schedule"), namespace, name)
         if row is None:
             raise ScheduleNotFound(name, namespace)
@@ -141,14 +141,14 @@ class Schedules:
         current = await self.get(namespace, name)
         if not current.paused:
             return current
-        async with self.store.pool.acquire() as conn:
+        async with self.store.connection() as conn:
             row = await conn.fetchrow(
                 q("resume_schedule"), namespace, name, next_fire(current.spec.rule, now)
             )
         return _schedule(row) if row is not None else await self.get(namespace, name)
 
     async def delete(self, namespace: str, name: str) -> None:
-        async with self.store.pool.acquire() as conn:
+        async with self.store.connection() as conn:
             row = await conn.fetchrow(q("delete_schedule"), namespace, name)
         if row is None:
             raise ScheduleNotFound(name, namespace)
@@ -170,7 +170,7 @@ class Schedules:
         done = Materialized()
         if not owned:
             return done
-        async with self.store.pool.acquire() as conn, conn.transaction():
+        async with self.store.connection() as conn, conn.transaction():
             rows = await conn.fetch(
                 q("due_schedules"), list(owned), list(owned.values()), now + lookahead, batch
             )

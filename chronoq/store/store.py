@@ -208,7 +208,9 @@ class Store:
             self.pool.terminate()
 
     @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[Any]:
+    async def connection(self) -> AsyncIterator[Any]:
+        """A pooled connection whose driver and network errors come out as StoreUnavailable
+        (every statement of the store and its companions goes through here)."""
         with _translated():
             async with self.pool.acquire() as conn:
                 yield conn
@@ -216,7 +218,7 @@ class Store:
     async def migrate(self) -> list[int]:
         """Apply the migrations not yet applied, each in its own transaction; returns them."""
         applied: list[int] = []
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
             try:
                 await conn.execute(
@@ -291,7 +293,7 @@ class Store:
         A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
         """
         accepted = await self.submit_ids(specs, now)
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("tasks_by_id"), [uuid.UUID(i) for i, _c in accepted])
         by_id = {str(r["id"]): _task(r) for r in rows}
         return [SubmitOutcome(by_id[i], created) for i, created in accepted]
@@ -301,7 +303,7 @@ class Store:
         if not specs:
             return []
         ids, cols = self._insert_columns(specs, now)
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             inserted = {r["id"] for r in await conn.fetch(q("insert_task_ids"), *cols, now)}
             existing: dict[tuple[str, str], uuid.UUID] = {}
             for ns, keys in self._conflicting_keys(ids, specs, inserted).items():
@@ -317,7 +319,7 @@ class Store:
         return out
 
     async def get(self, task_id: str, namespace: str) -> Task:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow(q("get_task"), parse_task_id(task_id), namespace)
         if row is None:
             raise TaskNotFound(task_id, namespace)
@@ -325,7 +327,7 @@ class Store:
 
     async def cancel(self, task_id: str, namespace: str, now: datetime) -> Task:
         """SCHEDULED, READY or RUNNING → CANCELLED. A running worker learns it by heartbeat."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow(q("cancel"), parse_task_id(task_id), namespace, now)
         if row is not None:
             return _task(row)
@@ -351,7 +353,7 @@ class Store:
             except ValueError:
                 raise InvalidArgument("page_token", "is not a token from a previous page") from None
         query = q("list_tasks") if state is None else q("list_tasks_in_state")
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(
                 query, namespace, None if state is None else int(state), queue, after, page_size
             )
@@ -364,7 +366,7 @@ class Store:
         if not ids:
             raise InvalidArgument("ids", "name at least one dead task")
         parsed = [parse_task_id(i) for i in ids]
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             rows = await conn.fetch(
                 q("requeue_dead"), parsed, namespace, now, bucket_of(now, self.bucket_seconds)
             )
@@ -391,7 +393,7 @@ class Store:
         Queues in ``limited`` have a cluster-wide dispatch limit: tokens are taken from their
         bucket first, and the ones a claim did not use are given back.
         """
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             caps = []
             for queue in queues:
                 cap = max_tasks
@@ -420,7 +422,7 @@ class Store:
     ) -> list[HeartbeatOutcome]:
         """Extend the leases whose token is current; say why for the others."""
         ids, tokens = self._lease_columns(leases)
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             ok = {
                 str(r["id"]) for r in await conn.fetch(q("heartbeat"), namespace, ids, tokens, now)
             }
@@ -441,7 +443,7 @@ class Store:
     ) -> list[AckOutcome]:
         """RUNNING → SUCCEEDED for each lease whose token is current."""
         ids, tokens = self._lease_columns(leases)
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             ok = {
                 str(r["id"]) for r in await conn.fetch(q("complete"), namespace, ids, tokens, now)
             }
@@ -466,7 +468,7 @@ class Store:
     ) -> Task:
         """RUNNING → SCHEDULED after a backoff (READY if due now), or DEAD if out of attempts."""
         task_id = parse_task_id(lease.task_id)
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             row = await conn.fetchrow(q("lock_running"), task_id, namespace)
             self._check_lease(row, lease, namespace)
             assert row is not None
@@ -487,7 +489,7 @@ class Store:
 
     async def release(self, namespace: str, lease: Lease) -> Task:
         """RUNNING → READY without using up an attempt (a worker stopping gracefully)."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow(
                 q("release"), parse_task_id(lease.task_id), namespace, lease.lease_token
             )
@@ -577,7 +579,7 @@ class Store:
 
     async def take_fences_local(self, partitions: Sequence[int], owner: str) -> dict[int, Fence]:
         """Take every listed partition with a token one above the stored one (single node)."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("take_fences_local"), list(partitions), owner, "local")
         return {
             r["partition"]: Fence(r["partition"], r["token"], r["watermark"], owner) for r in rows
@@ -587,14 +589,14 @@ class Store:
         self, partition: int, token: int, cluster_id: str, owner: str
     ) -> Fence | None:
         """Record ``token`` as the partition's current one; None if a newer token is stored."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow(q("take_fence"), partition, token, owner, cluster_id)
         if row is None:
             return None
         return Fence(row["partition"], row["token"], row["watermark"], owner, cluster_id)
 
     async def fences(self) -> list[Fence]:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("fences"))
         return [
             Fence(r["partition"], r["token"], r["watermark"], r["owner"], r["cluster_id"])
@@ -609,7 +611,7 @@ class Store:
         if not owned:
             return result
         parts, tokens = list(owned), list(owned.values())
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(
                 q("fire_due"),
                 parts,
@@ -633,7 +635,7 @@ class Store:
         """Record that every bucket before ``bucket`` is fired, for partitions still ours."""
         if not owned:
             return set()
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(
                 q("advance_watermarks"), list(owned), list(owned.values()), bucket
             )
@@ -650,7 +652,7 @@ class Store:
         """Running tasks whose lease expired go back to waiting (attempt used) or DEAD."""
         if not owned:
             return []
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             rows = await conn.fetch(
                 q("expired_leases"), list(owned), list(owned.values()), now, batch
             )
@@ -680,7 +682,7 @@ class Store:
         self, partitions: Sequence[int], first: int, last: int
     ) -> dict[tuple[int, int], int]:
         """Pending (SCHEDULED) tasks per (partition, bucket) over ``first..last``."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("pending_by_bucket"), list(partitions), first, last)
         return {(r["partition"], r["bucket"]): r["pending"] for r in rows}
 
@@ -689,7 +691,7 @@ class Store:
     ) -> dict[tuple[str, str, str], int]:
         """(namespace, queue, state name) → tasks: READY and RUNNING, and SCHEDULED in the
         buckets ``first..last`` of ``partitions``."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("queue_depth"), list(partitions), first, last)
         return {(r["namespace"], r["queue"], TaskState(r["state"]).name): r["n"] for r in rows}
 
@@ -699,7 +701,7 @@ class Store:
         """Delete up to ``batch`` tasks in ``states`` that finished before ``before``."""
         if not partitions:
             return 0
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             status = await conn.execute(
                 q("purge_finished"), list(partitions), [int(s) for s in states], before, batch
             )
@@ -709,21 +711,21 @@ class Store:
         self, namespace: str, queue: str, rate: float, burst: float, now: datetime
     ) -> None:
         """Limit dispatch of a queue to ``rate`` tasks/s across the cluster; rate 0 removes it."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             if rate <= 0:
                 await conn.execute(q("delete_queue_limit"), namespace, queue)
             else:
                 await conn.fetchrow(q("set_queue_limit"), namespace, queue, rate, burst, now)
 
     async def queue_limits(self) -> dict[tuple[str, str], tuple[float, float]]:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("queue_limits"))
         return {(r["namespace"], r["queue"]): (r["rate"], r["burst"]) for r in rows}
 
     async def probe(self, timeout: float = 2.0) -> bool:
         """Whether PostgreSQL answers a trivial query within ``timeout`` seconds."""
         try:
-            async with self._conn() as conn:
+            async with self.connection() as conn:
                 await conn.fetchval("SELECT 1", timeout=timeout)
         except StoreUnavailable:
             return False
@@ -731,7 +733,7 @@ class Store:
 
     async def count_by_state(self) -> dict[TaskState, int]:
         """Exact counts per state: a full scan, for tests, demos and small tables only."""
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(q("count_by_state"))
         return {TaskState(r["state"]): r["n"] for r in rows}
 
