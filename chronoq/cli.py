@@ -574,7 +574,7 @@ def dev(
             envvar=_env("DEV_ETCD_MEMBERS"),
             min=1,
             max=7,
-            help="Members of the embedded etcd (with --nodes > 1).",
+            help="Members of the embedded etcd (more than one: nodes run as processes on it).",
         ),
     ] = 1,
     lease_ttl: Annotated[
@@ -614,8 +614,9 @@ def dev(
 async def _dev(settings: DevStackSettings) -> None:
     stop = _stop_event()
     what = "PostgreSQL"
-    if settings.nodes > 1:
-        what = f"etcd x{settings.etcd_members}, PostgreSQL and {settings.nodes} node processes"
+    if settings.clustered:
+        n = settings.nodes
+        what = f"etcd x{settings.etcd_members}, PostgreSQL and {n} node process{'es' * (n > 1)}"
     err.print(f"starting {what} in {settings.data_dir} …")
     async with DevStack(settings) as stack:
         out.print(

@@ -57,17 +57,22 @@ class DevStackSettings:
     tick: timedelta = timedelta(milliseconds=100)
     database: str = DEFAULT_DATABASE
     drop_database: bool = False  # drop it on exit (demo runs use a throwaway database)
-    nodes: int = 1  # more than one: an embedded etcd and a process per node
+    nodes: int = 1  # see ``clustered``
     etcd_members: int = 1
     lease_ttl: int = 5
     node_overrides: dict[str, Any] = field(default_factory=dict)  # one in-process node only
 
+    @property
+    def clustered(self) -> bool:
+        """Node processes on an embedded etcd (several nodes, or an etcd asked for)."""
+        return self.nodes > 1 or self.etcd_members > 1
+
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.etcd_members < 1:
             raise ConfigError("the dev stack needs at least one node and one etcd member")
-        if self.nodes > 1 and self.node_overrides:
+        if self.clustered and self.node_overrides:
             raise ConfigError("node_overrides apply to a single in-process node only")
-        if self.nodes > 1 and self.host != "127.0.0.1":
+        if self.clustered and self.host != "127.0.0.1":
             raise ConfigError(
                 f"--host {self.host}: a local cluster's nodes listen on 127.0.0.1 only; "
                 "drop --host, or run one node (--nodes 1)"
@@ -124,10 +129,10 @@ class DevStack:
                 await _finish_in_thread(self._ensure_database)
             except EmbeddedPostgresError as exc:
                 raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
-            if self.settings.nodes == 1:
-                await self._start_nodes()
-            else:
+            if self.settings.clustered:
                 await self._start_cluster()
+            else:
+                await self._start_nodes()
         except BaseException:
             await self.stop()
             raise
