@@ -16,7 +16,10 @@ compared. That is why no ``hmac.compare_digest`` loop over every token is needed
 file may hold digests instead of secrets (``python -c "import hashlib;
 print(hashlib.sha256(b'TOKEN').hexdigest())"``). Use long random tokens
 (``python -c "import secrets; print(secrets.token_urlsafe(32))"``): a digest does not make a
-short token safe.
+short token safe, so a token shorter than ``MIN_TOKEN_LENGTH`` is refused. Whoever can write
+the file can grant themselves every namespace, so a file writable by group or others is
+refused too (``chmod 600``); one that others can read while it holds tokens in clear is
+logged as a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +41,10 @@ log = logging.getLogger("chronoq.auth")
 
 #: The namespace entry that grants every namespace and cluster-wide calls.
 ALL_NAMESPACES = "*"
+#: Shortest token a token file may hold in clear: a short token can be guessed.
+MIN_TOKEN_LENGTH = 16
+#: Mode bits that let other accounts rewrite a token file, and so grant themselves anything.
+UNSAFE_TOKEN_FILE_MODE = stat.S_IWGRP | stat.S_IWOTH
 _DIGEST_PREFIX = "sha256:"
 
 
@@ -79,12 +87,22 @@ class TokenAuth:
         source: where they came from, for error messages.
         """
         self._grants: dict[bytes, Grant] = {}
+        self.clear_tokens = 0  # tokens given in clear rather than as sha256: digests
         for key, namespaces in tokens.items():
             digest = _digest_of_key(key, source)
             if digest in self._grants:
                 raise ConfigError(f"{source}: token {_label(digest)} is listed twice")
             label = _label(digest)
-            self._grants[digest] = Grant(_namespaces(namespaces, f"{source}: token {label}"), label)
+            granted = _namespaces(namespaces, f"{source}: token {label}")
+            clear = not key.startswith(_DIGEST_PREFIX)
+            if clear and len(key) < MIN_TOKEN_LENGTH:
+                raise ConfigError(
+                    f"{source}: token {label} (for {', '.join(sorted(granted))}) is shorter "
+                    f"than {MIN_TOKEN_LENGTH} characters: replace it with a long random one "
+                    '(python -c "import secrets; print(secrets.token_urlsafe(32))")'
+                )
+            self._grants[digest] = Grant(granted, label)
+            self.clear_tokens += 1 if clear else 0
         if not self._grants:
             raise ConfigError(f"{source}: no tokens: every call would be refused")
 
@@ -105,12 +123,27 @@ class TokenAuth:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenAuth:
-        """Read a token file (see the module docstring)."""
+        """Read a token file (see the module docstring); refuse one that others may write."""
         try:
+            mode = os.stat(path).st_mode
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"auth_tokens: cannot read {path}: {exc}") from exc
-        return cls.from_toml(text, source=str(path))
+        if mode & UNSAFE_TOKEN_FILE_MODE:
+            raise ConfigError(
+                f"auth_tokens: {path} is writable by group or others (mode "
+                f"{stat.filemode(mode)}), so anyone could grant themselves any namespace: "
+                f"chmod 600 {path}"
+            )
+        auth = cls.from_toml(text, source=str(path))
+        if mode & (stat.S_IRGRP | stat.S_IROTH) and auth.clear_tokens:
+            log.warning(
+                "token file %s is readable by group or others and holds %d tokens in clear: "
+                "chmod 600 it, or keep sha256: digests instead of tokens",
+                path,
+                auth.clear_tokens,
+            )
+        return auth
 
     def authenticate(self, token: str | None) -> Grant:
         """The grant of ``token``; ``Unauthenticated`` if it is missing or unknown."""
@@ -168,12 +201,13 @@ class TokenFile:
             self._reload_if_changed()
         return self._auth
 
-    def _stat(self) -> tuple[int, int, int] | None:
+    def _stat(self) -> tuple[int, int, int, int] | None:
         try:
             st = os.stat(self.path)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        # The mode too: a chmod that opens the file to others is seen (and refused) at once.
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
 
     def _reload_if_changed(self) -> None:
         stamp = self._stat()

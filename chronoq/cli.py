@@ -19,7 +19,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -65,6 +64,7 @@ from chronoq.errors import ChronoqError, InvalidArgument
 from chronoq.models import DEFAULT_NAMESPACE, Limits, MisfirePolicy, Schedule, Task, TaskState
 from chronoq.node import Node
 from chronoq.recurrence import CatchUp, Cron
+from chronoq.redact import MASK, mask_dsn
 from chronoq.targets import split_addresses
 
 T = TypeVar("T")
@@ -383,7 +383,9 @@ _SOURCE_NAMES = {
     "DEFAULT": "default",
     "PROMPT": "prompt",
 }
-_SECRET = ("password", "token", "key", "dsn")
+#: Settings whose whole value is a secret, shown as ``MASK``: ``*password`` and these (any
+#: other has the passwords of its DSN or URLs masked by ``mask_dsn``; paths stay readable).
+_SECRET = frozenset({"token"})
 
 
 def _print_sources(ctx: typer.Context) -> None:
@@ -400,17 +402,16 @@ def _print_sources(ctx: typer.Context) -> None:
         origin = _SOURCE_NAMES.get(source.name if source else "DEFAULT", "default")
         if origin == "env" and param.envvar:
             origin = f"env {param.envvar}"
-        shown = "-" if value is None else str(value)
-        if value is not None and any(s in name for s in _SECRET) and origin != "default":
-            shown = _redact(name, shown)
+        shown = "-" if value is None else _redact(name, str(value))
         table.add_row(param.opts[0], escape(shown), origin)
     out.print(table)
 
 
 def _redact(name: str, value: str) -> str:
-    if name == "dsn":
-        return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", value)
-    return "***"
+    """A setting's value fit to print: secrets masked wherever they sit."""
+    if name in _SECRET or name.endswith("password"):
+        return MASK
+    return mask_dsn(value)
 
 
 @app.command("config", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -587,11 +588,21 @@ def dev(
             help="etcd lease TTL of each node, seconds (with --nodes > 1).",
         ),
     ] = 5,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart/--no-restart",
+            envvar=_env("DEV_RESTART"),
+            help="Restart a crashed PostgreSQL, etcd member or node process (with backoff); "
+            "--no-restart leaves it down, for fault experiments.",
+        ),
+    ] = True,
 ) -> None:
     """Run a local stack: embedded PostgreSQL (kept in --data-dir) and a node, until Ctrl-C.
 
     With --nodes N (N > 1) it also starts etcd (--etcd-members on loopback) and N node
-    processes that share the partitions.
+    processes that share the partitions. What it starts is restarted when it dies, unless
+    --no-restart; --data-dir/dev.json lists the PIDs and each node's command line.
 
     Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3
     """
@@ -607,6 +618,7 @@ def dev(
             nodes=nodes,
             etcd_members=etcd_members,
             lease_ttl=lease_ttl,
+            restart=restart,
         )
     _run(_dev(settings))
 
@@ -629,7 +641,14 @@ async def _dev(settings: DevStackSettings) -> None:
                 out.print(f"  gRPC address   {node.address}   ({node.node_id}, pid {node.pid})")
             out.print(f"  etcd           {','.join(stack.cluster.etcd_endpoints)}")
             out.print(f"  node logs      {stack.cluster.workdir}")
-        out.print(f"  PostgreSQL DSN {stack.dsn}")
+        # The password stays out of the terminal (and its scrollback): it is in a file.
+        out.print(f"  PostgreSQL DSN {mask_dsn(stack.dsn)}")
+        out.print(f"  password file  {stack.postgres.password_file}")
+        out.print(f"  PostgreSQL     pid {stack.postgres.pid}")
+        out.print(
+            f"  state          {stack.state_file} (PIDs, node command lines; "
+            f"{'restarts what dies' if settings.restart else 'no restarts'})"
+        )
         out.print(f"  try: CHRONOQ_ADDRESS={stack.address} chronoq submit hello --in 5s")
         if stack.cluster is not None:
             out.print(f"       chronoq status --address {stack.address}")
@@ -739,6 +758,17 @@ def node(
             "harness's clock-jump fault.",
         ),
     ] = 0,
+    max_clock_offset_ms: Annotated[
+        int,
+        typer.Option(
+            "--max-clock-offset-ms",
+            envvar=_env("MAX_CLOCK_OFFSET_MS"),
+            min=0,
+            help="With --etcd: off by more than this from PostgreSQL's clock, the node hands "
+            "its partitions off and reports NOT_SERVING until its clock is right (0: never "
+            "checked).",
+        ),
+    ] = 500,
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     tls_client_ca: TlsClientCaOpt = None,
@@ -866,6 +896,9 @@ def node(
             dead_retention=timedelta(days=dead_retention_days) if dead_retention_days else None,
             submit_quota=submit_quota or None,
             submit_quota_burst=submit_quota_burst,
+            max_clock_offset=timedelta(milliseconds=max_clock_offset_ms)
+            if max_clock_offset_ms
+            else None,
             limits=Limits(
                 max_payload_bytes=max_payload_bytes, horizon=timedelta(days=horizon_days)
             ),
@@ -2081,9 +2114,10 @@ def chaos(
         typer.Option(
             envvar=_env("CHAOS_FAULTS"),
             metavar="KIND,...",
-            help="Fault kinds, or 'all': kill-node, pause-node, kill-worker, "
-            "pause-worker, kill-etcd-member, kill-etcd-leader, restart-postgres, "
-            "cut-node-etcd, cut-node-postgres, clock-jump, rolling-restart.",
+            help="Fault kinds, or 'all': kill-node, freeze-node (under the lease TTL), "
+            "freeze-node-past-ttl (was pause-node), kill-worker, pause-worker, "
+            "kill-etcd-member, kill-etcd-leader, restart-postgres, cut-node-etcd, "
+            "cut-node-postgres, clock-jump, rolling-restart.",
         ),
     ] = "all",
     seed: Annotated[

@@ -16,6 +16,16 @@ from chronoq.coordinator.etcd import ClusterSettings
 from chronoq.errors import ConfigError
 from chronoq.models import Limits
 
+#: Long-polling claims one namespace may hold open on a node at once (more: RESOURCE_EXHAUSTED).
+DEFAULT_LONG_POLLS_PER_NAMESPACE = 256
+#: Long-polling claims a node holds open at once, all namespaces together.
+DEFAULT_LONG_POLLS_PER_NODE = 1024
+
+#: Schedules one namespace may hold (CreateSchedule past it: RESOURCE_EXHAUSTED).
+DEFAULT_SCHEDULES_PER_NAMESPACE = 1000
+#: Queue dispatch limits one namespace may set (SetQueueLimit past it: RESOURCE_EXHAUSTED).
+DEFAULT_QUEUE_LIMITS_PER_NAMESPACE = 100
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodeSettings:
@@ -32,8 +42,18 @@ class NodeSettings:
     fire_rounds: int = 20  # statements per tick at most, before yielding to the next tick
     reap_interval: timedelta = timedelta(seconds=1)
     reap_batch: int = 1000
-    claim_poll: timedelta = timedelta(milliseconds=500)  # fallback re-check while long-polling
+    # How often the node re-checks the store for the queues its long-polls wait on (one shared
+    # statement, whatever the number of waiters): the path for tasks made ready on another
+    # node while notices (ready_notices) are off or not heard; 10x slower (at most 5 s) while
+    # they are.
+    claim_poll: timedelta = timedelta(milliseconds=500)
     max_claim_wait: timedelta = timedelta(seconds=60)
+    long_polls_per_namespace: int = DEFAULT_LONG_POLLS_PER_NAMESPACE
+    long_polls_per_node: int = DEFAULT_LONG_POLLS_PER_NODE
+    # Nodes tell each other through PostgreSQL NOTIFY which queues have new ready tasks, so a
+    # task fired on one node wakes the long-polls of all at once (claim_poll is then only a
+    # slow fallback). False: the claim_poll re-check is the only path between nodes.
+    ready_notices: bool = True
     schedule_interval: timedelta = timedelta(seconds=1)  # how often owners materialise schedules
     schedule_lookahead: timedelta = timedelta(seconds=60)  # occurrences created this far ahead
     max_batch: int = 10_000  # tasks per SubmitBatch
@@ -54,8 +74,13 @@ class NodeSettings:
     # No store for this long: hand the partitions off (default: 0.6 x the etcd lease TTL, so a node
     # cut off from PostgreSQL fails over as fast as one cut off from etcd).
     store_grace: timedelta | None = None
+    # Off by more than this from the store's clock, a cluster node hands its partitions off
+    # (chronoq.node.clock_check); None: never checked. Virtual clocks are never checked.
+    max_clock_offset: timedelta | None = timedelta(milliseconds=500)
     submit_quota: float | None = None  # tasks/s per namespace on this node; None: unlimited
     submit_quota_burst: float | None = None  # default: one second's worth (at least 1)
+    schedules_per_namespace: int = DEFAULT_SCHEDULES_PER_NAMESPACE
+    queue_limits_per_namespace: int = DEFAULT_QUEUE_LIMITS_PER_NAMESPACE
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= 32767:
@@ -66,3 +91,7 @@ class NodeSettings:
             raise ConfigError(f"tick must be between 1 ms and 60 s, got {self.tick}")
         if self.fire_batch < 1:
             raise ConfigError("fire_batch must be >= 1")
+        if self.schedules_per_namespace < 1 or self.queue_limits_per_namespace < 1:
+            raise ConfigError("schedules_per_namespace and queue_limits_per_namespace must be >= 1")
+        if self.long_polls_per_namespace < 1 or self.long_polls_per_node < 1:
+            raise ConfigError("long_polls_per_namespace and long_polls_per_node must be >= 1")

@@ -8,17 +8,23 @@ give clients and workers; ``stack.dsn`` the database.
 One node runs in this process with local ownership. More than one is a real cluster: an
 embedded etcd and one ``chronoq node`` process per node (``chronoq.chaos.runner.LocalCluster``),
 in a scratch directory under ``data_dir`` that is removed on exit.
+
+What the stack starts is supervised (``chronoq.embedded.supervisor``): a PostgreSQL, etcd
+member or node process that dies is started again with backoff, unless ``restart`` is off
+(fault experiments); ``dev.json`` in ``data_dir`` says what runs, with PIDs and command lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
+import shlex
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.config import NodeSettings
 from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronoq.embedded.supervisor import Child, Supervisor, finish_in_thread
 from chronoq.errors import ChronoqError, ConfigError
 from chronoq.node import Node
 from chronoq.store import Store
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("chronoq.devstack")
 
 DEFAULT_DATABASE = "chronoq"
+#: What runs, in the data directory: see ``DevStack.state_file``.
+STATE_FILE = "dev.json"
 
 
 class DevStackError(ChronoqError):
@@ -61,6 +70,7 @@ class DevStackSettings:
     etcd_members: int = 1
     lease_ttl: int = 5
     node_overrides: dict[str, Any] = field(default_factory=dict)  # one in-process node only
+    restart: bool = True  # restart a crashed PostgreSQL, etcd member or node process
 
     @property
     def clustered(self) -> bool:
@@ -92,6 +102,7 @@ class DevStack:
         self._cluster_store: Store | None = None
         self._created_database = False
         self._postgres_started = False
+        self.supervisor: Supervisor | None = None
 
     @property
     def dsn(self) -> str:
@@ -125,20 +136,26 @@ class DevStack:
         """Start PostgreSQL, create the database if it is missing, start the node(s)."""
         try:
             try:
-                await _finish_in_thread(self._start_postgres)
-                await _finish_in_thread(self._ensure_database)
+                await finish_in_thread(self._start_postgres)
+                await finish_in_thread(self._ensure_database)
             except EmbeddedPostgresError as exc:
                 raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
             if self.settings.clustered:
                 await self._start_cluster()
             else:
                 await self._start_nodes()
+            self._supervise()
         except BaseException:
             await self.stop()
             raise
 
     async def stop(self) -> None:
         """Stop the nodes, drop a throwaway database, stop PostgreSQL. Safe to call twice."""
+        supervisor, self.supervisor = self.supervisor, None
+        if supervisor is not None:
+            await supervisor.stop()  # first: nothing may restart what is being stopped
+        with contextlib.suppress(OSError):
+            self.state_file.unlink(missing_ok=True)
         nodes, self.nodes = self.nodes, []
         for node in reversed(nodes):
             with contextlib.suppress(ChronoqError, OSError):
@@ -155,6 +172,78 @@ class DevStack:
             # start may mean that another chronoq's server is running there.
             self._postgres_started = False
             await asyncio.to_thread(self.postgres.stop)
+
+    @property
+    def state_file(self) -> Path:
+        """``dev.json`` in the data directory: PIDs, addresses and each node's command line,
+        rewritten after every restart, removed on exit (it may hold the DSN: mode 0600)."""
+        return self.settings.data_dir / STATE_FILE
+
+    def state(self) -> dict[str, Any]:
+        """What runs now: for operators who stop, start or restart one part by hand."""
+        pg = self.postgres
+        state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "restart": self.settings.restart,
+            "postgres": {
+                "pid": pg.pid,
+                "port": pg.port,
+                "data_dir": str(pg.data_dir),
+                "log": str(pg.log_file),
+            },
+            "etcd": [],
+            "nodes": [
+                {
+                    "node_id": n.settings.node_id,
+                    "address": n.address,
+                    "pid": os.getpid(),
+                    "in_process": True,
+                }
+                for n in self.nodes
+            ],
+        }
+        if self.cluster is not None:
+            if self.cluster.etcd is not None:
+                state["etcd"] = [
+                    {"name": m.name, "pid": m.pid, "endpoint": m.endpoint, "log": str(m.log_file)}
+                    for m in self.cluster.etcd.members
+                ]
+            state["nodes"] = [
+                {
+                    "node_id": n.node_id,
+                    "address": n.address,
+                    "pid": n.running_pid(),
+                    "log": str(n.log_file),
+                    "command": shlex.join(n.args),
+                }
+                for n in self.cluster.nodes.values()
+            ]
+        return state
+
+    def write_state(self) -> None:
+        """(Re)write ``state_file`` atomically."""
+        path = self.state_file
+        scratch = path.with_name(path.name + ".tmp")
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.state(), f, indent=2)
+        scratch.replace(path)
+
+    def _supervise(self) -> None:
+        """Watch PostgreSQL and the cluster's processes (an in-process node needs no watcher)."""
+        children = [
+            Child("PostgreSQL", pid=lambda: self.postgres.pid, start=self._restart_postgres)
+        ]
+        if self.cluster is not None:
+            children += self.cluster.children()
+        self.write_state()
+        self.supervisor = Supervisor(
+            children, restart=self.settings.restart, on_change=self.write_state
+        )
+        self.supervisor.start()
+
+    def _restart_postgres(self) -> None:
+        self.postgres.start(60.0)
 
     async def __aenter__(self) -> DevStack:
         await self.start()
@@ -227,11 +316,15 @@ class DevStack:
         )
         self.cluster = LocalCluster(workdir, spec, postgres=self.postgres, dsn=self.dsn)
         try:
-            await _finish_in_thread(self.cluster.start)
+            await finish_in_thread(self.cluster.start)
         except (OSError, RuntimeError) as exc:  # a node exited or never served (log tail in it)
             raise DevStackError(f"cluster did not start: {exc}") from exc
         self._cluster_store = await Store.connect(
-            self.dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds, max_size=2
+            self.dsn,
+            partitions=s.partitions,
+            bucket_seconds=s.bucket_seconds,
+            min_size=0,  # no idle floor to restore (and log about) while PostgreSQL restarts
+            max_size=2,
         )
 
     async def _stop_cluster(self) -> None:
@@ -243,18 +336,3 @@ class DevStack:
         if cluster is not None:
             await asyncio.to_thread(cluster.stop)
             shutil.rmtree(cluster.workdir, ignore_errors=True)
-
-
-async def _finish_in_thread(fn: Callable[[], None]) -> None:
-    """Run blocking ``fn`` in a thread; if cancelled meanwhile, let it finish before re-raising.
-
-    A thread cannot be interrupted: returning early would let ``stop`` run while PostgreSQL is
-    still starting, and leave the server behind.
-    """
-    job = asyncio.ensure_future(asyncio.to_thread(fn))
-    try:
-        await asyncio.shield(job)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await job
-        raise

@@ -18,12 +18,30 @@ class ChronoqError(Exception):
         return str(self.args[0]) if self.args else ""
 
 
+#: Characters of a refused value that an error message quotes back: enough to recognise it,
+#: never the 100 KB a caller sent (a client drops a status whose message is too large).
+ECHO_LIMIT = 64
+#: Characters of an error message at most, whatever it quotes.
+MESSAGE_LIMIT = 1024
+
+
+def shown(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr(value)`` cut at ``limit`` characters with an ellipsis, for error messages."""
+    if isinstance(value, str | bytes) and len(value) > 4 * limit:
+        value = value[: 4 * limit]  # repr of a huge value is not worth building
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 class InvalidArgument(ChronoqError):
     """A request field is missing or out of range."""
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
-        super().__init__(f"{field}: {problem}")
+        message = f"{field}: {problem}"
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 1] + "\u2026"
+        super().__init__(message)
 
 
 class TaskNotFound(ChronoqError):
@@ -90,6 +108,34 @@ class QuotaExceeded(ChronoqError):
         )
 
 
+class NamespaceCapReached(ChronoqError):
+    """A namespace holds as many schedules (or queue limits) as a namespace may."""
+
+    def __init__(self, namespace: str, what: str, cap: int) -> None:
+        self.namespace = namespace
+        self.what = what  # "schedules" or "queue limits"
+        self.cap = cap
+        super().__init__(
+            f"namespace {namespace!r} has {cap} {what}, the most a namespace may have: "
+            f"delete one first, or ask the operator to raise the cap"
+        )
+
+
+class ScheduleQuotaExceeded(ChronoqError):
+    """A namespace's active schedules together would make more tasks than its submit quota."""
+
+    def __init__(self, namespace: str, reserved: float, added: float, quota: float) -> None:
+        self.namespace = namespace
+        self.reserved = reserved  # tasks/s the namespace's active schedules can make already
+        self.added = added  # tasks/s this schedule can make
+        self.quota = quota
+        super().__init__(
+            f"namespace {namespace!r} exceeded its submit quota of {quota:g} tasks/s: its "
+            f"active schedules make up to {reserved:.4g} tasks/s and this one would add "
+            f"{added:.4g}; use a longer interval, or pause or delete another schedule"
+        )
+
+
 class StoreUnavailable(ChronoqError):
     """The task store (PostgreSQL) cannot be reached or refused the statement."""
 
@@ -114,6 +160,20 @@ class NamespaceDenied(ChronoqError):
         self.method = method
         what = f"namespace {namespace!r}" if namespace is not None else "cluster-wide calls"
         super().__init__(f"token does not grant {what}" + (f" ({method})" if method else ""))
+
+
+class TooManyLongPolls(ChronoqError):
+    """Too many long-polling claims are open on this node: retry later."""
+
+    def __init__(self, namespace: str, limit: int, scope: str) -> None:
+        self.namespace = namespace
+        self.limit = limit
+        self.scope = scope  # "namespace" or "node": which cap was reached
+        where = f"namespace {namespace!r} has" if scope == "namespace" else "this node has"
+        super().__init__(
+            f"{where} {limit} long-polling claims open, the limit: retry later, "
+            "claim without waiting, or spread workers over more nodes"
+        )
 
 
 class RemoteError(ChronoqError):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from chronoq.errors import InvalidArgument
+# The bounds live in chronoq.limits; re-exported here for the callers that know them as models'.
+from chronoq.limits import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
+from chronoq.limits import MAX_NAME as MAX_NAME
+from chronoq.limits import Limits as Limits
+from chronoq.limits import check_name as check_name
 from chronoq.recurrence import CatchUp, Rule
 
 
@@ -35,22 +38,6 @@ class MisfirePolicy(enum.IntEnum):
 
 
 DEFAULT_NAMESPACE = "default"
-_NAME = re.compile(r"^[A-Za-z0-9._:-]+$")
-MAX_NAME = 128
-MAX_IDEMPOTENCY_KEY = 512
-
-
-def check_name(field_name: str, value: str) -> str:
-    """Validate a queue or namespace name and return it."""
-    if not value:
-        raise InvalidArgument(field_name, "must not be empty")
-    if len(value) > MAX_NAME:
-        raise InvalidArgument(
-            field_name, f"is {len(value)} characters long; the limit is {MAX_NAME}"
-        )
-    if not _NAME.match(value):
-        raise InvalidArgument(field_name, f"{value!r} has characters outside [A-Za-z0-9._:-]")
-    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,64 +56,6 @@ class TaskSpec:
     priority: int = 0
     misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_LATE
     misfire_grace: timedelta = timedelta(seconds=60)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Limits:
-    """Bounds on what a submit may ask for; a request outside them is refused, never trimmed."""
-
-    max_payload_bytes: int = 256 * 1024
-    horizon: timedelta = timedelta(days=366)
-    max_attempts_limit: int = 1000
-    min_lease_timeout: timedelta = timedelta(seconds=1)
-    max_lease_timeout: timedelta = timedelta(hours=24)
-
-    def check(self, spec: TaskSpec, now: datetime) -> TaskSpec:
-        """Return ``spec`` if it is acceptable at ``now``, else raise ``InvalidArgument``."""
-        check_name("namespace", spec.namespace)
-        check_name("queue", spec.queue)
-        if spec.run_at.tzinfo is None:
-            raise InvalidArgument("run_at", "must carry a time zone")
-        if spec.run_at - now > self.horizon:
-            raise InvalidArgument(
-                "run_at",
-                f"{spec.run_at.isoformat()} is beyond the scheduling horizon of "
-                f"{_human(self.horizon)} from now",
-            )
-        if len(spec.payload) > self.max_payload_bytes:
-            raise InvalidArgument(
-                "payload",
-                f"is {len(spec.payload)} bytes; the limit is {self.max_payload_bytes} bytes",
-            )
-        if spec.idempotency_key is not None and len(spec.idempotency_key) > MAX_IDEMPOTENCY_KEY:
-            raise InvalidArgument(
-                "idempotency_key", f"is longer than {MAX_IDEMPOTENCY_KEY} characters"
-            )
-        if not 1 <= spec.max_attempts <= self.max_attempts_limit:
-            raise InvalidArgument(
-                "max_attempts",
-                f"must be between 1 and {self.max_attempts_limit}, got {spec.max_attempts}",
-            )
-        if spec.backoff_initial < timedelta(0) or spec.backoff_max < spec.backoff_initial:
-            raise InvalidArgument("retry", "need 0 <= backoff_initial <= backoff_max")
-        if not self.min_lease_timeout <= spec.lease_timeout <= self.max_lease_timeout:
-            raise InvalidArgument(
-                "lease_timeout",
-                f"must be between {_human(self.min_lease_timeout)} "
-                f"and {_human(self.max_lease_timeout)}",
-            )
-        if spec.misfire_grace < timedelta(0):
-            raise InvalidArgument("misfire_grace", "must be >= 0")
-        return spec
-
-
-def _human(d: timedelta) -> str:
-    secs = int(d.total_seconds())
-    if secs % 86400 == 0:
-        return f"{secs // 86400} days"
-    if secs % 3600 == 0:
-        return f"{secs // 3600} hours"
-    return f"{secs} seconds"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,3 +157,4 @@ class Schedule:
     last_fire_at: datetime | None = None
     created_total: int = 0
     skipped_total: int = 0
+    paused_reason: str | None = None  # why the owner paused it (a row it could not use)

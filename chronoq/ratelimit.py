@@ -4,11 +4,28 @@ Submit quotas use one bucket per namespace on each node and *refuse* what exceed
 (RESOURCE_EXHAUSTED with a retry hint), since a node must not hold requests hostage.
 Cluster-wide queue dispatch limits live in the store instead (one row per queue, updated
 atomically by whichever node serves the claim); see ``queries.sql`` ``take_tokens``.
+
+Schedule-made tasks count too: a schedule reserves its maximum rate (``schedule_rate``) of
+its namespace's quota when it is created or resumed, and the active schedules of a namespace
+together may not reserve more than the quota. A schedule can then never produce more than
+the quota its namespace has, whichever node materialises it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
+
+from chronoq.recurrence import Cron, Rule
+
+#: Cron has five fields: a minute is its finest unit, so it fires at most once a minute.
+CRON_FINEST = timedelta(minutes=1)
+
+
+def schedule_rate(rule: Rule) -> float:
+    """The most tasks per second ``rule`` can make: what it reserves of the submit quota."""
+    every = CRON_FINEST if isinstance(rule, Cron) else rule.interval
+    return 1.0 / max(every.total_seconds(), 1e-3)
 
 
 @dataclass

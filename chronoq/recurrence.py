@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
-from chronoq.errors import InvalidArgument
+from chronoq.errors import InvalidArgument, shown
 
 
 class CatchUp(enum.IntEnum):
@@ -52,22 +53,42 @@ Rule = Cron | Every
 MIN_INTERVAL = timedelta(seconds=1)
 
 
+#: An IANA zone name: ``Region/City`` parts, nothing that reads as a path of its own.
+_ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]+(?:/[A-Za-z0-9_+-]+)*")
+
+
 def zone(name: str) -> ZoneInfo:
+    """The zone named ``name``; ``InvalidArgument`` for anything else (a directory of the zone
+    database such as ``America``, a relative path, a file that is not a zone)."""
+    if _ZONE_NAME.fullmatch(name) is None:
+        raise InvalidArgument("timezone", f"{shown(name)} is not an IANA time zone name")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise InvalidArgument("timezone", f"{name!r} is not an IANA time zone name") from None
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidArgument("timezone", f"{shown(name)} is not an IANA time zone name") from None
 
 
-def check(rule: Rule) -> Rule:
-    """Return ``rule`` if valid, else raise ``InvalidArgument`` saying what to fix."""
+def check(rule: Rule, now: datetime | None = None) -> Rule:
+    """Return ``rule`` if valid, else raise ``InvalidArgument`` saying what to fix.
+
+    With ``now``, a cron expression must also have an occurrence after it (``0 0 31 2 *``,
+    February 31st, has none).
+    """
     if isinstance(rule, Cron):
         zone(rule.timezone)
         fields = rule.expression.split()
         if len(fields) != 5 or not croniter.is_valid(rule.expression):
             raise InvalidArgument(
-                "cron", f"{rule.expression!r} is not a 5-field cron expression (e.g. '*/5 * * * *')"
+                "cron",
+                f"{shown(rule.expression)} is not a 5-field cron expression (e.g. '*/5 * * * *')",
             )
+        if now is not None:
+            try:
+                next_fire(rule, now)
+            except (CroniterError, ValueError, OverflowError):
+                raise InvalidArgument(
+                    "cron", f"{shown(rule.expression)} has no next occurrence"
+                ) from None
     else:
         if rule.interval < MIN_INTERVAL:
             raise InvalidArgument(

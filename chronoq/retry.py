@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+from chronoq.saturating import clamp, ms_to_delta, shifted
 
 
 def backoff(
@@ -40,3 +42,30 @@ def attempts_left(attempt: int, max_attempts: int, retry_base: int = 0) -> bool:
     state or released: attempts before it do not count against ``max_attempts``.
     """
     return attempt - retry_base < max_attempts
+
+
+def stored_backoff(
+    attempts_used: int,
+    initial_ms: int,
+    max_ms: int,
+    *,
+    horizon: timedelta,
+    rng: random.Random | None = None,
+) -> timedelta:
+    """``backoff`` for the values of a stored row, whatever they hold.
+
+    The millisecond numbers are saturated into ``[0, horizon]`` before they become
+    durations and an attempt count below 1 reads as 1, so a row written out of range (by an
+    older version or by hand) still gets a retry time instead of raising.
+    """
+    return backoff(
+        max(1, attempts_used),
+        initial=ms_to_delta(initial_ms, highest=horizon),
+        maximum=ms_to_delta(max_ms, highest=horizon),
+        rng=rng,
+    )
+
+
+def retry_time(now: datetime, delay: timedelta, *, horizon: timedelta) -> datetime:
+    """When a retry after ``delay`` runs: the delay saturated into ``[0, horizon]``."""
+    return shifted(now, clamp(delay, timedelta(0), horizon))

@@ -49,6 +49,26 @@ def grpc_target(addresses: str | Sequence[str], what: str = "address") -> str:
     return "ipv4:" + ",".join(f"{_ipv4(h, p, what)}:{p}" for h, p in parsed)
 
 
+def node_targets(target: str, what: str = "node address") -> list[str]:
+    """One gRPC target per server, for clients that keep a channel per node and choose among
+    them: ``"a:1,b:2"`` and ``"ipv4:10.0.0.1:1,10.0.0.2:2"`` give one target per address
+    (names are left to gRPC's resolver); any other gRPC target (``dns:///…``) is one target.
+    """
+    stripped = target.strip()
+    for scheme in ("ipv4:", "ipv6:"):
+        if stripped.startswith(scheme):
+            return [scheme + a for a in split_addresses(stripped.removeprefix(scheme))]
+    if stripped.startswith(GRPC_SCHEMES):
+        return [stripped]
+    items = split_addresses(stripped)
+    if not items:
+        raise ConfigError(f"at least one {what} is needed")
+    if len(items) > 1:
+        for item in items:
+            host_port(item, what)
+    return items
+
+
 def is_several(target: str) -> bool:
     """Whether a target from ``grpc_target`` lists more than one server."""
     return target.startswith("ipv4:") and "," in target

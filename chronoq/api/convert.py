@@ -10,6 +10,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from chronoq.api.v1 import schedules_pb2, tasks_pb2, worker_pb2
 from chronoq.errors import InvalidArgument
+from chronoq.limits import MAX_LEASE_TOKEN, MAX_TASK_ID, Limits, check_name, check_text
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     Lease,
@@ -69,7 +70,26 @@ def from_duration(
 
 
 def namespace_of(value: str) -> str:
-    return value or DEFAULT_NAMESPACE
+    """The namespace a request names (empty: ``default``), checked like any name."""
+    return check_name("namespace", value) if value else DEFAULT_NAMESPACE
+
+
+_MISFIRE_FROM_PB: dict[int, MisfirePolicy] = {
+    tasks_pb2.MISFIRE_POLICY_UNSPECIFIED: MisfirePolicy.FIRE_LATE,
+    tasks_pb2.MISFIRE_POLICY_FIRE_LATE: MisfirePolicy.FIRE_LATE,
+    tasks_pb2.MISFIRE_POLICY_SKIP: MisfirePolicy.SKIP,
+}
+
+
+def misfire_policy_from_pb(value: int) -> MisfirePolicy:
+    """An enum value the node knows, or ``InvalidArgument``: never stored as a default."""
+    try:
+        return _MISFIRE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(
+            "misfire_policy",
+            f"unknown value {value}; use MISFIRE_POLICY_FIRE_LATE or MISFIRE_POLICY_SKIP",
+        ) from None
 
 
 def _execution_fields(
@@ -99,13 +119,16 @@ def _execution_fields(
     }
 
 
-def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) -> TaskSpec:
-    """Build a TaskSpec; ``delay`` is measured from the node's ``now``."""
+def spec_from_pb(
+    pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults, limits: Limits | None = None
+) -> TaskSpec:
+    """Build a TaskSpec; ``delay`` is measured from the node's ``now`` (and must be within the
+    horizon of ``limits``, so adding it cannot overflow)."""
     which = pb.WhichOneof("when")
     if which == "run_at":
         run_at = from_timestamp("run_at", pb.run_at)
     elif which == "delay":
-        run_at = now + from_duration("delay", pb.delay)
+        run_at = now + (limits or Limits()).check_delay("delay", from_duration("delay", pb.delay))
     else:
         raise InvalidArgument(
             "run_at", "is required: set run_at (a timestamp) or delay (a duration)"
@@ -118,11 +141,7 @@ def spec_from_pb(pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults) 
         idempotency_key=pb.idempotency_key or None,
         **_execution_fields(pb, defaults),
         priority=pb.priority,
-        misfire_policy=(
-            MisfirePolicy.SKIP
-            if pb.misfire_policy == tasks_pb2.MISFIRE_POLICY_SKIP
-            else MisfirePolicy.FIRE_LATE
-        ),
+        misfire_policy=misfire_policy_from_pb(pb.misfire_policy),
         misfire_grace=(
             from_duration("misfire_grace", pb.misfire_grace)
             if pb.HasField("misfire_grace")
@@ -240,8 +259,12 @@ def task_from_pb(pb: tasks_pb2.Task) -> Task:
 def lease_from_pb(pb: worker_pb2.Lease) -> Lease:
     if not pb.task_id:
         raise InvalidArgument("lease.task_id", "is required")
-    if pb.lease_token < 1:
-        raise InvalidArgument("lease.lease_token", "must be the attempt number of the claim (>= 1)")
+    check_text("lease.task_id", pb.task_id, MAX_TASK_ID)
+    if not 1 <= pb.lease_token <= MAX_LEASE_TOKEN:
+        raise InvalidArgument(
+            "lease.lease_token",
+            f"must be the attempt number of the claim (1..{MAX_LEASE_TOKEN}), got {pb.lease_token}",
+        )
     return Lease(pb.task_id, pb.lease_token)
 
 
@@ -256,14 +279,31 @@ _CATCH_UP_TO_PB = {
 }
 
 
+_CATCH_UP_FROM_PB: dict[int, CatchUp] = {
+    schedules_pb2.CATCH_UP_UNSPECIFIED: CatchUp.LATEST,
+    **{v: k for k, v in _CATCH_UP_TO_PB.items()},
+}
+
+
 def catch_up_to_pb(policy: CatchUp) -> Any:
     return _CATCH_UP_TO_PB[policy]
+
+
+def catch_up_from_pb(value: int) -> CatchUp:
+    """An enum value the node knows, or ``InvalidArgument``: never stored as a default."""
+    try:
+        return _CATCH_UP_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(
+            "catch_up",
+            f"unknown value {value}; use CATCH_UP_ALL, CATCH_UP_LATEST or CATCH_UP_NONE",
+        ) from None
 
 
 def schedule_spec_from_pb(
     pb: schedules_pb2.ScheduleSpec, now: datetime, defaults: SpecDefaults
 ) -> ScheduleSpec:
-    """Build a ScheduleSpec; the rule is checked by the store before anything is written."""
+    """Build a ScheduleSpec; ``Limits.check_schedule`` checks it before anything is written."""
     which = pb.WhichOneof("rule")
     start = from_timestamp("start_at", pb.start_at) if pb.HasField("start_at") else None
     if which == "cron":
@@ -274,13 +314,12 @@ def schedule_spec_from_pb(
         raise InvalidArgument(
             "rule", "is required: set cron (an expression) or interval (a duration)"
         )
-    catch_up = {v: k for k, v in _CATCH_UP_TO_PB.items()}.get(pb.catch_up, CatchUp.LATEST)
     return ScheduleSpec(
         name=pb.name,
         queue=pb.queue,
         rule=rule,
         namespace=namespace_of(pb.namespace),
-        catch_up=catch_up,
+        catch_up=catch_up_from_pb(pb.catch_up),
         start_at=start,
         payload=pb.payload,
         priority=pb.priority,
@@ -343,7 +382,7 @@ def schedule_from_pb(pb: schedules_pb2.Schedule) -> Schedule:
             queue=spec.queue,
             rule=rule,
             namespace=spec.namespace,
-            catch_up={v: k for k, v in _CATCH_UP_TO_PB.items()}.get(spec.catch_up, CatchUp.LATEST),
+            catch_up=_CATCH_UP_FROM_PB.get(spec.catch_up, CatchUp.LATEST),
             start_at=start,
             payload=spec.payload,
             priority=spec.priority,

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import asyncpg
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of, partition_of
+from chronoq.limits import Limits
 from chronoq.models import DEFAULT_NAMESPACE, TaskState
 from chronoq.store import Store
 from chronoq.store.sql import q
@@ -262,8 +263,9 @@ async def _raw_fire(
     fire_at = now + timedelta(hours=2)
     current = bucket_of(fire_at, DEFAULT_BUCKET_SECONDS)
     fire = await conn.prepare(q("fire_due"))
-    # Parameters past $5 say who fires (the node id, since migration 0002): name this bench.
-    who = ["raw-bench"] * (len(fire.get_parameters()) - 5)
+    # $6 says who fires (the node id, since migration 0002): name this bench; $7 the horizon
+    # that stored durations saturate at, in ms.
+    who = ("raw-bench", Limits().horizon // timedelta(milliseconds=1))
     fired = statements = 0
     pending = owned
     started = time.perf_counter()
@@ -278,10 +280,7 @@ async def _raw_fire(
         if not result:
             break
         fired += len(result)
-        counts: dict[int, int] = {}
-        for r in result:
-            counts[r["partition"]] = counts.get(r["partition"], 0) + 1
-        pending = {p: owned[p] for p, n in counts.items() if n >= per_partition}
+        pending = {r["partition"]: owned[r["partition"]] for r in result if r["more"]}
     return fired / (time.perf_counter() - started), statements
 
 
@@ -291,6 +290,11 @@ async def _raw_claim_complete(
     """Claim ``claim_batch`` and complete them, on every connection, until ``rows`` are done."""
     now = datetime.now(UTC) + timedelta(hours=2)
     claims = {c: await c.prepare(q("claim")) for c in conns}
+    limits = Limits()  # the lease timeout bounds that claim saturates stored timeouts to, in ms
+    lease_bounds = (
+        limits.min_lease_timeout // timedelta(milliseconds=1),
+        limits.max_lease_timeout // timedelta(milliseconds=1),
+    )
     completes = {c: await c.prepare(q("complete")) for c in conns}
     done = 0
 
@@ -299,7 +303,8 @@ async def _raw_claim_complete(
         while done < rows:
             take = min(claim_batch, rows - done)
             got = await claims[conn].fetch(
-                NAMESPACE, [QUEUE], take, f"raw-{id(conn)}", now, [take]  # per-queue cap
+                NAMESPACE, [QUEUE], take, f"raw-{id(conn)}", now, [take],  # per-queue cap
+                *lease_bounds,
             )
             if not got:
                 return

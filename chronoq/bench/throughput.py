@@ -56,6 +56,7 @@ from chronoq.clock import ManualClock
 from chronoq.config import NodeSettings
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.node import Node
+from chronoq.redact import split_password
 
 PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss")
 LAYOUTS = ("in-process", "processes")
@@ -373,7 +374,7 @@ async def _phase_raw(ctx: _Context) -> None:
 async def _phase_submit(ctx: _Context) -> None:
     opts = ctx.opts
     async with ctx.db.fresh("submit") as dsn:
-        node = await _Child.spawn("node-submit", ["node", "--dsn", dsn], opts.logs)
+        node = await _Child.spawn_node("node-submit", dsn, opts.logs)
         try:
             await _submit_all(node.info, _spread_tasks(_SUBMIT_BATCH, timedelta(hours=1)), 1)
             for n in opts.submitters:
@@ -527,7 +528,7 @@ async def _phase_rss(ctx: _Context) -> None:
     for size in opts.pending_sizes:
         async with ctx.db.fresh(f"rss_{size}") as dsn:
             load = await _load_pending(ctx.console, dsn, size)
-            node = await _Child.spawn(f"node-rss-{size}", ["node", "--dsn", dsn], opts.logs)
+            node = await _Child.spawn_node(f"node-rss-{size}", dsn, opts.logs)
             try:
                 await asyncio.sleep(opts.rss_settle_seconds)
                 rss, hwm = _memory_kib(node.pid)
@@ -764,15 +765,29 @@ class _Child:
         return self._proc.pid
 
     @classmethod
+    async def spawn_node(cls, name: str, dsn: str, logs: Path) -> _Child:
+        """A node child on ``dsn``; its password goes in the environment, not the command line."""
+        bare, password = split_password(dsn)
+        return await cls.spawn(name, ["node", "--dsn", bare], logs, password=password)
+
+    @classmethod
     async def spawn(
-        cls, name: str, args: Sequence[str], logs: Path, within: float = 60.0
+        cls,
+        name: str,
+        args: Sequence[str],
+        logs: Path,
+        within: float = 60.0,
+        *,
+        password: str | None = None,
     ) -> _Child:
         """Start ``python -m chronoq.bench.throughput <args>``; wait ``within`` s for READY."""
         log = logs / f"{name}.log"
+        env = {**os.environ, "PGPASSWORD": password} if password is not None else None
         with log.open("ab") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", _CHILD_MODULE, *args,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                env=env,
             )
         child = cls(name, proc, log)
         assert proc.stdout is not None

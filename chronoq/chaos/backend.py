@@ -79,7 +79,8 @@ class LocalBackend:
         parts = urlsplit(self.cluster.dsn)
         pg = self.hub.add(f"{parts.hostname}:{parts.port}", f"{node_id}->postgres")
         self.proxies[node_id] = {"etcd": etcd, "postgres": [pg]}
-        dsn = urlunsplit(parts._replace(netloc=f"{parts.username}@{pg.address}"))
+        credentials = parts.netloc.rpartition("@")[0]  # user, and password if there is one
+        dsn = urlunsplit(parts._replace(netloc=f"{credentials}@{pg.address}"))
         out = list(args)
         out[out.index("--dsn") + 1] = dsn
         out[out.index("--etcd") + 1] = ",".join(p.address for p in etcd)
@@ -111,7 +112,10 @@ class LocalBackend:
         if offset_ms:
             args += [CLOCK_FLAG, str(offset_ms)]
         node.args = args
-        self.cluster.restart_node(node_id)
+        # A node whose clock is off stays NOT_SERVING by design: wait until it answers.
+        self.cluster.restart_node(node_id, wait=not offset_ms)
+        if offset_ms:
+            self.cluster.wait_answering(node)
 
     # ------------------------------------------------------------------ etcd and PostgreSQL
 

@@ -11,8 +11,10 @@ write itself (the client log, the workers' ledger, etcd's owner keys, the fault 
 ``none_early``
     No execution starts before its run_at (the original one, and a retry's backoff time),
     within ``clock_tolerance_s`` of timestamp rounding: the run is on one host, so every
-    party reads one clock. An early run is excused only by a clock-jump fault that moved a
-    node's clock ahead by at least as much, during that fault.
+    party reads one clock. Nodes hand their partitions off while their clock is off by more
+    than ``max_clock_offset_ms`` (recorded in the history's meta) from the store's, so an
+    early run during a clock jump is excused only up to that bound. Histories recorded
+    before nodes checked their clocks (no such meta) excuse up to the jump's offset.
 ``duplicates_explained``
     An execution that follows one which did not fail on purpose is an extra one. Each needs
     an injected fault: a kill or pause of the worker that ran the earlier one, during it; or
@@ -25,11 +27,19 @@ write itself (the client log, the workers' ledger, etcd's owner keys, the fault 
 ``fencing``
     Per partition, in firing order, fencing tokens never go back; one node per token; the
     token is the one etcd issued to that node; none is above the store's final fence.
+``execution_gap``
+    The execution gap is the longest time during which some task was due (its run_at had
+    passed) and no worker started any task. It is reported for every fault (the longest gap
+    that overlaps the fault's window) and bounded (``exec_gap_bound_s``) for node kills and
+    freezes: the other nodes keep firing, so workers with every node's address must keep
+    starting tasks, whatever one node does.
 
-Clock jumps: chronoq trusts each node's clock, so a node whose clock is X ahead may run a
-task up to X early and one X behind fires up to X late. The checker holds the harm to that
-bound (an early run beyond X, or a gap beyond the bound plus X, still fails), and corrects
-the ``fired_at`` such a node wrote with the tokens it held while skewed.
+Clock jumps: a node measures its clock against the store's and stops firing while it is off
+by more than a small bound, so a jump of X costs no early run beyond that bound. Older
+histories came from nodes that trusted their clock (a node X ahead ran tasks up to X early,
+one X behind fired up to X late): the checker holds them to that (an early run beyond X, or
+a gap beyond the bound plus X, still fails), and corrects the ``fired_at`` such a node wrote
+with the tokens it held while skewed.
 """
 
 from __future__ import annotations
@@ -57,10 +67,16 @@ from chronoq.chaos.history import (
     TaskRow,
 )
 
-CHECKS = ("none_lost", "none_early", "duplicates_explained", "failover_gaps", "fencing")
+CHECKS = (
+    "none_lost", "none_early", "duplicates_explained", "failover_gaps", "fencing",
+    "execution_gap",
+)
 
-# Fault kinds by what they may cause.
-FAILOVER = frozenset({"kill-node", "pause-node", "cut-node-etcd", "cut-node-postgres"})
+# Fault kinds by what they may cause ("pause-node": the former name of freeze-node-past-ttl).
+NODE_FREEZES = frozenset({"freeze-node", "freeze-node-past-ttl", "pause-node"})
+FAILOVER = frozenset({"kill-node", "cut-node-etcd", "cut-node-postgres"}) | NODE_FREEZES
+# Faults after which workers must keep starting tasks: the other nodes still fire.
+EXEC_GAP_BOUNDED = frozenset({"kill-node"}) | NODE_FREEZES
 GRACEFUL = frozenset({"clock-jump", "rolling-restart"})
 INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader"})
 WORKER = frozenset({"kill-worker", "pause-worker"})
@@ -102,11 +118,28 @@ class Gap:
         return self.gap_s is None or self.gap_s <= self.bound_s
 
 
+@dataclass(frozen=True)
+class ExecGap:
+    """The longest execution gap that overlaps one fault's window."""
+
+    fault: int  # index in history.faults
+    kind: str
+    target: str
+    start_us: int  # when the gap began (None gap: the fault's start)
+    gap_s: float | None  # None: no task was due and waiting during the fault
+    bound_s: float | None  # None: reported, not bounded, for this kind of fault
+
+    @property
+    def ok(self) -> bool:
+        return self.gap_s is None or self.bound_s is None or self.gap_s <= self.bound_s
+
+
 @dataclass
 class Verdict:
     violations: list[Violation] = field(default_factory=list)
     duplicates: list[Duplicate] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
+    exec_gaps: list[ExecGap] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -127,6 +160,7 @@ def check(history: History) -> Verdict:
     early_ok, early_bad = check_none_early(history, rows, v)
     check_duplicates(history, v)
     check_gaps(history, v)
+    check_execution_gaps(history, v)
     unverified = check_fencing(history, v)
     v.figures = _figures(history, rows, v, lost, early_ok, early_bad, unverified)
     return v
@@ -248,6 +282,13 @@ def real_fired_at(row: TaskRow, skew: dict[tuple[int, int], int]) -> int | None:
     return row.fired_at_us - skew.get((row.partition, row.fire_token), 0)
 
 
+def _excusable_ms(fault: FaultRecord, checked: int | None) -> int:
+    """How early a run may start during clock jump ``fault``: the jump itself, or at most the
+    offset nodes tolerate before they stop firing."""
+    offset = int(fault.detail["offset_ms"])
+    return offset if checked is None else min(offset, int(checked))
+
+
 def check_none_early(
     history: History, rows: dict[str, TaskRow], v: Verdict
 ) -> tuple[int, int]:
@@ -257,6 +298,7 @@ def check_none_early(
     slack = round(p.explain_slack_s * US)
     planned = {rows[s.key].id: s.run_at_us for s in history.submits if s.key in rows}
     clocks = _clock_faults(history)
+    checked = history.meta.get("max_clock_offset_ms")  # None: nodes trusted their clocks
     excused = bad = 0
     for x in history.executions:
         due = max(x.run_at_us, planned.get(x.task_id, x.run_at_us))
@@ -265,7 +307,7 @@ def check_none_early(
             continue
         ahead = [f for f in clocks if int(f.detail["offset_ms"]) > 0
                  and f.start_us - slack <= x.start_us <= f.end_us + slack
-                 and early <= int(f.detail["offset_ms"]) * 1000 + tol]
+                 and early <= _excusable_ms(f, checked) * 1000 + tol]
         if ahead:
             excused += 1
             continue
@@ -378,6 +420,56 @@ def check_gaps(history: History, v: Verdict) -> None:
                 f"fired {gap.gap_s:.2f} s late (bound {bound:.2f} s: TTL + tick + slack)"))
 
 
+# ---------------------------------------------------------------------- execution gaps
+
+
+def execution_gaps(history: History) -> list[tuple[int, int]]:
+    """Every stretch (start, end) in µs with a task due and no execution starting in it.
+
+    A task waits from its due time (the later of the planned run_at and the run_at its claim
+    carried) to its start. Between two successive starts nothing starts, so the stretch
+    there is from the later of the first start and the oldest due time among the tasks still
+    waiting at the second start; each wait ends at a start, so those are the tasks that start
+    at or after it: a suffix minimum over the starts in order.
+    """
+    rows = _rows_of(history)
+    planned = {rows[s.key].id: s.run_at_us for s in history.submits if s.key in rows}
+    runs = sorted(
+        (x.start_us, max(x.run_at_us, planned.get(x.task_id, x.run_at_us)))
+        for x in history.executions
+    )
+    out: list[tuple[int, int]] = []
+    oldest = math.inf
+    for i in range(len(runs) - 1, -1, -1):
+        start, due = runs[i]
+        oldest = min(oldest, due)
+        previous = runs[i - 1][0] if i else history.started_us
+        begin = max(previous, int(oldest)) if oldest < start else start
+        if begin < start:
+            out.append((begin, start))
+    out.reverse()
+    return out
+
+
+def check_execution_gaps(history: History, v: Verdict) -> None:
+    """The longest execution gap overlapping each fault; bounded for node kills and freezes."""
+    p = history.params
+    stretches = execution_gaps(history)
+    settle = round(p.explain_slack_s * US)
+    for i, f in enumerate(history.faults):
+        if f.error:
+            continue
+        hit = [(b, e) for b, e in stretches if b <= f.end_us + settle and e >= f.start_us]
+        begin, end = max(hit, key=lambda g: g[1] - g[0]) if hit else (f.start_us, f.start_us)
+        bound = p.exec_gap_bound_s if f.kind in EXEC_GAP_BOUNDED else None
+        gap = ExecGap(i, f.kind, f.target, begin, (end - begin) / US if hit else None, bound)
+        v.exec_gaps.append(gap)
+        if not gap.ok:
+            v.violations.append(Violation(
+                "execution_gap", f"{f.kind} {f.target}: no worker started a task for "
+                f"{gap.gap_s:.2f} s while tasks were due (bound {bound:.2f} s)"))
+
+
 # ---------------------------------------------------------------------- fencing
 
 
@@ -464,6 +556,11 @@ def _figures(
                  if (r := rows.get(s.key)) is not None and r.id in first_start]
     explained = [d for d in v.duplicates if d.explanation is not None]
     failover = [g.gap_s for g in v.gaps if g.kind in FAILOVER and g.gap_s is not None]
+    stretches = [(e - b) / US for b, e in execution_gaps(history)]
+    exec_by_kind: dict[str, float] = {}
+    for g in v.exec_gaps:
+        if g.gap_s is not None:
+            exec_by_kind[g.kind] = max(exec_by_kind.get(g.kind, 0.0), g.gap_s)
     return {
         "tasks": len(history.submits),
         "accepted": outcomes[ACCEPTED],
@@ -485,6 +582,8 @@ def _figures(
         "faults": dict(Counter(f.kind for f in history.faults)),
         "faults_failed": sum(1 for f in history.faults if f.error),
         "max_failover_gap_s": max(failover) if failover else None,
+        "max_execution_gap_s": max(stretches) if stretches else None,
+        "execution_gap_by_fault_kind": dict(sorted(exec_by_kind.items())),
         "fire_lateness_p50_s": percentile(late, 50),
         "fire_lateness_p99_s": percentile(late, 99),
         "fire_lateness_max_s": max(late) if late else None,

@@ -53,9 +53,9 @@ class DockerBackend:
 
     name = "docker"
     supported = frozenset({
-        FaultKind.KILL_NODE, FaultKind.PAUSE_NODE, FaultKind.KILL_WORKER,
-        FaultKind.PAUSE_WORKER, FaultKind.KILL_ETCD_MEMBER, FaultKind.RESTART_POSTGRES,
-        FaultKind.ROLLING_RESTART,
+        FaultKind.KILL_NODE, FaultKind.FREEZE_NODE, FaultKind.FREEZE_NODE_PAST_TTL,
+        FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER, FaultKind.KILL_ETCD_MEMBER,
+        FaultKind.RESTART_POSTGRES, FaultKind.ROLLING_RESTART,
     })
 
     def __init__(

@@ -30,7 +30,8 @@ log = logging.getLogger("chronoq.chaos")
 
 class FaultKind(enum.StrEnum):
     KILL_NODE = "kill-node"  # SIGKILL a node, start it again after the hold
-    PAUSE_NODE = "pause-node"  # SIGSTOP a node past its lease TTL, then SIGCONT
+    FREEZE_NODE = "freeze-node"  # SIGSTOP a node for half its lease TTL: it keeps its lease
+    FREEZE_NODE_PAST_TTL = "freeze-node-past-ttl"  # SIGSTOP past the lease TTL, then SIGCONT
     KILL_WORKER = "kill-worker"  # SIGKILL a worker with a handler running
     PAUSE_WORKER = "pause-worker"  # SIGSTOP a worker mid-task past the task lease
     KILL_ETCD_MEMBER = "kill-etcd-member"  # SIGKILL a follower, restart it
@@ -44,10 +45,16 @@ class FaultKind(enum.StrEnum):
 
 ALL_KINDS = tuple(FaultKind)
 WORKER_KINDS = frozenset({FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER})
+#: Former names, still accepted on the command line (histories keep the name they ran with).
+ALIASES = {"pause-node": FaultKind.FREEZE_NODE_PAST_TTL}
+#: A freeze shorter than the lease TTL, as a fraction of it: keepalives go every third of the
+#: TTL, so the lease outlives the pause wherever in that cycle it falls.
+FREEZE_UNDER_TTL = 0.5
 
 # Seconds a fault costs beyond its hold (restarts, waiting for a task in flight).
 OVERHEAD: dict[FaultKind, float] = {
-    FaultKind.KILL_NODE: 3.0, FaultKind.PAUSE_NODE: 0.5, FaultKind.KILL_WORKER: 2.0,
+    FaultKind.KILL_NODE: 3.0, FaultKind.FREEZE_NODE: 0.5, FaultKind.FREEZE_NODE_PAST_TTL: 0.5,
+    FaultKind.KILL_WORKER: 2.0,
     FaultKind.PAUSE_WORKER: 1.0, FaultKind.KILL_ETCD_MEMBER: 2.0,
     FaultKind.KILL_ETCD_LEADER: 2.0, FaultKind.RESTART_POSTGRES: 3.0,
     FaultKind.CUT_NODE_ETCD: 0.5, FaultKind.CUT_NODE_POSTGRES: 0.5,
@@ -60,7 +67,8 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
     for worker pauses, so that each one forces the takeover it is meant to test."""
     return {
         FaultKind.KILL_NODE: lease_ttl + 2.0,
-        FaultKind.PAUSE_NODE: lease_ttl + 1.5,
+        FaultKind.FREEZE_NODE: FREEZE_UNDER_TTL * lease_ttl,
+        FaultKind.FREEZE_NODE_PAST_TTL: lease_ttl + 1.5,
         FaultKind.KILL_WORKER: 1.0,
         FaultKind.PAUSE_WORKER: lease_timeout + 2.0,
         FaultKind.KILL_ETCD_MEMBER: 4.0,
@@ -74,11 +82,14 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
 
 
 def parse_kinds(text: str) -> list[FaultKind]:
-    """``kill-node,pause-node`` (or ``all``) as fault kinds; ValueError names a bad one."""
+    """``kill-node,freeze-node`` (or ``all``) as fault kinds; ValueError names a bad one."""
     if text.strip() == "all":
         return list(ALL_KINDS)
     kinds = []
     for name in (n.strip() for n in text.split(",") if n.strip()):
+        if name in ALIASES:
+            kinds.append(ALIASES[name])
+            continue
         try:
             kinds.append(FaultKind(name))
         except ValueError:
@@ -198,7 +209,8 @@ class Injector:
                                                  Awaitable[str]]]:
         return {
             FaultKind.KILL_NODE: self._kill_node,
-            FaultKind.PAUSE_NODE: self._pause_node,
+            FaultKind.FREEZE_NODE: self._freeze_node,
+            FaultKind.FREEZE_NODE_PAST_TTL: self._freeze_node,
             FaultKind.KILL_WORKER: self._kill_worker,
             FaultKind.PAUSE_WORKER: self._pause_worker,
             FaultKind.KILL_ETCD_MEMBER: self._kill_etcd,
@@ -224,7 +236,7 @@ class Injector:
         await asyncio.to_thread(self.target.restart_node, node)
         return node
 
-    async def _pause_node(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+    async def _freeze_node(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
         node = self._node(pf)
         detail["target"] = node
         self.target.pause_node(node)

@@ -45,12 +45,14 @@ from chronoq.models import TaskState
 log = logging.getLogger("chronoq.chaos")
 
 DEFAULT_FAULTS = (
-    FaultKind.KILL_NODE, FaultKind.PAUSE_NODE, FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER,
+    FaultKind.KILL_NODE, FaultKind.FREEZE_NODE, FaultKind.FREEZE_NODE_PAST_TTL,
+    FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER,
     FaultKind.KILL_ETCD_MEMBER, FaultKind.KILL_ETCD_LEADER, FaultKind.RESTART_POSTGRES,
     FaultKind.CUT_NODE_ETCD, FaultKind.CUT_NODE_POSTGRES, FaultKind.CLOCK_JUMP,
     FaultKind.ROLLING_RESTART,
 )
 REAP_INTERVAL_S = 1.0  # NodeSettings.reap_interval's default
+MAX_CLOCK_OFFSET_MS = 500  # NodeSettings.max_clock_offset's default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,6 +286,8 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
                   "nodes": opts.nodes, "workers": opts.workers,
                   "etcd_members": opts.etcd_members, "backend": backend.name,
                   "faults_selected": [k.value for k in opts.faults],
+                  # Nodes run with the default clock check: a jumped clock stops their firing.
+                  "max_clock_offset_ms": MAX_CLOCK_OFFSET_MS,
                   "schedule": [(p.at, p.kind.value) for p in plan], "unfinished": left},
         )
         history.save(out / "history.json")

@@ -136,6 +136,9 @@ class Params:
     clock_tolerance_s: float = 0.010  # rounding of µs timestamps between parties
     failover_slack_s: float = 1.0  # etcd expiry lag + claim + fence write, on a busy host
     explain_slack_s: float = 1.0  # timing noise when matching a duplicate to a fault
+    # Longest execution gap allowed around a node kill or freeze: a frozen node is noticed
+    # and avoided by clients within about a second; plus a tick and a claim on a busy host.
+    exec_gap_bound_s: float = 2.0
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from chronoq.chaos.checker import CHECKS, Verdict, fire_lateness
+from chronoq.chaos.checker import CHECKS, ExecGap, Gap, Verdict, fire_lateness
 from chronoq.chaos.history import History
 
 US = 1_000_000
@@ -50,6 +50,9 @@ def summary_table(verdict: Verdict) -> Table:
          f"{f['duplicates_explained']} / {f['duplicates_unexplained']}"),
         ("duplicate causes", _fmt(f["duplicate_causes"])),
         ("max failover gap (s)", _fmt(f["max_failover_gap_s"])),
+        ("max execution gap (s): run / by fault",
+         f"{_fmt(f.get('max_execution_gap_s'))} / "
+         f"{_fmt(f.get('execution_gap_by_fault_kind'))}"),
         ("fire lateness p50 / p99 / max (s)",
          f"{_fmt(f['fire_lateness_p50_s'])} / {_fmt(f['fire_lateness_p99_s'])} / "
          f"{_fmt(f['fire_lateness_max_s'])}"),
@@ -65,20 +68,26 @@ def summary_table(verdict: Verdict) -> Table:
 
 def faults_table(history: History, verdict: Verdict) -> Table:
     gaps = {g.fault: g for g in verdict.gaps}
+    exec_gaps = {g.fault: g for g in verdict.exec_gaps}
     table = Table(title="faults")
-    for col in ("t (s)", "fault", "target", "lasted (s)", "gap (s)", "detail"):
+    for col in ("t (s)", "fault", "target", "lasted (s)", "failover gap (s)",
+                "execution gap (s)", "detail"):
         table.add_column(col)
     for i, f in enumerate(history.faults):
-        g = gaps.get(i)
-        gap = "-" if g is None or g.gap_s is None else (
-            f"{g.gap_s:.2f}" if g.ok else f"[red]{g.gap_s:.2f}[/red]")
         detail = {k: v for k, v in f.detail.items() if k != "hold_s"}
         table.add_row(
             f"{(f.start_us - history.started_us) / US:.1f}", f.kind, f.target,
-            f"{(f.end_us - f.start_us) / US:.1f}", gap,
+            f"{(f.end_us - f.start_us) / US:.1f}", _gap_cell(gaps.get(i)),
+            _gap_cell(exec_gaps.get(i)),
             (f"[red]{f.error}[/red] " if f.error else "") + _fmt(detail),
         )
     return table
+
+
+def _gap_cell(g: Gap | ExecGap | None) -> str:
+    if g is None or g.gap_s is None:
+        return "-"
+    return f"{g.gap_s:.2f}" if g.ok else f"[red]{g.gap_s:.2f}[/red]"
 
 
 def print_report(history: History, verdict: Verdict, console: Console) -> None:
@@ -100,6 +109,7 @@ def report_json(history: History, verdict: Verdict) -> dict[str, Any]:
         "figures": verdict.figures,
         "violations": [v.__dict__ for v in verdict.violations],
         "gaps": [{**g.__dict__, "ok": g.ok} for g in verdict.gaps],
+        "exec_gaps": [{**g.__dict__, "ok": g.ok} for g in verdict.exec_gaps],
         "duplicates": [
             {"task": d.task_id, "earlier": f"{d.earlier.worker}#{d.earlier.attempt}",
              "extra": f"{d.extra.worker}#{d.extra.attempt}", "explanation": d.explanation}
@@ -117,7 +127,8 @@ def write_json(path: Path, history: History, verdict: Verdict) -> None:
 
 
 COLORS = {
-    "kill-node": "tab:red", "pause-node": "tab:orange", "kill-worker": "tab:purple",
+    "kill-node": "tab:red", "freeze-node": "tab:orange", "freeze-node-past-ttl": "tab:orange",
+    "pause-node": "tab:orange", "kill-worker": "tab:purple",
     "pause-worker": "tab:pink", "kill-etcd-member": "tab:olive",
     "kill-etcd-leader": "tab:green", "restart-postgres": "tab:brown",
     "cut-node-etcd": "tab:cyan", "cut-node-postgres": "tab:blue",

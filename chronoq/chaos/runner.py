@@ -8,6 +8,7 @@ operator (or a crash) would. Everything started here is stopped by ``stop()``, b
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -21,8 +22,10 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chronoq.embedded.etcd import EmbeddedEtcd
+from chronoq.embedded.etcd import EmbeddedEtcd, EtcdMember
 from chronoq.embedded.postgres import EmbeddedPostgres, free_port
+from chronoq.embedded.supervisor import Child
+from chronoq.redact import split_password
 
 
 @dataclass
@@ -46,6 +49,10 @@ class NodeProcess:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def running_pid(self) -> int | None:
+        """The PID while the process runs (also while SIGSTOPped); None once it exited."""
+        return self.pid if self.alive() else None
 
 
 @dataclass
@@ -175,7 +182,7 @@ class LocalCluster:
             "chronoq.cli",
             "node",
             "--dsn",
-            self.dsn,
+            split_password(self.dsn)[0],  # the password goes in the environment: see _spawn
             "--port",
             str(port),
             "--node-id",
@@ -204,6 +211,9 @@ class LocalCluster:
 
     def _spawn(self, node: NodeProcess) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        password = split_password(self.dsn)[1]
+        if password is not None:  # out of the command line, which any local account can read
+            env["PGPASSWORD"] = password
         with node.log_file.open("ab") as log:
             node.process = subprocess.Popen(
                 node.args,
@@ -224,6 +234,38 @@ class LocalCluster:
             self.wait_serving(node)
         return node
 
+    def start_dead_node(self, node_id: str, timeout: float = 60.0) -> None:
+        """Start a node that exited again, with its old command line; wait until it serves."""
+        node = self.nodes[node_id]
+        if not node.alive():
+            self._reap(node, 1.0)
+            self._spawn(node)
+        self.wait_serving(node, timeout)
+
+    def children(self) -> list[Child]:
+        """The processes this cluster started (its etcd members, if its own, and the nodes),
+        for a ``Supervisor`` to keep running."""
+        out: list[Child] = []
+        if self._own_etcd and self.etcd is not None:
+            etcd = self.etcd
+            for index, member in enumerate(etcd.members):
+                out.append(
+                    Child(
+                        f"etcd member {member.name}",
+                        pid=functools.partial(_member_pid, member),
+                        start=functools.partial(etcd.start_member, index),
+                    )
+                )
+        for node_id, node in self.nodes.items():
+            out.append(
+                Child(
+                    f"node {node_id}",
+                    pid=node.running_pid,
+                    start=functools.partial(self.start_dead_node, node_id),
+                )
+            )
+        return out
+
     def wait_serving(self, node: NodeProcess, timeout: float = 60.0) -> None:
         """Until the node's gRPC health check says SERVING (its ownership has started)."""
         deadline = time.monotonic() + timeout
@@ -236,6 +278,20 @@ class LocalCluster:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{node.node_id} not serving after {timeout} s:\n{self.log_tail(node)}")
+
+    def wait_answering(self, node: NodeProcess, timeout: float = 60.0) -> None:
+        """Until the node answers health checks at all (SERVING or not): a node started with
+        a wrong clock on purpose serves the API but never says SERVING."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not node.alive():
+                raise RuntimeError(
+                    f"{node.node_id} exited: see {node.log_file}\n{self.log_tail(node)}"
+                )
+            if health_of(node.address) is not None:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{node.node_id} not answering after {timeout} s")
 
     def signal(self, node_id: str, sig: signal.Signals) -> None:
         node = self.nodes[node_id]
@@ -277,6 +333,10 @@ class LocalCluster:
             return "\n".join(node.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def _member_pid(member: EtcdMember) -> int | None:
+    return member.pid
 
 
 def health_of(address: str, timeout: float = 1.0) -> int | None:

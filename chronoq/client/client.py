@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
-from collections.abc import AsyncIterator, Sequence
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -12,16 +16,8 @@ import grpc
 
 from chronoq import errors
 from chronoq.api import convert
-from chronoq.api.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
-    schedules_pb2,
-    schedules_pb2_grpc,
-    tasks_pb2,
-    tasks_pb2_grpc,
-    worker_pb2,
-    worker_pb2_grpc,
-)
+from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
+from chronoq.client.pool import NodePool, NodeStubs, channel_options
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     AckOutcome,
@@ -34,8 +30,10 @@ from chronoq.models import (
     TaskState,
 )
 from chronoq.recurrence import CatchUp
-from chronoq.targets import first_host, grpc_target, is_several
+from chronoq.targets import node_targets
 from chronoq.tls import channel_credentials
+
+log = logging.getLogger("chronoq.client")
 
 _ERRORS: dict[grpc.StatusCode, type[errors.RemoteError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
@@ -50,7 +48,19 @@ _ERRORS: dict[grpc.StatusCode, type[errors.RemoteError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
 }
 
+#: Deadline of an ack, heartbeat, failure report or release: one indexed statement; a node
+#: that takes longer is in trouble, and the call is better retried on another node.
+ACK_TIMEOUT = 2.5
+#: A claim's deadline is its long-poll ``wait`` plus this, for the claim statement and the
+#: round trip. Keepalive finds a frozen node sooner; this bounds a node that answers pings
+#: but not calls, and leaves a loaded node time (a claim answered too late is lost work).
+CLAIM_MARGIN = 3.0
+#: Codes after which a call that is safe to repeat goes to another node: the node did not
+#: answer (dead, frozen, cut off, shutting down) or could not reach its store.
+FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
 T = TypeVar("T")
+Method = Callable[[NodeStubs], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +164,7 @@ def translate(exc: grpc.aio.AioRpcError) -> errors.RemoteError:
 
 
 class Client:
-    """Talks to one node (any node of a cluster serves every call).
+    """Talks to a chronoq node, or to several (any node of a cluster serves every call).
 
     Use ``async with Client("127.0.0.1:7070") as client: await client.submit("emails", delay=...)``.
     """
@@ -172,41 +182,51 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ) -> None:
-        """``target``: a node's ``host:port``, or several comma-separated: calls then go round
-        robin over the nodes that answer, so a dead node costs at most the calls in flight to
-        it (any node serves any call). A gRPC target (``dns:///name:7070``) is used as is.
+        """``target``: a node's ``host:port``, or several comma-separated. With several, the
+        client keeps a connection to each and follows its health: calls go round robin over
+        the nodes that answer SERVING, a node that stops answering keepalive pings (dead,
+        frozen, cut off) or says NOT_SERVING gets no new calls until it recovers, and a call
+        that is safe to repeat (submits, reads, heartbeats, acks and failure reports) is
+        retried on another node when its node fails it. A gRPC target (``dns:///name:7070``)
+        is used as is.
+
+        ``timeout``: the deadline of calls without one of their own (acks and heartbeats have
+        ``ACK_TIMEOUT``, claims their wait plus ``CLAIM_MARGIN``).
 
         ``token``: bearer token for nodes with ``auth_tokens``. TLS when ``tls`` or any
         ``tls_*`` is given: ``tls_ca`` is the CA to trust (None: the system's roots),
-        ``tls_cert``/``tls_key`` a client certificate for nodes that require mutual TLS; with
-        several addresses every node's certificate must name the first address's host."""
+        ``tls_cert``/``tls_key`` a client certificate for nodes that require mutual TLS; each
+        node's certificate must name the host of its address."""
         self.target = target
         self.namespace = namespace
         self.timeout = timeout
+        self.failovers = 0  # calls retried on another node
         self._metadata = bearer_metadata(token)
-        options: list[tuple[str, int | str]] = [
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000),
-        ]
-        resolved = grpc_target(target, what="node address") if channel is None else target
+        if channel is not None:
+            self._pool = NodePool([(target, channel)])
+            return
+        options = channel_options()
         secure = tls or tls_ca or tls_cert or tls_key
-        if is_several(resolved):
-            options.append(("grpc.lb_policy_name", "round_robin"))
-            if secure:
-                options.append(("grpc.ssl_target_name_override", first_host(target)))
-        if channel is None and secure:
-            credentials = channel_credentials(tls_ca, tls_cert, tls_key)
-            channel = grpc.aio.secure_channel(resolved, credentials, options=options)
-        self._channel = channel or grpc.aio.insecure_channel(resolved, options=options)
-        self._tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._workers = worker_pb2_grpc.WorkerServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._schedules = schedules_pb2_grpc.ScheduleServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        credentials = channel_credentials(tls_ca, tls_cert, tls_key) if secure else None
+        self._pool = NodePool(
+            [
+                (
+                    address,
+                    grpc.aio.secure_channel(address, credentials, options=options)
+                    if credentials is not None
+                    else grpc.aio.insecure_channel(address, options=options),
+                )
+                for address in node_targets(target)
+            ]
+        )
+
+    @property
+    def addresses(self) -> builtins.list[str]:
+        """The nodes this client talks to."""
+        return [n.address for n in self._pool.nodes]
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._pool.close()
 
     async def __aenter__(self) -> Client:
         return self
@@ -215,53 +235,97 @@ class Client:
         await self.close()
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
-        """Wait until the channel connects (the node is up)."""
+        """Wait until a node's channel connects (a node is up)."""
         try:
-            await _wait_for(self._channel.channel_ready(), timeout)
+            await asyncio.wait_for(self._pool.wait_ready(), timeout)
         except TimeoutError:
             raise errors.Unavailable(
                 f"no chronoq node answered at {self.target} within {timeout} s"
             ) from None
 
-    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
-        try:
-            return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc) from exc
+    async def _call(
+        self, method: Method, request: Any, *, timeout: float | None = None, retry: bool = False
+    ) -> Any:
+        """One call on the picked node; when ``retry`` (the call is safe to repeat) a node
+        that fails it with a code of ``FAILOVER_CODES`` hands it to the next node, once per
+        node at most."""
+        tried: builtins.list[int] = []
+        while True:
+            index = self._pool.pick(tried)
+            tried.append(index)
+            try:
+                reply = await method(self._pool.nodes[index])(
+                    request, timeout=timeout or self.timeout, metadata=self._metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code not in FAILOVER_CODES:
+                    raise translate(exc) from exc
+                self._pool.failed(index)
+                if not retry or len(tried) >= len(self._pool):
+                    raise translate(exc) from exc
+                self.failovers += 1
+                log.debug(
+                    "%s from %s, retrying on another node",
+                    code.name,
+                    self._pool.nodes[index].address,
+                )
+                continue
+            self._pool.answered(index)
+            return reply
+
+    def _ack_timeout(self) -> float:
+        return min(self.timeout, ACK_TIMEOUT)
+
+    def _keyed(self, task: NewTask) -> tuple[NewTask, bool]:
+        """With several nodes a submit may be retried on another one: give it an idempotency
+        key if it has none, so the retry cannot create a second task. True: the key is ours
+        (whatever the node answers, the task was created by this call)."""
+        if task.idempotency_key or len(self._pool) < 2:
+            return task, False
+        return dataclasses.replace(task, idempotency_key=str(uuid.uuid4())), True
 
     # ------------------------------------------------------------------ tasks
 
     async def submit(self, queue: str, **fields: Any) -> Submitted:
         """Submit one task; see ``NewTask`` for the fields (run_at or delay, payload, ...)."""
-        pb = NewTask(queue=queue, **fields).to_pb(self.namespace)
-        resp = await self._call(self._tasks.Submit, tasks_pb2.SubmitRequest(task=pb))
-        return Submitted(convert.task_from_pb(resp.task), resp.created)
+        task, ours = self._keyed(NewTask(queue=queue, **fields))
+        resp = await self._call(
+            lambda n: n.tasks.Submit,
+            tasks_pb2.SubmitRequest(task=task.to_pb(self.namespace)),
+            retry=True,
+        )
+        return Submitted(convert.task_from_pb(resp.task), resp.created or ours)
 
     async def submit_many(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
         """Submit a batch in one request and one transaction; results in request order."""
-        req = tasks_pb2.SubmitBatchRequest(tasks=[t.to_pb(self.namespace) for t in tasks])
-        resp = await self._call(self._tasks.SubmitBatch, req)
+        keyed = [self._keyed(t) for t in tasks]
+        req = tasks_pb2.SubmitBatchRequest(tasks=[t.to_pb(self.namespace) for t, _ in keyed])
+        resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
         return [
-            Submitted(convert.task_from_pb(t), c)
-            for t, c in zip(resp.tasks, resp.created, strict=True)
+            Submitted(convert.task_from_pb(t), c or ours)
+            for t, c, (_, ours) in zip(resp.tasks, resp.created, keyed, strict=True)
         ]
 
     async def submit_ids(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
         """Like ``submit_many`` but answered with (task id, created) pairs only: for bulk loads,
         where echoing every task back would cost more than inserting it."""
+        keyed = [self._keyed(t) for t in tasks]
         req = tasks_pb2.SubmitBatchRequest(
-            tasks=[t.to_pb(self.namespace) for t in tasks], ids_only=True
+            tasks=[t.to_pb(self.namespace) for t, _ in keyed], ids_only=True
         )
-        resp = await self._call(self._tasks.SubmitBatch, req)
-        return list(zip(resp.ids, resp.created, strict=True))
+        resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
+        return [
+            (i, c or ours) for i, c, (_, ours) in zip(resp.ids, resp.created, keyed, strict=True)
+        ]
 
     async def get(self, task_id: str) -> Task:
         req = tasks_pb2.GetTaskRequest(namespace=self.namespace, id=task_id)
-        return convert.task_from_pb(await self._call(self._tasks.GetTask, req))
+        return convert.task_from_pb(await self._call(lambda n: n.tasks.GetTask, req, retry=True))
 
     async def cancel(self, task_id: str) -> Task:
         req = tasks_pb2.CancelTaskRequest(namespace=self.namespace, id=task_id)
-        return convert.task_from_pb(await self._call(self._tasks.CancelTask, req))
+        return convert.task_from_pb(await self._call(lambda n: n.tasks.CancelTask, req))
 
     async def list(
         self,
@@ -281,8 +345,9 @@ class Client:
             if state is not None
             else tasks_pb2.TASK_STATE_UNSPECIFIED,
         )
-        method = self._tasks.ListDead if dead else self._tasks.ListTasks
-        resp = await self._call(method, req)
+        resp = await self._call(
+            (lambda n: n.tasks.ListDead) if dead else (lambda n: n.tasks.ListTasks), req, retry=True
+        )
         return Page([convert.task_from_pb(t) for t in resp.tasks], resp.next_page_token)
 
     async def iter_tasks(
@@ -302,7 +367,7 @@ class Client:
 
     async def requeue(self, task_ids: Sequence[str]) -> builtins.list[Task]:
         req = tasks_pb2.RequeueRequest(namespace=self.namespace, ids=list(task_ids))
-        resp = await self._call(self._tasks.Requeue, req)
+        resp = await self._call(lambda n: n.tasks.Requeue, req)
         return [convert.task_from_pb(t) for t in resp.tasks]
 
     # ------------------------------------------------------------------ schedules
@@ -344,13 +409,13 @@ class Client:
             pb.retry.max_attempts = max_attempts
         if lease_timeout is not None:
             pb.lease_timeout.FromTimedelta(lease_timeout)
-        return convert.schedule_from_pb(await self._call(self._schedules.CreateSchedule, pb))
+        return convert.schedule_from_pb(await self._call(lambda n: n.schedules.CreateSchedule, pb))
 
     def _ref(self, name: str) -> schedules_pb2.ScheduleRef:
         return schedules_pb2.ScheduleRef(namespace=self.namespace, name=name)
 
     async def get_schedule(self, name: str) -> Schedule:
-        pb = await self._call(self._schedules.GetSchedule, self._ref(name))
+        pb = await self._call(lambda n: n.schedules.GetSchedule, self._ref(name), retry=True)
         return convert.schedule_from_pb(pb)
 
     async def list_schedules(self) -> builtins.list[Schedule]:
@@ -358,42 +423,44 @@ class Client:
         token = ""
         while True:
             req = schedules_pb2.ListSchedulesRequest(namespace=self.namespace, page_token=token)
-            resp = await self._call(self._schedules.ListSchedules, req)
+            resp = await self._call(lambda n: n.schedules.ListSchedules, req, retry=True)
             out += [convert.schedule_from_pb(s) for s in resp.schedules]
             if not resp.next_page_token:
                 return out
             token = resp.next_page_token
 
     async def pause_schedule(self, name: str) -> Schedule:
-        pb = await self._call(self._schedules.PauseSchedule, self._ref(name))
+        pb = await self._call(lambda n: n.schedules.PauseSchedule, self._ref(name))
         return convert.schedule_from_pb(pb)
 
     async def resume_schedule(self, name: str) -> Schedule:
-        pb = await self._call(self._schedules.ResumeSchedule, self._ref(name))
+        pb = await self._call(lambda n: n.schedules.ResumeSchedule, self._ref(name))
         return convert.schedule_from_pb(pb)
 
     async def delete_schedule(self, name: str) -> None:
-        await self._call(self._schedules.DeleteSchedule, self._ref(name))
+        await self._call(lambda n: n.schedules.DeleteSchedule, self._ref(name))
 
     async def set_queue_limit(self, queue: str, rate: float, burst: float = 0) -> None:
         """Limit dispatch of ``queue`` to ``rate`` tasks/s across the cluster (0 removes it)."""
         req = tasks_pb2.QueueLimit(namespace=self.namespace, queue=queue, rate=rate, burst=burst)
-        await self._call(self._tasks.SetQueueLimit, req)
+        await self._call(lambda n: n.tasks.SetQueueLimit, req, retry=True)  # a set: repeatable
 
     async def queue_limits(self) -> dict[str, tuple[float, float]]:
         """Queue → (rate, burst) of this namespace's limited queues."""
         req = tasks_pb2.ListQueueLimitsRequest(namespace=self.namespace)
-        resp = await self._call(self._tasks.ListQueueLimits, req)
+        resp = await self._call(lambda n: n.tasks.ListQueueLimits, req, retry=True)
         return {lim.queue: (lim.rate, lim.burst) for lim in resp.limits}
 
     async def drain(self) -> builtins.list[int]:
         """Ask this node to hand off its partitions and take no more; returns them."""
-        resp = await self._call(self._cluster.Drain, cluster_pb2.DrainRequest())
+        resp = await self._call(lambda n: n.cluster.Drain, cluster_pb2.DrainRequest())
         return list(resp.released)
 
     async def status(self, bucket_horizon: int = 10) -> ClusterStatus:
         resp = await self._call(
-            self._cluster.Status, cluster_pb2.StatusRequest(bucket_horizon=bucket_horizon)
+            lambda n: n.cluster.Status,
+            cluster_pb2.StatusRequest(bucket_horizon=bucket_horizon),
+            retry=True,
         )
         return ClusterStatus(
             cluster=resp.cluster,
@@ -441,8 +508,10 @@ class Client:
             max_tasks=max_tasks,
             wait=convert.to_duration(wait),
         )
+        # Not retried: a claim the node answered too late may have taken tasks (they come
+        # back when their leases expire); the worker simply claims again.
         resp = await self._call(
-            self._workers.Claim, req, timeout=self.timeout + wait.total_seconds()
+            lambda n: n.workers.Claim, req, timeout=wait.total_seconds() + CLAIM_MARGIN
         )
         return [convert.task_from_pb(t) for t in resp.tasks]
 
@@ -450,18 +519,25 @@ class Client:
         req = worker_pb2.HeartbeatRequest(
             namespace=self.namespace, leases=[convert.lease_to_pb(lease) for lease in leases]
         )
-        resp = await self._call(self._workers.Heartbeat, req)
+        resp = await self._call(
+            lambda n: n.workers.Heartbeat, req, timeout=self._ack_timeout(), retry=True
+        )
         return [HeartbeatOutcome(r.task_id, r.ok, r.cancelled, r.error) for r in resp.results]
 
     async def complete(self, lease: Lease) -> Task:
         req = worker_pb2.CompleteRequest(namespace=self.namespace, lease=convert.lease_to_pb(lease))
-        return convert.task_from_pb(await self._call(self._workers.Complete, req))
+        reply = await self._call(
+            lambda n: n.workers.Complete, req, timeout=self._ack_timeout(), retry=True
+        )
+        return convert.task_from_pb(reply)
 
     async def complete_many(self, leases: Sequence[Lease]) -> builtins.list[AckOutcome]:
         req = worker_pb2.CompleteBatchRequest(
             namespace=self.namespace, leases=[convert.lease_to_pb(lease) for lease in leases]
         )
-        resp = await self._call(self._workers.CompleteBatch, req)
+        resp = await self._call(
+            lambda n: n.workers.CompleteBatch, req, timeout=self._ack_timeout(), retry=True
+        )
         return [AckOutcome(r.task_id, r.ok, r.error) for r in resp.results]
 
     async def fail(
@@ -477,11 +553,17 @@ class Client:
         )
         if retry_after is not None:
             req.retry_after.FromTimedelta(retry_after)
-        return convert.task_from_pb(await self._call(self._workers.Fail, req))
+        reply = await self._call(
+            lambda n: n.workers.Fail, req, timeout=self._ack_timeout(), retry=True
+        )
+        return convert.task_from_pb(reply)
 
     async def release(self, lease: Lease) -> Task:
         req = worker_pb2.ReleaseRequest(namespace=self.namespace, lease=convert.lease_to_pb(lease))
-        return convert.task_from_pb(await self._call(self._workers.Release, req))
+        reply = await self._call(
+            lambda n: n.workers.Release, req, timeout=self._ack_timeout(), retry=True
+        )
+        return convert.task_from_pb(reply)
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
@@ -491,9 +573,3 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     if not token.isascii() or not token.isprintable() or " " in token:
         raise errors.ConfigError("token: must be printable ASCII without spaces")
     return (("authorization", f"Bearer {token}"),)
-
-
-async def _wait_for(awaitable: Any, timeout: float) -> Any:
-    import asyncio
-
-    return await asyncio.wait_for(awaitable, timeout)

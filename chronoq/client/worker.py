@@ -2,9 +2,13 @@
 
 A worker claims at most ``concurrency`` tasks at a time, runs each task's handler, renews
 leases in one batched heartbeat, acknowledges successes in batches and reports failures with
-the exception text. On ``stop()`` (SIGINT/SIGTERM with ``install_signal_handlers``) it stops
-claiming, lets in-flight handlers finish within ``stop_grace`` and releases the rest, so no
-task waits for a lease to expire.
+the exception text. Claims, heartbeats and acks run as separate tasks, each call with its own
+deadline, so none waits behind a call stuck on a frozen node. An ack that fails is retried
+(completes are safe to repeat: the same lease token gets the same answer) until shortly
+before its lease would expire, and only then given up with a log line: the task then runs
+again, as at-least-once allows. On ``stop()`` (SIGINT/SIGTERM with
+``install_signal_handlers``) it stops claiming, lets in-flight handlers finish within
+``stop_grace`` and releases the rest, so no task waits for a lease to expire.
 """
 
 from __future__ import annotations
@@ -26,6 +30,19 @@ from chronoq.client.client import Client
 from chronoq.models import Lease, Task
 
 log = logging.getLogger("chronoq.worker")
+
+#: Ack batches sent at once: a batch stuck on a slow node does not hold up the next ones.
+ACK_BATCHES_IN_FLIGHT = 4
+#: First pause before a failed ack batch is sent again; it doubles up to ``ACK_RETRY_MAX``.
+ACK_RETRY_INITIAL = 0.2
+ACK_RETRY_MAX = 2.0
+#: An ack is given up this long before its lease would expire (the node then re-runs it).
+ACK_GIVE_UP_MARGIN = 0.5
+#: Pause between claims that keep failing (the first retry goes at once, to another node).
+CLAIM_RETRY_DELAY = 0.5
+#: Errors after which an ack is worth sending again: the node or its store did not answer,
+#: or a rate limit said "later".
+_TRANSIENT = (errors.Unavailable, errors.ResourceExhausted)
 
 
 class FatalTaskError(Exception):
@@ -76,6 +93,8 @@ class WorkerStats:
     failed: int = 0
     released: int = 0
     lost: int = 0  # lease lost or task cancelled while running
+    ack_retries: int = 0  # ack batches sent again after a failed attempt
+    acks_dropped: int = 0  # successes never acknowledged (their tasks will run again)
 
 
 @dataclass
@@ -84,7 +103,37 @@ class _Running:
     job: asyncio.Task[None]
     lease: Lease
     lease_timeout: float
-    last_beat: float
+    last_beat: float  # loop time the last heartbeat that renewed the lease was sent
+
+    @property
+    def lease_deadline(self) -> float:
+        """Loop time by which the node may consider the lease expired."""
+        return self.last_beat + self.lease_timeout
+
+
+@dataclass(frozen=True)
+class _Ack:
+    lease: Lease
+    give_up_at: float  # loop time
+
+
+class _Outage:
+    """Logs when calls of one kind start failing and when they work again, with the count of
+    failed attempts, instead of a line per failure."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failures = 0
+
+    def failed(self, err: Exception) -> None:
+        if not self.failures:
+            log.warning("%s failing, retrying: %s", self.what, err)
+        self.failures += 1
+
+    def ended(self) -> None:
+        if self.failures:
+            log.warning("%s working again after %d failed attempts", self.what, self.failures)
+            self.failures = 0
 
 
 class Worker:
@@ -118,8 +167,12 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._stopping = asyncio.Event()
         self._slot_free = asyncio.Event()
-        self._acks: asyncio.Queue[Lease] = asyncio.Queue()
-        self._acks_in_flight = 0
+        self._acks: asyncio.Queue[_Ack] = asyncio.Queue()
+        self._ack_senders: set[asyncio.Task[None]] = set()
+        self._ack_slots = asyncio.Semaphore(ACK_BATCHES_IN_FLIGHT)
+        self._claim_outage = _Outage("claims")
+        self._heartbeat_outage = _Outage("heartbeats")
+        self._ack_outage = _Outage("acks")
 
     def stop(self) -> None:
         """Ask the worker to stop: no new claims; in-flight tasks finish or are released."""
@@ -142,10 +195,13 @@ class Worker:
             beats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beats
-            await self._acks.join()
+            await self._acks.join()  # every ack landed, was refused or was given up
             acks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acks
+            for sender in list(self._ack_senders):
+                sender.cancel()
+            await asyncio.gather(*self._ack_senders, return_exceptions=True)
         return self.stats
 
     async def _claim_loop(self) -> None:
@@ -161,9 +217,13 @@ class Worker:
                     queues, worker_id=self.worker_id, max_tasks=free, wait=self.claim_wait
                 )
             except errors.Unavailable as exc:
-                log.warning("claim failed, retrying: %s", exc)
-                await _sleep_unless(self._stopping, 0.5)
+                # The client now passes the failed node over: try the next one at once, and
+                # pause only while claims keep failing.
+                if self._claim_outage.failures:
+                    await _sleep_unless(self._stopping, CLAIM_RETRY_DELAY)
+                self._claim_outage.failed(exc)
                 continue
+            self._claim_outage.ended()
             for task in tasks:
                 self.stats.claimed += 1
                 if self._stopping.is_set():
@@ -199,9 +259,15 @@ class Worker:
             self._finish(ctx.id)
             await self._fail(lease, exc)
         else:
+            running = self._running.get(ctx.id)
+            deadline = (
+                running.lease_deadline
+                if running is not None
+                else asyncio.get_running_loop().time() + ctx.task.lease_timeout.total_seconds()
+            )
             self._finish(ctx.id)
             self.stats.succeeded += 1
-            self._acks.put_nowait(lease)
+            self._acks.put_nowait(_Ack(lease, deadline - ACK_GIVE_UP_MARGIN))
 
     def _finish(self, task_id: str) -> None:
         self._running.pop(task_id, None)
@@ -233,8 +299,9 @@ class Worker:
             try:
                 outcomes = await self.client.heartbeat([r.lease for r in due])
             except errors.RemoteError as err:
-                log.warning("heartbeat failed: %s", err)
+                self._heartbeat_outage.failed(err)
                 continue
+            self._heartbeat_outage.ended()
             for running, outcome in zip(due, outcomes, strict=True):
                 running.last_beat = now
                 if outcome.ok:
@@ -246,22 +313,60 @@ class Worker:
                 log.info("task %s: stopping handler: %s", outcome.task_id, outcome.error)
 
     async def _ack_flusher(self) -> None:
+        """Gathers successes into batches and hands each to its own sender task."""
         while True:
             batch = [await self._acks.get()]
             if self.ack_delay:
                 await asyncio.sleep(self.ack_delay)
             while len(batch) < self.ack_batch and not self._acks.empty():
                 batch.append(self._acks.get_nowait())
-            try:
-                outcomes = await self.client.complete_many(batch)
+            await self._ack_slots.acquire()
+            sender = asyncio.create_task(self._send_acks(batch), name="chronoq-ack-batch")
+            self._ack_senders.add(sender)
+            sender.add_done_callback(self._ack_senders.discard)
+
+    async def _send_acks(self, batch: list[_Ack]) -> None:
+        """Complete a batch, sending it again while it fails, until each ack's give-up time."""
+        loop = asyncio.get_running_loop()
+        pause = ACK_RETRY_INITIAL
+        pending = batch
+        try:
+            while pending:
+                try:
+                    outcomes = await self.client.complete_many([a.lease for a in pending])
+                except _TRANSIENT as err:
+                    self._ack_outage.failed(err)
+                    pending = self._still_worth_sending(pending, loop.time() + pause)
+                    if pending:
+                        self.stats.ack_retries += 1
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, ACK_RETRY_MAX)
+                    continue
+                except errors.RemoteError as err:
+                    self.stats.acks_dropped += len(pending)
+                    log.warning("completing %d tasks refused: %s", len(pending), err)
+                    return
+                self._ack_outage.ended()
                 for o in outcomes:
                     if not o.ok:
                         log.warning("completion of %s refused: %s", o.task_id, o.error)
-            except errors.RemoteError as err:
-                log.warning("completing %d tasks failed: %s", len(batch), err)
-            finally:
-                for _ in batch:
-                    self._acks.task_done()
+                return
+        finally:
+            self._ack_slots.release()
+            for _ in batch:
+                self._acks.task_done()
+
+    def _still_worth_sending(self, acks: list[_Ack], next_try: float) -> list[_Ack]:
+        """The acks whose leases outlive the next attempt; the others are given up."""
+        keep = [a for a in acks if a.give_up_at > next_try]
+        dropped = len(acks) - len(keep)
+        if dropped:
+            self.stats.acks_dropped += dropped
+            log.warning(
+                "gave up acknowledging %d tasks (their leases expire): they will run again",
+                dropped,
+            )
+        return keep
 
     async def _drain(self) -> None:
         """Give in-flight handlers ``stop_grace`` to finish, then release what is left."""

@@ -4,11 +4,14 @@ etcd tells a node it lost its lease only when the node asks (a refresh answers T
 a paused process asks late. So the node keeps its own deadline: the monotonic time at which
 the last successful keepalive was *sent*, plus the TTL it granted. Past it, the node acts as
 if the lease were gone, whatever etcd would say.
+
+The keepalive is a supervised loop from ``start`` to ``stop``. While there is no lease (lost,
+until the owner grants a new one) its passes fail, so the loop reads as failing, and a long
+gap turns the node's health NOT_SERVING like any other loop that cannot do its job.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -18,6 +21,7 @@ import aetcd
 
 from chronoq.coordinator.etcd import translated
 from chronoq.errors import CoordinatorUnavailable
+from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
 
@@ -32,8 +36,10 @@ class NodeLease:
         *,
         on_lost: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._client = client
+        self._supervisor = supervisor or Supervisor()
         self.ttl = ttl
         self._on_lost = on_lost
         self._monotonic = monotonic
@@ -41,7 +47,7 @@ class NodeLease:
         self.deadline = 0.0  # monotonic seconds
         self.renewals = 0
         self.losses = 0
-        self._task: asyncio.Task[None] | None = None
+        self._loop: Loop | None = None
 
     def valid(self) -> bool:
         """True while the local deadline has not passed (self-fencing check)."""
@@ -59,14 +65,23 @@ class NodeLease:
         return lease.id  # type: ignore[no-any-return]
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._keepalive(), name="chronoq-lease-keepalive")
+        """Keep the lease alive until ``stop`` (a no-op while already running)."""
+        if self._loop is None:
+            self._loop = self._supervisor.every(
+                "lease-keepalive",
+                self.keep,
+                interval=self._next_keepalive,
+                backoff=False,  # the deadline does not wait: retry at the usual pace
+                initial_delay=True,
+            )
+
+    def _next_keepalive(self) -> float:
+        return max(0.1, self.ttl / 3 if self.remaining() > self.ttl / 2 else 0.2)
 
     async def stop(self, *, revoke: bool) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None
         lease_id, self.id, self.deadline = self.id, None, 0.0
         if revoke and lease_id is not None:
             with contextlib.suppress(CoordinatorUnavailable), translated("lease revoke"):
@@ -85,19 +100,19 @@ class NodeLease:
         self.renewals += 1
         return True
 
-    async def _keepalive(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.1, self.ttl / 3 if self.remaining() > self.ttl / 2 else 0.2))
-            try:
-                alive = await self.refresh()
-            except CoordinatorUnavailable as exc:
-                log.warning("lease keepalive failed (%.1f s left): %s", self.remaining(), exc)
-                if self.remaining() > 0:
-                    continue
-                alive = False
-            if not alive:
-                self.losses += 1
-                log.warning("lease %s lost", self.id)
-                self.id, self.deadline = None, 0.0
-                self._on_lost()
-                return
+    async def keep(self) -> None:
+        """One keepalive pass; raises while the lease cannot be renewed or is gone."""
+        if self.id is None:
+            raise CoordinatorUnavailable("etcd: no lease (lost; waiting for a new one)")
+        try:
+            alive = await self.refresh()
+        except CoordinatorUnavailable as exc:
+            if self.remaining() > 0:
+                raise CoordinatorUnavailable(f"{exc} ({self.remaining():.1f} s left)") from exc
+            alive = False
+        if not alive:
+            self.losses += 1
+            log.warning("lease %s lost", self.id)
+            self.id, self.deadline = None, 0.0
+            self._on_lost()
+            raise CoordinatorUnavailable("etcd: lease lost")

@@ -35,11 +35,14 @@ from chronoq.coordinator import ring
 from chronoq.coordinator.etcd import ClusterSettings, Keys, connect, translated
 from chronoq.coordinator.lease import NodeLease
 from chronoq.coordinator.view import PrefixView
-from chronoq.errors import CoordinatorUnavailable, StoreUnavailable
+from chronoq.errors import StoreUnavailable
 from chronoq.node.ownership import ClusterView, MemberView
 from chronoq.store import Store
+from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
+
+RECONCILE_RETRY = 0.2  # seconds after a failed reconcile pass
 
 
 class PartitionState(enum.Enum):
@@ -68,8 +71,11 @@ class EtcdOwnership:
         *,
         stats: Callable[[], dict[str, float]] = dict,
         monotonic: Callable[[], float] = time.monotonic,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._store = store
+        # The node's supervisor: these loops count in its health like its own.
+        self.supervisor = supervisor or Supervisor()
         self.node_id = node_id
         self.address = address
         self.settings = settings
@@ -78,12 +84,18 @@ class EtcdOwnership:
         self.keys = Keys(settings.etcd.cluster)
         self.client: aetcd.Client = connect(settings.etcd)
         self.lease = NodeLease(
-            self.client, settings.lease_ttl, on_lost=self._lease_lost, monotonic=monotonic
+            self.client,
+            settings.lease_ttl,
+            on_lost=self._lease_lost,
+            monotonic=monotonic,
+            supervisor=self.supervisor,
         )
-        self.members = PrefixView(self.client, self.keys.members, self._changed)
-        self.owners = PrefixView(self.client, self.keys.owners, self._changed)
-        self.loads_view = PrefixView(self.client, self.keys.loads, self._changed)
-        self.stats_view = PrefixView(self.client, self.keys.stats)
+        sup = self.supervisor
+        self.members = PrefixView(self.client, self.keys.members, self._changed, supervisor=sup)
+        self.owners = PrefixView(self.client, self.keys.owners, self._changed, supervisor=sup)
+        self.loads_view = PrefixView(self.client, self.keys.loads, self._changed, supervisor=sup)
+        # Member stats are for status pages only: a broken stats watch is not an outage.
+        self.stats_view = PrefixView(self.client, self.keys.stats, supervisor=sup, critical=False)
         self.cluster_id = ""
         self.states: dict[int, PartitionState] = {}
         self.tokens: dict[int, int] = {}
@@ -92,7 +104,7 @@ class EtcdOwnership:
         self.on_released: Callable[[set[int]], None] = lambda _p: None
         self.handoffs = 0
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Loop] = []
         self._stopping = False
         self.draining = False
         self._suspended = False
@@ -125,14 +137,14 @@ class EtcdOwnership:
     def suspended(self) -> bool:
         return self._suspended
 
-    async def suspend(self) -> None:
+    async def suspend(self, reason: str = "store unreachable") -> None:
         """Release every partition and claim none until ``resume`` (PostgreSQL is out of
-        reach from here but maybe not from the other nodes)."""
+        reach from here but maybe not from the other nodes, or this node's clock is off)."""
         if self._suspended:
             return
         self._suspended = True
         held = {p for p, s in self.states.items() if s is PartitionState.OWNED}
-        log.warning("store unreachable: leaving the assignment, releasing %d partitions", len(held))
+        log.warning("%s: leaving the assignment, releasing %d partitions", reason, len(held))
         # Leave the member list too, or the others would compute that these are still ours.
         with translated("leave membership"):
             await self.client.delete(self.keys.member(self.node_id))
@@ -172,12 +184,35 @@ class EtcdOwnership:
             with translated(f"read {view.prefix!r}"):
                 await view.start()
         self.lease.start()
-        self._tasks = [
-            asyncio.create_task(self._reconcile_loop(), name="chronoq-reconcile"),
-            asyncio.create_task(self._publish_loads_loop(), name="chronoq-loads"),
-            asyncio.create_task(self._publish_stats_loop(), name="chronoq-stats"),
+        s = self.settings
+        self._loops = [
+            # A failed pass retries soon, without backoff: claims and handoffs wait for it.
+            # Watch events and lease changes wake it at once.
+            self.supervisor.every(
+                "reconcile",
+                self.reconcile,
+                interval=s.reconcile_interval,
+                retry=RECONCILE_RETRY,
+                backoff=False,
+                wake=self._wake,
+            ),
+            # Loads only move partitions ahead of hot buckets, stats only feed status: neither
+            # decides whether the node can fire.
+            self.supervisor.every(
+                "publish-loads",
+                self._publish_loads_pass,
+                interval=s.load_interval,
+                initial_delay=True,
+                critical=False,
+            ),
+            self.supervisor.every(
+                "publish-stats",
+                self._publish_stats_pass,
+                interval=s.stats_interval,
+                initial_delay=True,
+                critical=False,
+            ),
         ]
-        self._wake.set()
 
     async def stop(self) -> None:
         """Graceful: stop owner writes, wait for the one in flight, then revoke the lease
@@ -187,12 +222,9 @@ class EtcdOwnership:
             released = {p for p, s in self.states.items() if s is PartitionState.OWNED}
             self.states.clear()
             self.tokens.clear()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        log.debug("%s: ownership tasks stopped", self.node_id)
+        await self.supervisor.stop(self._loops)
+        self._loops = []
+        log.debug("%s: ownership loops stopped", self.node_id)
         await self.lease.stop(revoke=True)
         log.debug("%s: lease revoked", self.node_id)
         for view in (self.members, self.owners, self.loads_view, self.stats_view):
@@ -258,19 +290,6 @@ class EtcdOwnership:
         if lost:
             self.on_released(lost)
         self._wake.set()
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):  # not wait_for: see Firer.run
-                async with asyncio.timeout(self.settings.reconcile_interval):
-                    await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.reconcile()
-            except (CoordinatorUnavailable, StoreUnavailable) as exc:
-                log.warning("reconcile failed: %s", exc)
-                await asyncio.sleep(0.2)
-                self._wake.set()
 
     async def reconcile(self) -> None:
         """Release what is no longer ours, claim what is ours and free."""
@@ -397,15 +416,9 @@ class EtcdOwnership:
         members = self.live_members()
         return bool(members) and members[0].node_id == self.node_id
 
-    async def _publish_loads_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.load_interval)
-            if not self._is_load_publisher() or not self.lease.valid():
-                continue
-            try:
-                await self.publish_loads()
-            except (CoordinatorUnavailable, StoreUnavailable) as exc:
-                log.warning("publishing loads failed: %s", exc)
+    async def _publish_loads_pass(self) -> None:
+        if self._is_load_publisher() and self.lease.valid():
+            await self.publish_loads()
 
     async def publish_loads(self) -> bool:
         """Publish per-partition due work of the coming buckets when the current assignment
@@ -437,17 +450,15 @@ class EtcdOwnership:
             )
         return True
 
-    async def _publish_stats_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.stats_interval)
-            lease_id = self.lease.id
-            if lease_id is None:
-                continue
-            body = {"address": self.address, "owned": len(self.owned()), **self._stats()}
-            with contextlib.suppress(CoordinatorUnavailable), translated("publish stats"):
-                await self.client.put(
-                    self.keys.stat(self.node_id), json.dumps(body).encode(), lease=lease_id
-                )
+    async def _publish_stats_pass(self) -> None:
+        lease_id = self.lease.id
+        if lease_id is None:
+            return
+        body = {"address": self.address, "owned": len(self.owned()), **self._stats()}
+        with translated("publish stats"):
+            await self.client.put(
+                self.keys.stat(self.node_id), json.dumps(body).encode(), lease=lease_id
+            )
 
     def member_stats(self) -> dict[str, dict[str, float]]:
         out = {}

@@ -2,7 +2,13 @@
 
 The watch resumes from the last revision seen after a broken stream (etcd restart, member
 failover) so no event is missed, and resyncs with a fresh read when that revision was
-compacted away. Callers get ``on_change()`` after each applied batch.
+compacted away. Callers get ``on_change()`` after each applied batch. Each stream is one pass
+of a supervised loop: a broken stream is a failed pass, retried after ``retry_delay``.
+
+aetcd multiplexes every watch of a client on one stream and matches a "created" answer to
+the create request pending *now*: after a create timed out (a frozen etcd), its late answer
+can be given to the next watch, of another prefix. A view that receives a key outside its
+prefix therefore drops it, reads its prefix again and watches anew.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from dataclasses import dataclass
 
 import aetcd
 import aetcd.exceptions
+
+from chronoq.coordinator.etcd import translated
+from chronoq.errors import CoordinatorUnavailable
+from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
 
@@ -38,58 +48,86 @@ class PrefixView:
         on_change: Callable[[], None] = lambda: None,
         *,
         retry_delay: float = 0.2,
+        supervisor: Supervisor | None = None,
+        name: str | None = None,
+        critical: bool = True,
     ) -> None:
         self._client = client
         self.prefix = prefix
         self._on_change = on_change
         self._retry_delay = retry_delay
+        self._supervisor = supervisor or Supervisor()
+        self.name = name or "watch-" + prefix.decode(errors="replace").rstrip("/").rsplit("/")[-1]
+        self._critical = critical
         self.items: dict[bytes, Entry] = {}
         self.revision = 0
         self.resyncs = 0
         self.rewatches = 0
-        self._task: asyncio.Task[None] | None = None
+        self.crossed = 0  # streams that delivered another watch's keys
+        self._stale = False  # read the prefix again before the next watch
+        self._loop: Loop | None = None
 
     async def start(self) -> None:
         await self.resync()
-        self._task = asyncio.create_task(self._run(), name=f"watch {self.prefix!r}")
+        self.watch()
+
+    def watch(self) -> None:
+        """Follow the prefix from ``revision + 1`` in a supervised loop (until ``stop``)."""
+        if self._loop is None:
+            self._loop = self._supervisor.every(
+                self.name,
+                self.follow,
+                interval=self._retry_delay,
+                backoff=False,  # a rewatch is cheap, and a late one delays every handoff
+                critical=self._critical,
+            )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, 3.0)
-            self._task = None
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None
 
     async def resync(self) -> None:
-        result = await self._client.get_prefix(self.prefix)
+        with translated(f"read {self.prefix!r}"):
+            result = await self._client.get_prefix(self.prefix)
         self.items = {
             kv.key: Entry(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
             for kv in result
         }
         self.revision = result.header.revision
         self.resyncs += 1
+        self._stale = False
         self._on_change()
 
-    async def _run(self) -> None:
-        while True:
+    async def follow(self) -> None:
+        """One watch stream, until it breaks; after a compaction, a fresh read instead."""
+        if self._stale:
+            await self.resync()
+        compacted = False
+        with translated(f"watch {self.prefix!r}"):
             try:
                 await self._follow()
             except aetcd.exceptions.RevisionCompactedError:
-                log.info("watch of %r: revision compacted, resyncing", self.prefix)
-                await self._retry(self.resync)
-                continue
-            except Exception as exc:  # noqa: BLE001 - any broken stream: resume, never die
-                log.info(
-                    "watch of %r broke (%s); resuming from %d", self.prefix, exc, self.revision + 1
-                )
-            await asyncio.sleep(self._retry_delay)
+                compacted = True
+        if compacted:
+            log.info("watch of %r: revision compacted, resyncing", self.prefix)
+            await self.resync()
 
     async def _follow(self) -> None:
         watch = await self._client.watch_prefix(self.prefix, start_revision=self.revision + 1)
         self.rewatches += 1
+        if self._loop is not None:
+            self._loop.ok()  # the stream is up: a burst of broken streams is over
         try:
             async for event in watch:
                 kv = event.kv
+                if not kv.key.startswith(self.prefix):
+                    self.crossed += 1
+                    self._stale = True
+                    raise CoordinatorUnavailable(
+                        f"etcd: the watch of {self.prefix!r} delivered {kv.key!r} (another "
+                        "watch's stream); reading the prefix again"
+                    )
                 if event.kind == "DELETE":
                     self.items.pop(kv.key, None)
                 else:
@@ -102,12 +140,3 @@ class PrefixView:
             # Bounded: on a dead stream aetcd's cancel can wait forever for its request queue.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(watch.cancel()), 1.0)
-
-    async def _retry(self, step: Callable[[], object]) -> None:
-        while True:
-            try:
-                await step()  # type: ignore[misc]
-                return
-            except (aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
-                log.info("etcd read of %r failed (%s); retrying", self.prefix, exc)
-                await asyncio.sleep(self._retry_delay)

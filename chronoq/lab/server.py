@@ -7,6 +7,10 @@ page (``static/``, plain JS, no network beyond loopback) draws it. The controls 
 real cluster: COPY pending load, advance the virtual clock, SIGKILL a partition's owner and
 restart it. Every figure is measured, none simulated: the scans run under EXPLAIN ANALYZE,
 double firings are counted from the fencing tokens the store recorded.
+
+The controls kill processes, so no other web page may reach them: every request passes
+``guard.LabGuard`` (own Host and Origin, the per-run secret of the page's URL on every API
+call, JSON bodies only).
 """
 
 from __future__ import annotations
@@ -36,13 +40,19 @@ from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.client import Client, ClusterStatus, TaskContext, Worker
 from chronoq.coordinator.etcd import EtcdSettings
 from chronoq.coordinator.vclock import EtcdClock
-from chronoq.lab import probes
+from chronoq.lab import guard, probes
 
 log = logging.getLogger("chronoq.lab")
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Timeline points kept for the charts (about five minutes at one a second).
 TIMELINE_POINTS = 300
 MAX_LOAD = 20_000_000
+#: Largest request body: the controls send a few bytes of JSON.
+MAX_BODY_BYTES = 64 * 1024
+#: At most one log line per this many seconds about refused requests.
+REFUSAL_LOG_SECONDS = 10.0
 
 
 class LabError(errors.ChronoqError):
@@ -81,8 +91,12 @@ class _Advance:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "from": self.start.isoformat(), "to": self.end.isoformat(), "due": len(self.ids),
-            "fired": self.fired, "executed": self.executed, "firers": self.firers,
+            "from": self.start.isoformat(),
+            "to": self.end.isoformat(),
+            "due": len(self.ids),
+            "fired": self.fired,
+            "executed": self.executed,
+            "firers": self.firers,
             "fired_ms": self.fired_ms,
         }
 
@@ -128,8 +142,13 @@ class Lab:
     """
 
     def __init__(
-        self, cluster: LocalCluster, *, host: str = "127.0.0.1", port: int = 0,
-        concurrency: int = 32, interval: float = 1.0,
+        self,
+        cluster: LocalCluster,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        concurrency: int = 32,
+        interval: float = 1.0,
     ) -> None:
         if not cluster.spec.virtual_clock:
             raise errors.ConfigError("the lab needs a cluster on the virtual clock")
@@ -140,6 +159,10 @@ class Lab:
         self.concurrency = concurrency
         self.width = 60  # the nodes' default bucket width; the Status RPC confirms it
         self.url = ""
+        self.secret = guard.new_secret()
+        self._guard: guard.LabGuard | None = None
+        self._refused = 0
+        self._refusal_logged_at = -REFUSAL_LOG_SECONDS
         self._pool: asyncpg.Pool | None = None
         self._clock: EtcdClock | None = None
         self._clients: dict[str, Client] = {}
@@ -175,8 +198,10 @@ class Lab:
         for node_id, node in self.cluster.nodes.items():
             self._clients[node_id] = Client(node.address, timeout=3.0)
             worker = Worker(
-                Client(node.address, timeout=10.0), {probes.LAB_QUEUE: self._execute},
-                concurrency=self.concurrency, worker_id=f"lab-worker-{node_id}",
+                Client(node.address, timeout=10.0),
+                {probes.LAB_QUEUE: self._execute},
+                concurrency=self.concurrency,
+                worker_id=f"lab-worker-{node_id}",
             )
             self._workers.append(worker)
             self._jobs.append(asyncio.create_task(worker.run(), name=f"lab-{node_id}"))
@@ -188,8 +213,11 @@ class Lab:
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}/"
-        self._event("lab", f"serving {self.url} over {len(self.cluster.nodes)} nodes")
+        self._guard = guard.LabGuard(secret=self.secret, bound_host=host, port=port)
+        shown = guard.url_host(host)
+        # The secret rides in the fragment: the browser keeps it out of requests and logs.
+        self.url = f"http://{shown}:{port}/#{self.secret}"
+        self._event("lab", f"serving http://{shown}:{port}/ over {len(self.cluster.nodes)} nodes")
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -200,9 +228,7 @@ class Lab:
             if not job.get_name().startswith("lab-node"):
                 job.cancel()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*self._jobs, return_exceptions=True), timeout=15
-            )
+            await asyncio.wait_for(asyncio.gather(*self._jobs, return_exceptions=True), timeout=15)
         for client in self._clients.values():
             await client.close()
         for worker in self._workers:
@@ -257,8 +283,11 @@ class Lab:
                 self._advance.executed = got["executed"]
         status = await self._cluster_status()
         executed = len(self._counters.executed)
-        point: dict[str, Any] = {"t": time.time() * 1000, "now": now.isoformat(),
-                                 "pending": histogram.pending}
+        point: dict[str, Any] = {
+            "t": time.time() * 1000,
+            "now": now.isoformat(),
+            "pending": histogram.pending,
+        }
         if self._last_sample is not None:
             dt = max(real - self._last_sample[0], 1e-3)
             point |= {
@@ -269,8 +298,10 @@ class Lab:
             }
         scans = self._scans.get("next_minute")
         if scans is not None:
-            point |= {"naive_examined": scans["naive"]["examined"],
-                      "bucketed_examined": scans["bucketed"]["examined"]}
+            point |= {
+                "naive_examined": scans["naive"]["examined"],
+                "bucketed_examined": scans["bucketed"]["examined"],
+            }
         self._timeline.append(point)
         self._last_sample = (real, now, executed)
         self._state = {
@@ -313,14 +344,21 @@ class Lab:
         for node_id, node in self.cluster.nodes.items():
             m = members.get(node_id)
             tokens = owned.get(node_id, [])
-            out.append({
-                "node_id": node_id, "address": node.address, "alive": node.alive(),
-                "pid": node.pid, "member": m is not None, "partitions": len(tokens),
-                "token_min": min(tokens, default=None), "token_max": max(tokens, default=None),
-                "fired_total": m.fired_total if m else None,
-                "lateness_p50_ms": m.lateness_p50_ms if m else None,
-                "lateness_p99_ms": m.lateness_p99_ms if m else None,
-            })
+            out.append(
+                {
+                    "node_id": node_id,
+                    "address": node.address,
+                    "alive": node.alive(),
+                    "pid": node.pid,
+                    "member": m is not None,
+                    "partitions": len(tokens),
+                    "token_min": min(tokens, default=None),
+                    "token_max": max(tokens, default=None),
+                    "fired_total": m.fired_total if m else None,
+                    "lateness_p50_ms": m.lateness_p50_ms if m else None,
+                    "lateness_p99_ms": m.lateness_p99_ms if m else None,
+                }
+            )
         return out
 
     async def _scan_loop(self) -> None:
@@ -338,17 +376,18 @@ class Lab:
                 log.warning("lab scan failed: %s", exc)
             self._scan_now.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._scan_now.wait(), max(2.0, 3 * (loop.time() - started))
-                )
+                await asyncio.wait_for(self._scan_now.wait(), max(2.0, 3 * (loop.time() - started)))
 
     async def _scan(self) -> None:
         now = self.clock.now()
         async with self._conn() as conn:
             tick = await probes.compare_scans(conn, now, self.width)
             ahead = await probes.compare_scans(conn, now + timedelta(minutes=1), self.width)
-        self._scans = {"now": _pair(tick), "next_minute": _pair(ahead),
-                       "sampled_at": now.isoformat()}
+        self._scans = {
+            "now": _pair(tick),
+            "next_minute": _pair(ahead),
+            "sampled_at": now.isoformat(),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the page draws, as JSON-ready values."""
@@ -393,8 +432,11 @@ class Lab:
             load.error = str(exc)
             self._event("error", f"load failed: {exc}")
             return
-        self._event("load", f"{load.total:,} tasks loaded by COPY in {load.seconds:.1f} s "
-                            f"({load.total / max(load.seconds, 1e-3):,.0f} rows/s)")
+        self._event(
+            "load",
+            f"{load.total:,} tasks loaded by COPY in {load.seconds:.1f} s "
+            f"({load.total / max(load.seconds, 1e-3):,.0f} rows/s)",
+        )
         self._scan_now.set()
 
     async def advance(self, minutes: float = 1.0) -> dict[str, Any]:
@@ -417,15 +459,20 @@ class Lab:
                 async with self._conn() as conn:
                     got = await probes.states_of(conn, ids)
                 record.fired, record.executed, record.firers = (
-                    got["fired"], got["executed"], got["firers"]
+                    got["fired"],
+                    got["executed"],
+                    got["firers"],
                 )
                 if record.fired == len(ids):
                     record.fired_ms = (time.monotonic() - jumped) * 1000
                     break
                 await asyncio.sleep(0.05)
         took = f"in {record.fired_ms:,.0f} ms" if record.fired_ms is not None else "not all yet"
-        self._event("advance", f"clock +{minutes:g} min: {len(ids):,} tasks due, "
-                               f"{record.fired:,} fired {took} by {record.firers} node(s)")
+        self._event(
+            "advance",
+            f"clock +{minutes:g} min: {len(ids):,} tasks due, "
+            f"{record.fired:,} fired {took} by {record.firers} node(s)",
+        )
         self._scan_now.set()
         return record.as_json()
 
@@ -445,8 +492,11 @@ class Lab:
         lost = sum(1 for o in status.ownership if o.owner == victim)
         await asyncio.to_thread(self.cluster.kill, victim)
         takeover = self._takeover = _Takeover(partition, victim, token, lost, time.monotonic())
-        self._event("kill", f"SIGKILL {victim}, owner of partition {partition} (token {token}) "
-                            f"and {lost - 1} other partitions")
+        self._event(
+            "kill",
+            f"SIGKILL {victim}, owner of partition {partition} (token {token}) "
+            f"and {lost - 1} other partitions",
+        )
         self._jobs.append(asyncio.create_task(self._watch_takeover(takeover)))
         return takeover.as_json()
 
@@ -462,15 +512,22 @@ class Lab:
             if t.new_owner is None and mine is not None and mine.owner != t.victim:
                 t.new_owner, t.new_token = mine.owner, mine.fencing_token
                 t.seconds = time.monotonic() - t.killed_at
-                self._event("takeover", f"partition {t.partition}: {mine.owner} took over "
-                                        f"(token {t.old_token} → {mine.fencing_token}) "
-                                        f"{t.seconds:.1f} s after the kill")
-            if (len(owners) == status.partitions
-                    and all(o.owner != t.victim for o in owners.values())):
+                self._event(
+                    "takeover",
+                    f"partition {t.partition}: {mine.owner} took over "
+                    f"(token {t.old_token} → {mine.fencing_token}) "
+                    f"{t.seconds:.1f} s after the kill",
+                )
+            if len(owners) == status.partitions and all(
+                o.owner != t.victim for o in owners.values()
+            ):
                 t.all_reowned_s = time.monotonic() - t.killed_at
-                self._event("takeover", f"all {status.partitions} partitions owned again, "
-                                        f"none by {t.victim}, {t.all_reowned_s:.1f} s after "
-                                        "the kill")
+                self._event(
+                    "takeover",
+                    f"all {status.partitions} partitions owned again, "
+                    f"none by {t.victim}, {t.all_reowned_s:.1f} s after "
+                    "the kill",
+                )
 
     async def restart(self, node_id: str) -> dict[str, Any]:
         """Start a killed node again (same id and port); it rejoins and takes a share."""
@@ -487,7 +544,12 @@ class Lab:
 
     def _app(self) -> web.Application:
         static = Path(str(resources.files("chronoq.lab").joinpath("static")))
-        app = web.Application()
+
+        @web.middleware
+        async def check(request: web.Request, handler: _Handler) -> web.StreamResponse:
+            return await self._check(request, handler)
+
+        app = web.Application(middlewares=[check], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/", self._index)
         app.router.add_static("/static/", static)
         app.router.add_get("/api/state", self._get_state)
@@ -500,6 +562,48 @@ class Lab:
         )
         app.router.add_post("/api/restart", self._post(lambda b: self.restart(_str(b, "node"))))
         return app
+
+    async def _check(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """Refuse, with 403 and the reason, what ``guard.LabGuard`` does not let through."""
+        if self._guard is None:
+            raise web.HTTPServiceUnavailable(text="the lab is starting")
+        headers = request.headers
+        reason = self._guard.refusal(
+            guard.Request(
+                method=request.method,
+                path=request.path,
+                host=headers.get("Host"),
+                origin=headers.get("Origin"),
+                content_type=request.content_type if "Content-Type" in headers else None,
+                secret=headers.get(guard.SECRET_HEADER),
+                fetch_site=headers.get("Sec-Fetch-Site"),
+            )
+        )
+        if reason is not None:
+            self._log_refusal(request, reason)
+            return web.json_response({"error": reason}, status=403)
+        response = await handler(request)
+        # Nothing of the lab may be framed by another page (clickjacking of its buttons).
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        return response
+
+    def _log_refusal(self, request: web.Request, reason: str) -> None:
+        """Say that something knocked, at most once per ``REFUSAL_LOG_SECONDS``: a hostile page
+        may send thousands of requests, the terminal must stay readable."""
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at < REFUSAL_LOG_SECONDS:
+            return
+        self._refusal_logged_at = now
+        log.warning(
+            "lab refused %s %r: %s (%d refused since the last such line)",
+            request.method,
+            request.path[:80],
+            reason,
+            self._refused,
+        )
+        self._refused = 0
 
     async def _index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(Path(str(resources.files("chronoq.lab"))) / "static/index.html")
@@ -570,9 +674,14 @@ def run(settings: LabSettings, announce: Callable[[str], None] = print) -> None:
             stack.enter_context(tempfile.TemporaryDirectory(prefix="chronoq-lab-"))
         )
         spec = ClusterSpec(
-            nodes=settings.nodes, partitions=settings.partitions, lease_ttl=settings.lease_ttl,
-            tick_ms=settings.tick_ms, cluster="lab", virtual_clock=True,
-            durable=settings.data_dir is not None, database="chronoq_lab",
+            nodes=settings.nodes,
+            partitions=settings.partitions,
+            lease_ttl=settings.lease_ttl,
+            tick_ms=settings.tick_ms,
+            cluster="lab",
+            virtual_clock=True,
+            durable=settings.data_dir is not None,
+            database="chronoq_lab",
         )
         cluster = LocalCluster(workdir.resolve(), spec)
         announce(f"starting etcd, PostgreSQL and {settings.nodes} nodes in {workdir} …")
@@ -606,6 +715,7 @@ async def _serve(
         await lab.stop()
         raise LabError(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror}") from None
     announce(f"chronoq lab: {lab.url}  (Ctrl-C stops the lab and the cluster)")
+    announce("  the link carries this run's key: open it as printed, do not share it")
     try:
         await stop.wait()
     finally:

@@ -9,12 +9,19 @@ grant and only then calls the servicer. Health and reflection stay open, so prob
 
 A request type with no namespace anywhere is a cluster-wide call: ``ClusterService.Status``
 (read-only) takes any valid token, every other one (``Drain``, ...) a ``*`` token.
+
+A check at the start of a call is not enough for a long-poll that waits a minute: with a token
+file, every call in flight is registered under its token, and while any is open the file is
+re-read each ``REVOCATION_CHECK``; a call whose token no longer passes ends at once with the
+status the same call would get now (UNAUTHENTICATED for a removed token).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -22,7 +29,7 @@ from google.protobuf.message import Message
 
 from chronoq import tls
 from chronoq.auth import TokenAuth, TokenFile, bearer_token
-from chronoq.errors import ChronoqError
+from chronoq.errors import ChronoqError, Unauthenticated
 from chronoq.models import DEFAULT_NAMESPACE
 from chronoq.node.status import code_for
 
@@ -32,6 +39,10 @@ log = logging.getLogger("chronoq.auth")
 GUARDED_PREFIX = "/chronoq."
 #: Cluster-wide methods that any valid token may call (read-only views).
 OPEN_CLUSTER_METHODS = frozenset({"/chronoq.v1.ClusterService/Status"})
+
+#: How often tokens are re-checked for the calls in flight (the token file's own re-read
+#: interval is the same).
+REVOCATION_CHECK = 1.0
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
@@ -59,12 +70,89 @@ def _metadata_value(metadata: Any, key: str) -> str | None:
     return None
 
 
+def check_call(
+    auth: TokenAuth, token: str | None, namespaces: set[str] | None, method: str
+) -> None:
+    """Raise the ``ChronoqError`` that refuses this call under ``auth``, if any."""
+    grant = auth.authenticate(token)
+    if namespaces is not None or method not in OPEN_CLUSTER_METHODS:
+        auth.authorize(grant, namespaces, method.rsplit("/", 1)[-1])
+
+
+class _OpenCall:
+    """One call in flight: what it was allowed on, and the task that serves it."""
+
+    def __init__(self, token: str | None, namespaces: set[str] | None, method: str) -> None:
+        self.token = token
+        self.namespaces = namespaces
+        self.method = method
+        self.task = asyncio.current_task()
+        self.refused: ChronoqError | None = None
+
+    def end(self, refused: ChronoqError) -> None:
+        if self.refused is None and self.task is not None:
+            self.refused = refused
+            self.task.cancel()
+
+
+class OpenCalls:
+    """The calls in flight under a reloadable token file, re-checked while any is open."""
+
+    def __init__(self, tokens: Callable[[], TokenAuth], interval: float = REVOCATION_CHECK) -> None:
+        self._tokens = tokens
+        self._interval = interval
+        self._calls: set[_OpenCall] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._checked: TokenAuth | None = None
+        self.ended = 0  # calls ended because their token stopped passing
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    @contextlib.contextmanager
+    def track(
+        self, token: str | None, namespaces: set[str] | None, method: str
+    ) -> Iterator[_OpenCall]:
+        call = _OpenCall(token, namespaces, method)
+        self._calls.add(call)
+        if self._watcher is None or self._watcher.done():
+            self._checked = self._tokens()
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch(), name="chronoq-token-revocation"
+            )
+        try:
+            yield call
+        finally:
+            self._calls.discard(call)
+
+    async def _watch(self) -> None:
+        while self._calls:
+            await asyncio.sleep(self._interval)
+            self.recheck()
+
+    def recheck(self) -> None:
+        """End the calls whose token no longer passes (after the token file changed)."""
+        auth = self._tokens()
+        if auth is self._checked:
+            return
+        self._checked = auth
+        for call in list(self._calls):
+            try:
+                check_call(auth, call.token, call.namespaces, call.method)
+            except ChronoqError as exc:
+                log.info("auth: %s ended in flight: %s", call.method, exc.message)
+                self.ended += 1
+                call.end(exc)
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuse chronoq calls without a known token (UNAUTHENTICATED) or outside its namespaces
-    (PERMISSION_DENIED)."""
+    (PERMISSION_DENIED), and end calls in flight whose token is revoked."""
 
     def __init__(self, auth: TokenAuth | TokenFile) -> None:
         self._tokens = auth.current if isinstance(auth, TokenFile) else lambda: auth
+        # A fixed set of tokens never revokes one: nothing to track.
+        self.open_calls = OpenCalls(auth.current) if isinstance(auth, TokenFile) else None
 
     async def intercept_service(
         self,
@@ -93,16 +181,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def _guard(self, method: str, token: str | None, behavior: Behavior) -> Behavior:
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            namespaces = request_namespaces(request)
             try:
-                auth = self._tokens()
-                grant = auth.authenticate(token)
-                namespaces = request_namespaces(request)
-                if namespaces is not None or method not in OPEN_CLUSTER_METHODS:
-                    auth.authorize(grant, namespaces, method.rsplit("/", 1)[-1])
+                check_call(self._tokens(), token, namespaces, method)
             except ChronoqError as exc:
                 log.info("auth: %s refused from %s: %s", method, context.peer(), exc.message)
                 await context.abort(code_for(exc), exc.message)
-            return await behavior(request, context)
+            if self.open_calls is None:
+                return await behavior(request, context)
+            with self.open_calls.track(token, namespaces, method) as call:
+                try:
+                    return await behavior(request, context)
+                except asyncio.CancelledError:
+                    if call.refused is None or call.task is None:
+                        raise  # the caller went away, or the server stops
+                    call.task.uncancel()
+                    refused = call.refused
+            message = (
+                "bearer token revoked during the call"
+                if isinstance(refused, Unauthenticated)
+                else f"{refused.message} (the token file changed during the call)"
+            )
+            await context.abort(code_for(refused), message)
 
         return guarded
 

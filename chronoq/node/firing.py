@@ -1,7 +1,9 @@
 """The firing loop: each tick, move the due tasks of owned partitions to READY.
 
-Per tick it runs one statement over all owned partitions (bounded per partition), then
-repeats only for partitions that hit their bound, up to ``fire_rounds`` statements. Work per
+Per tick it runs one statement over all owned partitions (bounded per partition, the bound
+shared equally by the namespaces with due rows there, so one namespace's flood cannot hold
+back another's tasks), then repeats only for partitions where a namespace filled its share,
+up to ``fire_rounds`` statements or one tick's time, whichever comes first. Work per
 tick follows the number of due tasks, never the number pending. The same loop is the
 backfill: after downtime the buckets between a partition's watermark and now are simply due.
 """
@@ -9,7 +11,6 @@ backfill: after downtime the buckets between a partition's watermark and now are
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -18,13 +19,20 @@ from dataclasses import dataclass
 
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
-from chronoq.errors import StoreUnavailable
 from chronoq.node.lateness import LatenessWindow
 from chronoq.node.metrics import NodeMetrics
 from chronoq.node.ownership import Ownership
 from chronoq.store import FireResult, Store
+from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
 log = logging.getLogger("chronoq.firing")
+
+#: Rows per partition per statement at least, whatever ``fire_batch / partitions`` gives. It
+#: is also how many namespaces with due rows a partition serves per statement: past it, the
+#: next ones wait for a later statement. A statement commits as one, so its size is how long
+#: a namespace's single due task may wait behind another's flood; 16 halved that wait against
+#: 50 but cost a third of the flood's fire rate in node runs (more, smaller statements).
+MIN_PER_PARTITION = 50
 
 
 @dataclass
@@ -34,6 +42,7 @@ class FiringStats:
     statements: int = 0
     ticks: int = 0
     errors: int = 0
+    quarantined: int = 0  # due tasks no statement could fire, set aside as DEAD
 
 
 class Firer:
@@ -71,27 +80,19 @@ class Firer:
         """Run the next tick now (the clock jumped, or ownership changed)."""
         self._wake.set()
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                await self.tick()
-                self.last_ok = time.monotonic()
-            except StoreUnavailable as exc:
-                self.stats.errors += 1
-                log.warning("firing tick failed: %s", exc)
-            except Exception:  # the loop must outlive any single bad tick
-                self.stats.errors += 1
-                log.exception("firing tick failed unexpectedly")
-            self._wake.clear()
-            delay = self._tick - (loop.time() - started)
-            if delay > 0:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-                # cancellation that races with the event, and the loop would never stop.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
+    def start(self, supervisor: Supervisor) -> Loop:
+        """Tick every ``tick`` seconds under ``supervisor``, at once when poked."""
+        return supervisor.every(
+            "firing", self._pass, interval=self._tick, wake=self._wake, stall_after=STALL_AFTER
+        )
+
+    async def _pass(self) -> None:
+        try:
+            await self.tick()
+        except Exception:
+            self.stats.errors += 1
+            raise  # the supervisor counts, logs once per burst and retries
+        self.last_ok = time.monotonic()
 
     async def tick(self) -> FireResult:
         """One tick: fire what is due now in every owned partition; returns the totals."""
@@ -101,6 +102,11 @@ class Firer:
         owned: Mapping[int, int] = dict(self._ownership.owned())
         total = FireResult()
         pending = owned
+        loop = asyncio.get_running_loop()
+        # Rounds stop after a tick's time: what comes due meanwhile (another namespace's task
+        # behind a flood) waits for one statement at most, then the next tick's first one,
+        # which walks every partition again with a fresh `now`.
+        deadline = loop.time() + self._tick
         for _ in range(self._rounds):
             async with self._ownership.gate:
                 # Re-read ownership before each statement: a release may have happened.
@@ -108,14 +114,17 @@ class Firer:
                 pending = {p: t for p, t in pending.items() if still.get(p) == t}
                 if not pending:
                     break
-                per_partition = max(50, math.ceil(self._batch / len(pending)))
+                per_partition = max(MIN_PER_PARTITION, math.ceil(self._batch / len(pending)))
                 result = await self._store.fire_due(
                     pending, now, batch=per_partition, node_id=self.node_id
                 )
             self.stats.statements += 1
             self._account(result, total)
-            saturated = result.saturated(per_partition)
-            pending = {p: owned[p] for p in saturated}
+            # Each namespace with due rows got a share of the batch (fair across namespaces);
+            # go again where one filled its share.
+            pending = {p: owned[p] for p in result.saturated() if p in owned}
+            if loop.time() >= deadline:
+                break
         await self._advance(owned, set(pending), current)
         if self._metrics is not None:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
@@ -124,6 +133,7 @@ class Firer:
     def _account(self, result: FireResult, total: FireResult) -> None:
         self.stats.fired += result.fired
         self.stats.skipped += result.skipped
+        self.stats.quarantined += len(result.quarantined)
         self.lateness.add(result.lateness)
         if self._metrics is not None:
             self._metrics.fired.inc(result.fired)
@@ -134,6 +144,7 @@ class Firer:
         total.skipped += result.skipped
         total.ready_by_queue.update(result.ready_by_queue)
         total.per_partition.update(result.per_partition)
+        total.quarantined += result.quarantined
         if result.ready_by_queue:
             self._on_ready(result)
 

@@ -10,10 +10,10 @@ from datetime import timedelta
 
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
-from chronoq.errors import ChronoqError
 from chronoq.models import TaskState
 from chronoq.node.ownership import Ownership
 from chronoq.store import Store
+from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.node")
 
@@ -53,13 +53,11 @@ class Retention:
         self._on_purged = on_purged
         self.purged = 0
 
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.purge()
-            except ChronoqError as exc:
-                log.warning("retention pass failed: %s", exc)
+    def start(self, supervisor: Supervisor) -> Loop:
+        """Purge every ``interval`` seconds; firing does not depend on it (not critical)."""
+        return supervisor.every(
+            "retention", self.purge, interval=self._interval, initial_delay=True, critical=False
+        )
 
     async def purge(self) -> int:
         total = 0
@@ -86,13 +84,9 @@ class DepthPoller:
         self._interval = interval
         self.depth: dict[tuple[str, str, str], int] = {}
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.poll()
-            except ChronoqError as exc:
-                log.warning("queue depth poll failed: %s", exc)
-            await asyncio.sleep(self._interval)
+    def start(self, supervisor: Supervisor) -> Loop:
+        """Poll every ``interval`` seconds; only metrics depend on it (not critical)."""
+        return supervisor.every("depth", self.poll, interval=self._interval, critical=False)
 
     async def poll(self) -> dict[tuple[str, str, str], int]:
         now = bucket_of(self._clock.now(), self._store.bucket_seconds)
@@ -104,36 +98,47 @@ class DepthPoller:
 
 
 class HealthWatch:
-    """SERVING while the node owns at least part of what it should; NOT_SERVING otherwise
-    (its lease is gone, or it cannot take the partitions assigned to it)."""
+    """SERVING while the node owns at least part of what it should and every critical loop
+    works; NOT_SERVING otherwise (its lease is gone, it cannot take the partitions assigned
+    to it, or a loop such as firing died or keeps failing)."""
 
     def __init__(
         self,
         ownership: Ownership,
         set_serving: Callable[[bool], Awaitable[None]],
         *,
+        loop_problems: Callable[[], list[str]] = list,
         interval: float = 0.5,
     ) -> None:
         self._ownership = ownership
         self._set_serving = set_serving
+        self._loop_problems = loop_problems
         self._interval = interval
         self.serving: bool | None = None
 
-    def healthy(self) -> bool:
+    def problems(self) -> list[str]:
+        """Why the node should not serve; empty when it should."""
+        found = list(self._loop_problems())
+        if self._ownership.suspended:  # e.g. cut off from PostgreSQL: its API cannot answer
+            found.append("ownership suspended: partitions handed to the other nodes")
         expected = self._ownership.expected()
-        return not expected or bool(expected & set(self._ownership.owned()))
+        if expected and not expected & set(self._ownership.owned()):
+            found.append(f"owns none of the {len(expected)} partitions assigned to it")
+        return found
 
-    async def run(self) -> None:
-        while True:
-            await self.check()
-            await asyncio.sleep(self._interval)
+    def healthy(self) -> bool:
+        return not self.problems()
+
+    def start(self, supervisor: Supervisor) -> Loop:
+        return supervisor.every("health", self.check, interval=self._interval)
 
     async def check(self) -> bool:
-        now = self.healthy()
+        problems = self.problems()
+        now = not problems
         if now != self.serving:
             self.serving = now
             await self._set_serving(now)
-            log.info("health: %s", "SERVING" if now else "NOT_SERVING")
+            log.info("health: %s", "SERVING" if now else f"NOT_SERVING ({'; '.join(problems)})")
         return now
 
 
@@ -155,26 +160,25 @@ class StoreWatch:
         grace: float,
         interval: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
+        may_resume: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._ownership = ownership
         self._last_ok = last_ok
+        self._may_resume = may_resume  # another reason to stay out (a wrong clock) may hold
         self._grace = grace
         self._interval = interval
         self._monotonic = monotonic
         self.suspensions = 0
 
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.check()
-            except ChronoqError as exc:
-                log.warning("store watch: %s", exc)
+    def start(self, supervisor: Supervisor) -> Loop:
+        return supervisor.every(
+            "store-watch", self.check, interval=self._interval, initial_delay=True
+        )
 
     async def check(self) -> None:
         if self._ownership.suspended:
-            if await self._store.probe():
+            if self._may_resume() and await self._store.probe():
                 await self._ownership.resume()
         elif self._monotonic() - self._last_ok() > self._grace:
             self.suspensions += 1

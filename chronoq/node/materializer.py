@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 
 from chronoq.clock import Clock
-from chronoq.errors import StoreUnavailable
 from chronoq.node.ownership import Ownership
 from chronoq.store.schedules import Materialized, Schedules
+from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
 log = logging.getLogger("chronoq.schedules")
 
@@ -34,15 +33,11 @@ class SchedulePump:
         self.created = 0
         self.skipped = 0
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.pump()
-            except StoreUnavailable as exc:
-                log.warning("schedule pass failed: %s", exc)
-            except Exception:  # the loop must outlive any single bad pass
-                log.exception("schedule pass failed unexpectedly")
-            await asyncio.sleep(self._interval)
+    def start(self, supervisor: Supervisor) -> Loop:
+        """Materialise every ``interval`` seconds under ``supervisor``."""
+        return supervisor.every(
+            "schedules", self.pump, interval=self._interval, stall_after=STALL_AFTER
+        )
 
     async def pump(self) -> Materialized:
         """One pass; repeats while a batch came back full."""
@@ -53,10 +48,9 @@ class SchedulePump:
                 done = await self._schedules.materialize(
                     owned, self._clock.now(), lookahead=self._lookahead
                 )
-            total.created += done.created
-            total.skipped += done.skipped
-            total.schedules += done.schedules
-            if done.schedules < 100:
+            total.add(done)
+            # A paused (quarantined) schedule took a place in the batch too.
+            if done.schedules + len(done.quarantined) < 100:
                 break
         self.created += total.created
         self.skipped += total.skipped

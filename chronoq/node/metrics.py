@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from chronoq.supervision import Loop
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 ROWS_BUCKETS = (0, 1, 10, 100, 1_000, 10_000, 100_000)
@@ -101,3 +103,35 @@ class LiveCollector(Collector):
             for (ns, queue, state), n in self._depth().items():
                 depth.add_metric([ns, queue, state], n)
         yield depth
+
+
+class LoopCollector(Collector):
+    """The supervised loops' figures, read at scrape time: failed passes, restarts, health."""
+
+    def __init__(self, loops: Callable[[], Iterable[Loop]]) -> None:
+        self._loops = loops
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        failures = CounterMetricFamily(
+            "chronoq_loop_failures",
+            "Failed passes of each background loop (deaths included).",
+            labels=["loop"],
+        )
+        restarts = CounterMetricFamily(
+            "chronoq_loop_restarts",
+            "Times a background loop died and was started again.",
+            labels=["loop"],
+        )
+        healthy = GaugeMetricFamily(
+            "chronoq_loop_healthy",
+            "1 while the loop works; 0 once it died, keeps failing or hangs (a critical "
+            "loop at 0 turns the node's health NOT_SERVING).",
+            labels=["loop", "critical"],
+        )
+        for loop in self._loops():
+            failures.add_metric([loop.name], loop.failures)
+            restarts.add_metric([loop.name], loop.restarts)
+            healthy.add_metric([loop.name, str(loop.critical).lower()], 1 if loop.healthy else 0)
+        yield failures
+        yield restarts
+        yield healthy

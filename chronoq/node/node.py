@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -22,21 +22,44 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
+from chronoq.errors import ChronoqError
+from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
 from chronoq.models import Task, TaskState
 from chronoq.node.auth_interceptor import api_security
+from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
 from chronoq.node.firing import Firer
 from chronoq.node.housekeeping import DepthPoller, HealthWatch, Retention, StoreWatch
+from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
-from chronoq.node.metrics import LiveCollector, NodeMetrics
+from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
 from chronoq.node.ownership import LocalOwnership, Ownership
-from chronoq.node.readiness import ReadyNotifier
+from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import ClusterService, TaskService, WorkerService, node_stats
 from chronoq.store import FireResult, Store
+from chronoq.store.pool_logs import quiet_pool_outages
 from chronoq.store.schedules import Schedules
+from chronoq.supervision import Loop, LoopPolicy, Supervisor
 
 log = logging.getLogger("chronoq.node")
+
+#: Bytes of one task spec apart from its payload, every field at its limit: queue, namespace
+#: and idempotency key at their lengths, the numbers, durations and framing.
+SPEC_BYTES = 2 * MAX_NAME + MAX_IDEMPOTENCY_KEY + 256
+#: Payload bytes one request may carry in all (64 payloads at the 256 KiB limit); a client
+#: with more splits its batch.
+REQUEST_PAYLOAD_BYTES = 16 * 1024 * 1024
+#: What a node sends at most: a listing page is bounded in bytes, a SubmitBatch answer echoes
+#: a request of at most ``max_request_bytes``.
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+def max_request_bytes(max_batch: int) -> int:
+    """The largest message a node reads: a SubmitBatch of ``max_batch`` specs with every field
+    at its limit plus ``REQUEST_PAYLOAD_BYTES`` of payloads (27 MB with the defaults). A larger
+    message is refused (RESOURCE_EXHAUSTED) before it is parsed."""
+    return max_batch * SPEC_BYTES + REQUEST_PAYLOAD_BYTES
 
 SERVICE_NAMES = (
     tasks_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
@@ -46,6 +69,10 @@ SERVICE_NAMES = (
 )
 
 OwnershipFactory = Callable[["Node", Store], Ownership]
+
+#: The shortest interval between a client's keepalive pings that the server accepts; half of
+#: the clients' (``chronoq.client.pool.KEEPALIVE_TIME_MS``) so timer jitter never counts.
+MIN_CLIENT_PING_INTERVAL_MS = 500
 
 
 def default_ownership(node: Node, store: Store) -> Ownership:
@@ -62,6 +89,7 @@ def default_ownership(node: Node, store: Store) -> Ownership:
         s.cluster,
         node.clock,
         stats=lambda: node_stats(node.firer) if node.firer is not None else {},
+        supervisor=node.supervisor,
     )
     ownership.on_acquired = node.partitions_changed
     ownership.on_released = node.partitions_changed
@@ -77,6 +105,7 @@ class Node:
         *,
         clock: Clock | None = None,
         ownership: OwnershipFactory = default_ownership,
+        loop_policy: LoopPolicy | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -92,11 +121,18 @@ class Node:
         self.depth: DepthPoller | None = None
         self.health: HealthWatch | None = None
         self.store_watch: StoreWatch | None = None
+        self.clock_check: ClockCheck | None = None
+        self.api_clock: Clock = self.clock  # corrected while the clock check finds it off
         self.pump: SchedulePump | None = None
         self.notifier = ReadyNotifier()
+        self.probe: ReadyProbe | None = None
+        self.broadcast: ReadyBroadcast | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
-        self._tasks: list[asyncio.Task[None]] = []
+        # Every background loop of the node (its ownership's too) runs under one supervisor,
+        # whose health is part of the node's.
+        self.supervisor = Supervisor(loop_policy)
+        self._loops: list[Loop] = []
         self.port = settings.port
 
     @property
@@ -112,16 +148,24 @@ class Node:
             tls_key=s.tls_key,
             tls_client_ca=s.tls_client_ca,
         )
+        quiet_pool_outages()  # an outage is reported by the loops, once
         self.store = await Store.connect(
-            s.dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds, max_size=s.pool_size
+            s.dsn,
+            partitions=s.partitions,
+            bucket_seconds=s.bucket_seconds,
+            max_size=s.pool_size,
+            limits=s.limits,
         )
         server = grpc.aio.server(
-            interceptors=interceptors,
+            # MalformedRequests first: it wraps the others, which then never see garbage.
+            interceptors=[MalformedRequests(), *interceptors],
             options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", max_request_bytes(s.max_batch)),
+                ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
                 ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                # Clients ping every second to notice a frozen node at once: allow it (more
+                # often than this earns a GOAWAY too_many_pings).
+                ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
             ],
         )
         bind = f"{s.host}:{s.port}"
@@ -162,7 +206,22 @@ class Node:
             on_purged=self.metrics.purged.inc,
         )
         self.depth = DepthPoller(self.store, self.clock)
-        self.health = HealthWatch(self.ownership, self._set_serving)
+        if s.cluster is not None and s.max_clock_offset is not None and follows_wall_clock(
+            self.clock
+        ):
+            self.clock_check = ClockCheck(
+                self.store, self.clock, self.ownership, max_offset=s.max_clock_offset
+            )
+            self.api_clock = CorrectedClock(self.clock, self.clock_check)
+        clock_check = self.clock_check
+        self.health = HealthWatch(
+            self.ownership,
+            self._set_serving,
+            loop_problems=lambda: [
+                *self.supervisor.problems(),
+                *(clock_check.problems() if clock_check is not None else []),
+            ],
+        )
         firer = self.firer
         grace = (
             s.store_grace.total_seconds() if s.store_grace is not None
@@ -176,6 +235,7 @@ class Node:
             # Looking is a clock comparison (no I/O while the store answers): look often, so
             # a cut-off node hands off at grace + a fraction of it, not grace + a second.
             interval=min(1.0, grace / 5),
+            may_resume=clock_check.may_resume if clock_check is not None else lambda: True,
         )
         self.schedules = Schedules(self.store)
         self.pump = SchedulePump(
@@ -185,19 +245,60 @@ class Node:
             interval=s.schedule_interval.total_seconds(),
             lookahead=s.schedule_lookahead,
         )
+        self.probe = ReadyProbe(
+            self.notifier, self.store.ready_counts, interval=s.claim_poll.total_seconds()
+        )
+        if s.ready_notices:
+            self.broadcast = ReadyBroadcast(self.notifier, self.store, s.node_id)
+            self.notifier.on_notify = self.broadcast.publish
+        if clock_check is not None:
+            with contextlib.suppress(ChronoqError):  # no store: the loop measures later
+                await clock_check.first_reading()
         self._add_services(server)
+        # NOT_SERVING until the first health check: the health service would otherwise
+        # answer SERVING for "" while the node has not taken any partition yet.
+        await self._set_serving(False)
         await server.start()
         await self.ownership.start()
-        self._tasks = [
-            asyncio.create_task(self.firer.run(), name="chronoq-firing"),
-            asyncio.create_task(self.reaper.run(), name="chronoq-reaper"),
-            asyncio.create_task(self.pump.run(), name="chronoq-schedules"),
-            asyncio.create_task(self.retention.run(), name="chronoq-retention"),
-            asyncio.create_task(self.depth.run(), name="chronoq-depth"),
-            asyncio.create_task(self.store_watch.run(), name="chronoq-store-watch"),
+        if clock_check is not None:
+            await clock_check.prime()  # a wrong clock takes no partition, fires nothing
+        await self.health.check()  # every service's status is set before start returns
+        self._loops = [
+            part.start(self.supervisor)
+            for part in (
+                self.firer,
+                self.reaper,
+                self.pump,
+                self.retention,
+                self.depth,
+                self.store_watch,
+                self.health,
+            )
         ]
-        await self.health.check()
-        self._tasks.append(asyncio.create_task(self.health.run(), name="chronoq-health"))
+        if clock_check is not None:
+            self._loops.append(clock_check.start(self.supervisor))
+        # Long polls still end at their deadline without it: latency, not health, is at stake.
+        probe, broadcast = self.probe, self.broadcast
+        self._loops.append(
+            self.supervisor.every(
+                "ready-probe",
+                probe.probe,
+                interval=(
+                    probe.interval
+                    if broadcast is None
+                    else lambda: broadcast.probe_interval(probe.interval)
+                ),
+                initial_delay=True,
+                critical=False,
+            )
+        )
+        if broadcast is not None:
+            # Not critical either: without notices the probe runs at its full rate again.
+            self._loops.append(
+                self.supervisor.every(
+                    "ready-listen", broadcast.keep_listening, interval=1.0, critical=False
+                )
+            )
         self._start_metrics()
         log.info("node %s serving on %s", s.node_id, self.address)
 
@@ -205,17 +306,17 @@ class Node:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            TaskService(self.store, self.clock, s, self.notifier, self.metrics), server
+            TaskService(self.store, self.api_clock, s, self.notifier, self.metrics), server
         )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            WorkerService(self.store, self.clock, s, self.notifier, self.metrics), server
+            WorkerService(self.store, self.api_clock, s, self.notifier, self.metrics), server
         )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ClusterService(self.store, self.clock, s, self.ownership, self.firer), server
+            ClusterService(self.store, self.api_clock, s, self.ownership, self.firer), server
         )
         assert self.schedules is not None
         schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ScheduleService(self.schedules, self.clock, s), server
+            ScheduleService(self.schedules, self.api_clock, s), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -234,6 +335,7 @@ class Node:
                 depth=lambda: self.depth.depth if self.depth is not None else {},
             )
         )
+        self.metrics.add_collector(LoopCollector(lambda: self.supervisor.loops))
         if s.metrics_port is not None:
             self.metrics_port = self.metrics.serve(s.metrics_host, s.metrics_port)
             log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.metrics_port)
@@ -268,14 +370,11 @@ class Node:
         await self._health.enter_graceful_shutdown()
         if self.ownership is not None:
             async with self.ownership.gate:  # the owner statement in flight finishes first
-                for task in self._tasks:
-                    task.cancel()
-        if self._tasks:
-            # Bounded: a task that ignored its cancellation must not hold the stop forever.
-            _done, stuck = await asyncio.wait(self._tasks, timeout=5)
-            for task in stuck:
-                log.error("node %s: task %s did not stop", self.settings.node_id, task.get_name())
-        self._tasks = []
+                for loop in self._loops:
+                    loop.cancel()
+        # Bounded: a loop that ignored its cancellation must not hold the stop forever.
+        await self.supervisor.stop(self._loops)
+        self._loops = []
         log.debug("node %s: firing stopped", self.settings.node_id)
         if self.ownership is not None:
             await self.ownership.stop()
@@ -284,6 +383,8 @@ class Node:
             await self._server.stop(grace)
             self._server = None
         log.debug("node %s: server stopped", self.settings.node_id)
+        if self.broadcast is not None:
+            await self.broadcast.close()
         if self.store is not None:
             await self.store.close()
             self.store = None

@@ -51,9 +51,9 @@ class Ownership(Protocol):
         """Give up every partition and take no more; returns those released."""
         ...
 
-    async def suspend(self) -> None:
-        """Release every partition until ``resume``: the store is out of reach, so the
-        partitions are better fired by others."""
+    async def suspend(self, reason: str = "store unreachable") -> None:
+        """Release every partition until ``resume``: the store is out of reach (or the
+        node's clock is off), so the partitions are better fired by others."""
         ...
 
     async def resume(self) -> None: ...
@@ -101,7 +101,7 @@ class LocalOwnership:
             self.draining = True
         return released
 
-    async def suspend(self) -> None:
+    async def suspend(self, reason: str = "store unreachable") -> None:
         """Alone, there is nobody to hand partitions to: keep them and keep trying."""
 
     async def resume(self) -> None:

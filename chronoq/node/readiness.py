@@ -1,32 +1,346 @@
-"""Wakes long-polling claims when tasks of their queue become READY on this node."""
+"""Long-polling claims: who waits for which queue, how many may wait, and what wakes them.
+
+A waiting claim costs nothing while it waits: it sits in the ``ReadyNotifier`` until tasks of
+one of its queues become ready (fired, submitted, retried or released on this node; on another
+node, told by a PostgreSQL notice through ``ReadyBroadcast``; or found by the node's one shared
+``ReadyProbe``, the fallback), and only as many waiters are woken as there are ready tasks.
+Per-waiter polling of the store would make a thousand idle long-polls a thousand statements
+per poll interval, which starves every other caller of the connection pool.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+import itertools
+import json
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
+
+from chronoq.errors import ChronoqError, TooManyLongPolls
+
+log = logging.getLogger("chronoq.node")
+
+Key = tuple[str, str]  # (namespace, queue)
+#: Reads how many tasks are ready per key, counting each key at most up to its cap.
+ReadyCounts = Callable[[Sequence[Key], Sequence[int]], Awaitable[Mapping[Key, int]]]
+
+#: Keys asked about per probe statement (a node with more waited queues sends several).
+PROBE_CHUNK = 1000
+
+
+class Watch:
+    """One waiter's registration on its keys; a context manager that always unregisters."""
+
+    def __init__(self, notifier: ReadyNotifier, keys: list[Key]) -> None:
+        self._notifier = notifier
+        self.keys = keys
+        # Resolves True when woken, False when a wait timed out: one future and one timer per
+        # wait, the least a waiter can cost.
+        self._woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.settled = False  # its claim found nothing and it waits
+
+    @property
+    def woken(self) -> bool:
+        return self._woken.done() and not self._woken.cancelled() and self._woken.result()
+
+    def wake(self) -> None:
+        self._resolve(True)
+        self.close()
+
+    def _resolve(self, woken: bool) -> None:
+        if not self._woken.done():
+            self._woken.set_result(woken)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait until woken (True) or ``timeout`` seconds pass (False)."""
+        if not self._woken.done() and timeout > 0:
+            self._notifier._settle(self)
+            timer = asyncio.get_running_loop().call_later(timeout, self._resolve, False)
+            try:
+                await self._woken
+            finally:
+                timer.cancel()
+        return self.woken
+
+    def close(self) -> None:
+        self._notifier._forget(self)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ReadyNotifier:
-    """One event per (namespace, queue), replaced each time it fires."""
+    """The waiters of each (namespace, queue), oldest first.
+
+    An entry exists only while someone waits on its key: the last waiter to leave removes it,
+    so a queue name that nobody waits on any more costs nothing.
+    """
 
     def __init__(self) -> None:
-        self._events: dict[tuple[str, str], asyncio.Event] = {}
+        # A dict as an insertion-ordered set: waiters are woken oldest first.
+        self._waiters: dict[Key, dict[Watch, None]] = {}
+        self._settled: Counter[Key] = Counter()
+        #: Called with the counts of every local notice (the node sends them to the others).
+        self.on_notify: Callable[[Mapping[Key, int]], None] | None = None
 
-    def notify(self, keys: Iterable[tuple[str, str]]) -> None:
+    def __len__(self) -> int:
+        """The number of keys someone waits on."""
+        return len(self._waiters)
+
+    def waiting(self) -> dict[Key, int]:
+        """How many waiters each waited key has."""
+        return {key: len(watches) for key, watches in self._waiters.items()}
+
+    def quiet(self, namespace: str, queues: Iterable[str]) -> bool:
+        """Whether each of these queues has a waiter whose claim found nothing and that no
+        notice has woken since: a new claim would find nothing either, unless another node
+        made tasks ready, which the probe announces as it would to that waiter."""
+        return all(self._settled[(namespace, q)] > 0 for q in queues)
+
+    def watch(self, namespace: str, queues: Iterable[str]) -> Watch:
+        """Register a waiter on ``queues`` now (before its claim, so no wake-up is missed)."""
+        keys = list(dict.fromkeys((namespace, q) for q in queues))
+        watch = Watch(self, keys)
         for key in keys:
-            event = self._events.pop(key, None)
-            if event is not None:
-                event.set()
+            self._waiters.setdefault(key, {})[watch] = None
+        return watch
 
-    async def wait(self, namespace: str, queues: Iterable[str], timeout: float) -> bool:
-        """Wait until one of the queues may have ready tasks; False on timeout."""
-        events = [self._events.setdefault((namespace, q), asyncio.Event()) for q in queues]
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    def notify(self, ready: Mapping[Key, int] | Iterable[Key]) -> None:
+        """Tasks became ready on this node: wake as many waiters of each key as it has new
+        tasks, and tell the other nodes (``on_notify``).
+
+        A mapping gives the count per key; any other iterable counts each occurrence as one.
+        """
+        counts = ready if isinstance(ready, Mapping) else Counter(ready)
+        if counts and self.on_notify is not None:
+            self.on_notify(counts)
+        self.wake(counts)
+
+    def wake(self, counts: Mapping[Key, int]) -> None:
+        """Wake as many waiters of each key as it has ready tasks (told by another node or
+        found by the probe: nothing is passed on)."""
+        for key, n in counts.items():
+            watches = self._waiters.get(key)
+            if not watches or n <= 0:
+                continue
+            for watch in list(itertools.islice(watches, n)):
+                watch.wake()
+
+    def _settle(self, watch: Watch) -> None:
+        if watch.settled or watch not in self._waiters.get(watch.keys[0], ()):
+            return
+        watch.settled = True
+        self._settled.update(watch.keys)
+
+    def _forget(self, watch: Watch) -> None:
+        if watch.settled:
+            watch.settled = False
+            self._settled.subtract(watch.keys)
+            for key in watch.keys:
+                if self._settled[key] <= 0:
+                    del self._settled[key]
+        for key in watch.keys:
+            watches = self._waiters.get(key)
+            if watches is None:
+                continue
+            watches.pop(watch, None)
+            if not watches:
+                del self._waiters[key]
+
+
+class ReadyProbe:
+    """The node's one re-check for tasks made ready elsewhere (another node fired them).
+
+    Every ``interval`` (the node runs ``probe`` as a supervised loop) it asks the store, in one
+    statement per ``PROBE_CHUNK`` waited keys, how many tasks are ready on each key (counting
+    no further than its number of waiters), and wakes that many waiters. It sends nothing
+    while nobody waits.
+    """
+
+    def __init__(self, notifier: ReadyNotifier, ready_counts: ReadyCounts, interval: float) -> None:
+        self._notifier = notifier
+        self._ready_counts = ready_counts
+        self.interval = interval
+        self.probes = 0
+
+    async def probe(self) -> None:
+        """One re-check of every waited key (nothing is sent while nobody waits)."""
+        waiting = list(self._notifier.waiting().items())
+        for start in range(0, len(waiting), PROBE_CHUNK):
+            chunk = waiting[start : start + PROBE_CHUNK]
+            counts = await self._ready_counts([k for k, _ in chunk], [n for _, n in chunk])
+            self.probes += 1
+            self._notifier.wake(counts)
+
+
+class LongPollSlots:
+    """How many long-polling claims are open, per namespace and on the node, within caps."""
+
+    def __init__(self, per_namespace: int, per_node: int) -> None:
+        self.per_namespace = per_namespace
+        self.per_node = per_node
+        self._open: Counter[str] = Counter()
+        self.total = 0
+
+    def open(self, namespace: str) -> int:
+        return self._open[namespace]
+
+    @contextlib.contextmanager
+    def hold(self, namespace: str) -> Iterator[None]:
+        """Hold one slot for the block; ``TooManyLongPolls`` if a cap is reached."""
+        if self._open[namespace] >= self.per_namespace:
+            raise TooManyLongPolls(namespace, self.per_namespace, "namespace")
+        if self.total >= self.per_node:
+            raise TooManyLongPolls(namespace, self.per_node, "node")
+        self._open[namespace] += 1
+        self.total += 1
         try:
-            done, _ = await asyncio.wait(
-                waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            yield
         finally:
-            for w in waiters:
-                w.cancel()
-        return bool(done)
+            self.total -= 1
+            self._open[namespace] -= 1
+            if not self._open[namespace]:
+                del self._open[namespace]
+
+
+# ---------------------------------------------------------------- across nodes
+
+#: The PostgreSQL channel on which nodes tell each other which queues have new ready tasks.
+READY_CHANNEL = "chronoq_ready"
+#: A NOTIFY payload must stay under 8000 bytes: notices are split below this.
+NOTICE_BYTES = 7000
+#: Local notices are gathered this long and sent as one NOTIFY (a busy node sends at most
+#: a few dozen statements a second, however many tasks become ready).
+PUBLISH_EVERY = 0.01
+#: While notices are heard, the store re-check is only a fallback, this much slower.
+PROBE_SLOWDOWN = 10
+PROBE_FALLBACK_MAX = 5.0
+
+
+def encode_notices(node_id: str, ready: Mapping[Key, int]) -> list[str]:
+    """``ready`` as NOTIFY payloads of at most ``NOTICE_BYTES`` each (JSON)."""
+    payloads: list[str] = []
+    entries: list[list[object]] = []
+    size = 0
+    for (namespace, queue), n in ready.items():
+        entry: list[object] = [namespace, queue, n]
+        cost = len(json.dumps(entry).encode()) + 1
+        if entries and size + cost > NOTICE_BYTES:
+            payloads.append(json.dumps({"node": node_id, "ready": entries}))
+            entries, size = [], 0
+        entries.append(entry)
+        size += cost
+    if entries:
+        payloads.append(json.dumps({"node": node_id, "ready": entries}))
+    return payloads
+
+
+def decode_notice(payload: str) -> tuple[str, dict[Key, int]]:
+    """(sending node, ready counts) of a payload; ValueError if it is not one of ours."""
+    doc = json.loads(payload)
+    if not isinstance(doc, dict) or not isinstance(doc.get("ready"), list):
+        raise ValueError("not a readiness notice")
+    ready: dict[Key, int] = {}
+    for entry in doc["ready"]:
+        namespace, queue, n = entry
+        if not (isinstance(namespace, str) and isinstance(queue, str) and isinstance(n, int)):
+            raise ValueError("not a readiness notice")
+        ready[(namespace, queue)] = ready.get((namespace, queue), 0) + n
+    return str(doc.get("node", "")), ready
+
+
+class ReadyNotices(Protocol):
+    """Where notices go and come from (the store: NOTIFY and LISTEN on PostgreSQL)."""
+
+    async def announce(self, channel: str, payloads: Sequence[str]) -> None: ...
+
+    async def listen(self, channel: str, on_notice: Callable[[str], None]) -> Listening: ...
+
+
+class Listening(Protocol):
+    @property
+    def closed(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class ReadyBroadcast:
+    """Tasks made ready on one node wake the long-polls of every node at once.
+
+    Local notices (fired, submitted due, retried, released, requeued) are gathered for
+    ``PUBLISH_EVERY`` and sent as one NOTIFY on ``READY_CHANNEL``; every node keeps one
+    listening connection whose notices wake its own waiters (its own notices are skipped: they
+    woke its waiters already). Delivery is best effort: a lost notice costs the probe's
+    fallback interval, never a task.
+    """
+
+    def __init__(self, notifier: ReadyNotifier, notices: ReadyNotices, node_id: str) -> None:
+        self._notifier = notifier
+        self._notices = notices
+        self.node_id = node_id
+        self._pending: Counter[Key] = Counter()
+        self._flush: asyncio.Task[None] | None = None
+        self._listening: Listening | None = None
+        self.sent = 0
+        self.heard = 0
+
+    @property
+    def listening(self) -> bool:
+        return self._listening is not None and not self._listening.closed
+
+    def publish(self, ready: Mapping[Key, int]) -> None:
+        """Queue local notices for the other nodes (called by ``ReadyNotifier.notify``)."""
+        self._pending.update(ready)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.get_running_loop().create_task(
+                self._send(), name="chronoq-ready-publish"
+            )
+
+    async def _send(self) -> None:
+        while self._pending:
+            await asyncio.sleep(PUBLISH_EVERY)
+            ready, self._pending = self._pending, Counter()
+            try:
+                await self._notices.announce(READY_CHANNEL, encode_notices(self.node_id, ready))
+                self.sent += 1
+            except ChronoqError as exc:
+                log.debug("ready notices not sent (the probe covers them): %s", exc)
+
+    def _heard(self, payload: str) -> None:
+        try:
+            sender, ready = decode_notice(payload)
+        except (ValueError, TypeError):
+            log.debug("ignored a malformed notice on %s", READY_CHANNEL)
+            return
+        if sender != self.node_id:
+            self.heard += 1
+            self._notifier.wake(ready)
+
+    async def keep_listening(self) -> None:
+        """One pass of the listener loop: (re)open the listening connection if it is not up."""
+        if self.listening:
+            return
+        if self._listening is not None:
+            log.warning("lost the %s listening connection: reconnecting", READY_CHANNEL)
+            self._listening = None  # said once: failed reconnects are the loop's to report
+        self._listening = await self._notices.listen(READY_CHANNEL, self._heard)
+
+    def probe_interval(self, every: float) -> float:
+        """The store re-check's interval: ``every`` while no notice can be heard, a slow
+        fallback while they can."""
+        if not self.listening:
+            return every
+        return max(every, min(every * PROBE_SLOWDOWN, PROBE_FALLBACK_MAX))
+
+    async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None

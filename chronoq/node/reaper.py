@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable
 
 from chronoq.clock import Clock
-from chronoq.errors import StoreUnavailable
 from chronoq.models import Task
 from chronoq.node.ownership import Ownership
 from chronoq.store import Store
+from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
 log = logging.getLogger("chronoq.reaper")
 
@@ -39,15 +38,11 @@ class Reaper:
         self._on_requeued = on_requeued
         self.reaped = 0
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.reap()
-            except StoreUnavailable as exc:
-                log.warning("reaper pass failed: %s", exc)
-            except Exception:  # the loop must outlive any single bad pass
-                log.exception("reaper pass failed unexpectedly")
-            await asyncio.sleep(self._interval)
+    def start(self, supervisor: Supervisor) -> Loop:
+        """Reap every ``interval`` seconds under ``supervisor``."""
+        return supervisor.every(
+            "reaper", self.reap, interval=self._interval, stall_after=STALL_AFTER
+        )
 
     async def reap(self) -> list[Task]:
         """One pass, in bounded batches until nothing expired is left."""

@@ -11,6 +11,7 @@ from chronoq.api.v1 import schedules_pb2, schedules_pb2_grpc
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.errors import InvalidArgument
+from chronoq.limits import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, MAX_PAGE_TOKEN, check_range, check_text
 from chronoq.models import check_name
 from chronoq.node.status import translated
 from chronoq.store.schedules import Schedules
@@ -29,14 +30,16 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.ScheduleSpec, context: Ctx
     ) -> schedules_pb2.Schedule:
         now = self._clock.now()
-        spec = convert.schedule_spec_from_pb(request, now, self._settings.defaults)
-        if len(spec.payload) > self._settings.limits.max_payload_bytes:
-            raise InvalidArgument(
-                "payload",
-                f"is {len(spec.payload)} bytes; the limit is "
-                f"{self._settings.limits.max_payload_bytes} bytes",
-            )
-        return convert.schedule_to_pb(await self._schedules.create(spec, now))
+        spec = self._settings.limits.check_schedule(
+            convert.schedule_spec_from_pb(request, now, self._settings.defaults), now
+        )
+        created = await self._schedules.create(
+            spec,
+            now,
+            cap=self._settings.schedules_per_namespace,
+            quota=self._settings.submit_quota,
+        )
+        return convert.schedule_to_pb(created)
 
     @translated
     async def GetSchedule(
@@ -50,7 +53,9 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.ListSchedulesRequest, context: Ctx
     ) -> schedules_pb2.ListSchedulesResponse:
         ns = check_name("namespace", convert.namespace_of(request.namespace))
-        size = request.page_size or 100
+        check_range("page_size", request.page_size, 0, MAX_PAGE_SIZE)
+        check_text("page_token", request.page_token, MAX_PAGE_TOKEN)
+        size = request.page_size or DEFAULT_PAGE_SIZE
         page = await self._schedules.list_page(ns, page_size=size, after=request.page_token)
         return schedules_pb2.ListSchedulesResponse(
             schedules=[convert.schedule_to_pb(s) for s in page],
@@ -68,7 +73,10 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         self, request: schedules_pb2.ScheduleRef, context: Ctx
     ) -> schedules_pb2.Schedule:
         ns, name = _ref(request)
-        return convert.schedule_to_pb(await self._schedules.resume(ns, name, self._clock.now()))
+        resumed = await self._schedules.resume(
+            ns, name, self._clock.now(), quota=self._settings.submit_quota
+        )
+        return convert.schedule_to_pb(resumed)
 
     @translated
     async def DeleteSchedule(
@@ -81,4 +89,4 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
 def _ref(request: schedules_pb2.ScheduleRef) -> tuple[str, str]:
     if not request.name:
         raise InvalidArgument("name", "is required")
-    return convert.namespace_of(request.namespace), request.name
+    return convert.namespace_of(request.namespace), check_name("name", request.name)

@@ -23,14 +23,35 @@ from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.errors import InvalidArgument, QuotaExceeded, StaleLease, TaskNotFound
+from chronoq.limits import (
+    DEFAULT_PAGE_SIZE,
+    MAX_CLAIM_TASKS,
+    MAX_LEASES_PER_CALL,
+    MAX_PAGE_SIZE,
+    MAX_PAGE_TOKEN,
+    MAX_QUEUE_BURST,
+    MAX_QUEUE_RATE,
+    MAX_QUEUES_PER_CLAIM,
+    MAX_REQUEUE_IDS,
+    MAX_STATUS_BUCKETS,
+    MAX_TASK_ID,
+    MAX_WORKER_ID,
+    check_count,
+    check_range,
+    check_rate,
+    check_text,
+    failure_message,
+)
 from chronoq.models import Lease, TaskSpec, TaskState, check_name
+from chronoq.node.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.firing import Firer
 from chronoq.node.metrics import NodeMetrics
 from chronoq.node.ownership import Ownership
-from chronoq.node.readiness import ReadyNotifier
+from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
 from chronoq.ratelimit import Quotas
 from chronoq.store import Store
+from chronoq.timeslice import Timeslice, converted
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -78,12 +99,14 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             if wait is not None:
                 raise QuotaExceeded(namespace, self._quotas.rate, wait)
 
-    def _checked(self, specs: list[tasks_pb2.TaskSpec], now: datetime) -> list[TaskSpec]:
+    async def _checked(self, specs: list[tasks_pb2.TaskSpec], now: datetime) -> list[TaskSpec]:
         limits, defaults = self._settings.limits, self._settings.defaults
         checked = []
+        timeslice = Timeslice()  # a full batch takes ~0.5 s to check: others get turns
         for i, pb in enumerate(specs):
+            await timeslice.pause_if_due()
             try:
-                checked.append(limits.check(convert.spec_from_pb(pb, now, defaults), now))
+                checked.append(limits.check(convert.spec_from_pb(pb, now, defaults, limits), now))
             except InvalidArgument as exc:
                 if len(specs) == 1:
                     raise
@@ -94,7 +117,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
 
     async def _submit(self, specs: list[tasks_pb2.TaskSpec]) -> list[Any]:
         now = self._clock.now()
-        outcomes = await self._store.submit(self._checked(specs, now), now)
+        outcomes = await self._store.submit(await self._checked(specs, now), now)
         self._metrics.submitted.inc(sum(1 for o in outcomes if o.created))
         self._notifier.notify(
             {(o.task.namespace, o.task.queue) for o in outcomes if o.task.state is TaskState.READY}
@@ -126,7 +149,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             )
         if request.ids_only:
             now = self._clock.now()
-            specs = self._checked(list(request.tasks), now)
+            specs = await self._checked(list(request.tasks), now)
             accepted = await self._store.submit_ids(specs, now)
             self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
             self._notifier.notify({(s.namespace, s.queue) for s in specs if s.run_at <= now})
@@ -135,7 +158,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             )
         outcomes = await self._submit(list(request.tasks))
         return tasks_pb2.SubmitBatchResponse(
-            tasks=[convert.task_to_pb(o.task) for o in outcomes],
+            tasks=await converted(outcomes, lambda o: convert.task_to_pb(o.task)),
             created=[o.created for o in outcomes],
         )
 
@@ -160,15 +183,17 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.ListTasksResponse:
         if request.queue:
             check_name("queue", request.queue)
+        check_range("page_size", request.page_size, 0, MAX_PAGE_SIZE)
+        check_text("page_token", request.page_token, MAX_PAGE_TOKEN)
         page = await self._store.list_tasks(
             check_name("namespace", convert.namespace_of(request.namespace)),
             queue=request.queue or None,
             state=state,
-            page_size=request.page_size or 100,
+            page_size=request.page_size or DEFAULT_PAGE_SIZE,
             page_token=request.page_token,
         )
         return tasks_pb2.ListTasksResponse(
-            tasks=[convert.task_to_pb(t) for t in page.tasks], next_page_token=page.next_token
+            tasks=await converted(page.tasks, convert.task_to_pb), next_page_token=page.next_token
         )
 
     @translated
@@ -189,12 +214,20 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.QueueLimit:
         namespace = check_name("namespace", convert.namespace_of(request.namespace))
         queue = check_name("queue", request.queue)
-        if request.rate < 0 or request.burst < 0:
-            raise InvalidArgument("rate", "rate and burst must be >= 0 (rate 0 removes the limit)")
+        # NaN passes every comparison, and an infinite rate or burst is no limit: both refused.
+        check_rate("rate", request.rate, MAX_QUEUE_RATE)
+        check_rate("burst", request.burst, MAX_QUEUE_BURST)
         burst = request.burst or max(1.0, request.rate)
         if request.rate and burst < 1:
             raise InvalidArgument("burst", "must be at least 1 task")
-        await self._store.set_queue_limit(namespace, queue, request.rate, burst, self._clock.now())
+        await self._store.set_queue_limit(
+            namespace,
+            queue,
+            request.rate,
+            burst,
+            self._clock.now(),
+            cap=self._settings.queue_limits_per_namespace,
+        )
         return tasks_pb2.QueueLimit(
             namespace=namespace, queue=queue, rate=request.rate, burst=burst if request.rate else 0
         )
@@ -217,27 +250,27 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
     async def Requeue(
         self, request: tasks_pb2.RequeueRequest, context: Ctx
     ) -> tasks_pb2.RequeueResponse:
+        check_count("ids", len(request.ids), MAX_REQUEUE_IDS)
+        ids = [check_text("ids", i, MAX_TASK_ID) for i in request.ids]
         tasks = await self._store.requeue(
-            convert.namespace_of(request.namespace), list(request.ids), self._clock.now()
+            convert.namespace_of(request.namespace), ids, self._clock.now()
         )
         self._notifier.notify({(t.namespace, t.queue) for t in tasks})
-        return tasks_pb2.RequeueResponse(tasks=[convert.task_to_pb(t) for t in tasks])
+        return tasks_pb2.RequeueResponse(tasks=await converted(tasks, convert.task_to_pb))
 
 
 class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rng = random.Random()
-        self._limited: set[tuple[str, str]] = set()
-        self._limits_read = float("-inf")
-
-    async def _limited_queues(self) -> set[tuple[str, str]]:
-        """Queues with a dispatch limit, re-read every 2 s (a new limit applies within 2 s)."""
-        now = asyncio.get_running_loop().time()
-        if now - self._limits_read > 2.0:
-            self._limited = set(await self._store.queue_limits())
-            self._limits_read = now
-        return self._limited
+        settings = self._settings
+        self.claims = Claims(
+            self._store,
+            self._clock,
+            self._notifier,
+            LongPollSlots(settings.long_polls_per_namespace, settings.long_polls_per_node),
+            FairLanes(claim_lanes(settings.pool_size)),
+        )
 
     @translated
     async def Claim(
@@ -246,10 +279,12 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         namespace = check_name("namespace", convert.namespace_of(request.namespace))
         if not request.queues:
             raise InvalidArgument("queues", "name at least one queue to claim from")
+        check_count("queues", len(request.queues), MAX_QUEUES_PER_CLAIM)
         queues = [check_name("queues", q) for q in request.queues]
         max_tasks = request.max_tasks or 1
-        if max_tasks > 1000:
-            raise InvalidArgument("max_tasks", f"is {max_tasks}; the limit is 1000")
+        if max_tasks > MAX_CLAIM_TASKS:
+            raise InvalidArgument("max_tasks", f"is {max_tasks}; the limit is {MAX_CLAIM_TASKS}")
+        check_text("worker_id", request.worker_id, MAX_WORKER_ID)
         wait = (
             convert.from_duration("wait", request.wait)
             if request.HasField("wait")
@@ -257,27 +292,14 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         )
         wait = min(wait, self._settings.max_claim_wait)
         worker_id = request.worker_id or (context.peer() or "unknown")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait.total_seconds()
-        poll = self._settings.claim_poll.total_seconds()
-        while True:
-            tasks = await self._store.claim(
-                namespace,
-                queues,
-                worker_id,
-                max_tasks,
-                self._clock.now(),
-                limited=await self._limited_queues(),
-            )
-            remaining = deadline - loop.time()
-            if tasks or remaining <= 0:
-                return worker_pb2.ClaimResponse(tasks=[convert.task_to_pb(t) for t in tasks])
-            await self._notifier.wait(namespace, queues, min(poll, remaining))
+        tasks = await self.claims.claim(context, namespace, queues, worker_id, max_tasks, wait)
+        return worker_pb2.ClaimResponse(tasks=await converted(tasks, convert.task_to_pb))
 
     @translated
     async def Heartbeat(
         self, request: worker_pb2.HeartbeatRequest, context: Ctx
     ) -> worker_pb2.HeartbeatResponse:
+        check_count("leases", len(request.leases), MAX_LEASES_PER_CALL)
         leases = [convert.lease_from_pb(pb) for pb in request.leases]
         outcomes = await self._store.heartbeat(
             convert.namespace_of(request.namespace), leases, self._clock.now()
@@ -293,6 +315,8 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
 
     @translated
     async def Complete(self, request: worker_pb2.CompleteRequest, context: Ctx) -> tasks_pb2.Task:
+        """RUNNING → SUCCEEDED; sent again with the same lease token, the same answer (a
+        worker retries an ack whose answer it did not get, possibly through another node)."""
         namespace = convert.namespace_of(request.namespace)
         lease = _lease(request)
         (outcome,) = await self._store.complete(namespace, [lease], self._clock.now())
@@ -307,6 +331,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
     async def CompleteBatch(
         self, request: worker_pb2.CompleteBatchRequest, context: Ctx
     ) -> worker_pb2.CompleteBatchResponse:
+        check_count("leases", len(request.leases), MAX_LEASES_PER_CALL)
         leases = [convert.lease_from_pb(pb) for pb in request.leases]
         outcomes = await self._store.complete(
             convert.namespace_of(request.namespace), leases, self._clock.now()
@@ -321,14 +346,16 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
     @translated
     async def Fail(self, request: worker_pb2.FailRequest, context: Ctx) -> tasks_pb2.Task:
         retry_after = (
-            convert.from_duration("retry_after", request.retry_after)
+            self._settings.limits.check_delay(
+                "retry_after", convert.from_duration("retry_after", request.retry_after)
+            )
             if request.HasField("retry_after")
             else None
         )
         task = await self._store.fail(
             convert.namespace_of(request.namespace),
             _lease(request),
-            request.error,
+            failure_message(request.error),
             self._clock.now(),
             fatal=request.fatal,
             retry_after=retry_after,
@@ -370,8 +397,10 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         now = self._clock.now()
         width = self._settings.bucket_seconds
         horizon = request.bucket_horizon or 10
-        if horizon > 1440:
-            raise InvalidArgument("bucket_horizon", "must be at most 1440 buckets")
+        if horizon > MAX_STATUS_BUCKETS:
+            raise InvalidArgument(
+                "bucket_horizon", f"must be at most {MAX_STATUS_BUCKETS} buckets"
+            )
         first = bucket_of(now, width)
         counts = await self._store.pending_by_bucket(
             list(range(self._settings.partitions)), first - 1, first + horizon - 1
@@ -446,7 +475,7 @@ def node_stats(firer: Firer) -> dict[str, float]:
 def _required_id(task_id: str) -> str:
     if not task_id:
         raise InvalidArgument("id", "is required")
-    return task_id
+    return check_text("id", task_id, MAX_TASK_ID)
 
 
 def _lease(request: Any) -> Lease:

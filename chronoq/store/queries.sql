@@ -13,6 +13,59 @@ WITH fence AS (
     FOR SHARE OF f
 )
 
+-- fragment: task_row
+-- A task's columns as the Task mapping reads them (from `tasks t`). Instants are clamped to
+-- the years 1..9999 that a client can decode: one row written out of that range (by an older
+-- version's overflowing lease arithmetic, or by hand) must not fail a claim or a whole page.
+t.id, t.namespace, t.queue, t.partition, t.bucket,
+CASE WHEN t.run_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.run_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.run_at END AS run_at,
+t.state, t.priority, t.payload, t.idempotency_key, t.attempt, t.max_attempts, t.retry_base,
+t.backoff_initial_ms, t.backoff_max_ms, t.lease_timeout_ms, t.misfire_policy,
+t.misfire_grace_ms,
+CASE WHEN t.lease_until > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.lease_until < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.lease_until END AS lease_until,
+t.worker_id, t.last_error,
+CASE WHEN t.created_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.created_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.created_at END AS created_at,
+CASE WHEN t.fired_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.fired_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.fired_at END AS fired_at,
+CASE WHEN t.finished_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.finished_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.finished_at END AS finished_at,
+t.fired_by, t.fire_token
+
+-- fragment: fired_row
+-- What firing answers: no instant, only the lateness in seconds, so that no stored value
+-- can fail the answer of a statement that has already committed.
+t.partition, t.namespace, t.queue, t.state,
+extract(epoch FROM $4::timestamptz - t.run_at)::float8 AS lateness
+
+-- fragment: fire_set
+-- What firing writes: READY, or SKIPPED when the misfire policy says skip and the task is
+-- later than its grace. The grace is saturated at the horizon ($7 ms) before it becomes an
+-- interval, so no stored value can overflow the statement ("interval out of range").
+SET state = CASE WHEN t.misfire_policy = 1
+                  AND t.run_at < $4::timestamptz
+                      - least(greatest(t.misfire_grace_ms, 0), $7::bigint) * interval '1 ms'
+                 THEN 6 ELSE 1 END,
+    fired_at = $4,
+    fired_by = $6,
+    fire_token = (SELECT f.token FROM partition_fences f WHERE f.partition = t.partition),
+    finished_at = CASE WHEN t.misfire_policy = 1
+                        AND t.run_at < $4::timestamptz
+                            - least(greatest(t.misfire_grace_ms, 0), $7::bigint) * interval '1 ms'
+                       THEN $4 END,
+    last_error = CASE WHEN t.misfire_policy = 1
+                       AND t.run_at < $4::timestamptz
+                           - least(greatest(t.misfire_grace_ms, 0), $7::bigint) * interval '1 ms'
+                      THEN 'skipped by misfire policy: fired later than its grace period'
+                      ELSE t.last_error END
+
 -- name: insert_task_ids
 -- Answers with the ids it inserted only: a conflict on (namespace, idempotency_key) inserts
 -- nothing and the caller looks the first task up.
@@ -39,10 +92,10 @@ RETURNING id;
 SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
 
 -- name: tasks_by_id
-SELECT * FROM tasks WHERE id = ANY($1::uuid[]);
+SELECT {{task_row}} FROM tasks t WHERE t.id = ANY($1::uuid[]);
 
 -- name: get_task
-SELECT * FROM tasks WHERE id = $1 AND namespace = $2;
+SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2;
 
 -- name: take_fences_local
 -- Single-node ownership: bump every partition's token by one, so any older holder is fenced.
@@ -69,39 +122,98 @@ RETURNING partition, token, watermark;
 -- name: fences
 SELECT partition, token, cluster_id, owner, watermark FROM partition_fences ORDER BY partition;
 
--- name: fire_due
--- Moves due SCHEDULED tasks of the caller's partitions to READY (or SKIPPED by misfire
--- policy). The fence rows are share-locked, so a new owner's token bump waits for this
--- statement and a stale token matches no fence row: nothing fires. Per partition the scan is
--- the index range [watermark - 1, (now_bucket, now)]: rows examined = rows due.
-{{owned_fences}}, due AS (
-    SELECT d.id
+-- fragment: fair_due
+-- The due rows an owner takes in one statement, shared fairly across namespaces; follows
+-- {{owned_fences}} ($3 the current bucket, $4 now, $5 the batch of each partition). Per
+-- partition, a loose index scan of tasks_due lists the (bucket, namespace) lanes with pending
+-- rows in [watermark - 1, $3], one index probe per lane, never one per row, and stops after
+-- $5 due lanes. Each due lane then takes an equal share of the batch, oldest first, through
+-- its own index range: one namespace's flood gets its share of a statement, never all of it,
+-- and rows examined = rows due (plus one probe per lane). `more`: the lane filled its share
+-- or the list stopped early, so the partition may have more due rows.
+lane AS (
+    SELECT fence.partition, l.bucket, l.namespace, greatest(1, $5 / l.lanes) AS share,
+           l.lanes >= $5 AS capped,
+           CASE WHEN l.bucket < $3 THEN 'infinity'::timestamptz ELSE $4 END AS upto
     FROM fence CROSS JOIN LATERAL (
+        WITH RECURSIVE walk (bucket, namespace, first_run_at, due_lanes) AS (
+            (SELECT t.bucket, t.namespace, t.run_at,
+                    ((t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz))::integer
+             FROM tasks t
+             WHERE t.state = 0 AND t.partition = fence.partition
+               AND t.bucket >= fence.watermark - 1 AND t.bucket <= $3
+             ORDER BY t.bucket, t.namespace, t.run_at
+             LIMIT 1)
+            UNION ALL
+            SELECT n.bucket, n.namespace, n.run_at,
+                   w.due_lanes + ((n.bucket, n.run_at) <= ($3::bigint, $4::timestamptz))::integer
+            FROM walk w CROSS JOIN LATERAL (
+                SELECT t.bucket, t.namespace, t.run_at FROM tasks t
+                WHERE t.state = 0 AND t.partition = fence.partition
+                  AND (t.bucket, t.namespace) > (w.bucket, w.namespace) AND t.bucket <= $3
+                ORDER BY t.bucket, t.namespace, t.run_at
+                LIMIT 1
+            ) n
+            WHERE w.due_lanes < $5
+        )
+        SELECT bucket, namespace, count(*) OVER () AS lanes
+        FROM walk
+        WHERE (bucket, first_run_at) <= ($3::bigint, $4::timestamptz)
+    ) l
+), due AS (
+    SELECT d.id, lane.partition,
+           lane.capped OR count(*) OVER (PARTITION BY lane.partition, lane.bucket, lane.namespace)
+                          >= lane.share AS more
+    FROM lane CROSS JOIN LATERAL (
         SELECT t.id FROM tasks t
-        WHERE t.state = 0 AND t.partition = fence.partition
-          AND t.bucket >= fence.watermark - 1
-          AND (t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz)
-        ORDER BY t.bucket, t.run_at
-        LIMIT $5
+        WHERE t.state = 0 AND t.partition = lane.partition AND t.bucket = lane.bucket
+          AND t.namespace = lane.namespace AND t.run_at <= lane.upto
+        ORDER BY t.run_at
+        LIMIT lane.share
         FOR UPDATE SKIP LOCKED
     ) d
 )
+
+-- name: fire_due
+-- Moves due SCHEDULED tasks of the caller's partitions to READY (or SKIPPED by misfire
+-- policy), each namespace with due work taking its share (see fair_due). The fence rows are
+-- share-locked, so a new owner's token bump waits for this statement and a stale token
+-- matches no fence row: nothing fires. The ids are computed once (an InitPlan), so a
+-- nested-loop rescan with SKIP LOCKED can never take more than the shares; so are the
+-- partitions that may have more (a few hundred at most, against which each row is checked).
+{{owned_fences}}, {{fair_due}}
 UPDATE tasks t
-SET state = CASE WHEN t.misfire_policy = 1
-                  AND t.run_at + t.misfire_grace_ms * interval '1 millisecond' < $4
-                 THEN 6 ELSE 1 END,
-    fired_at = $4,
-    fired_by = $6,
-    fire_token = (SELECT f.token FROM partition_fences f WHERE f.partition = t.partition),
-    finished_at = CASE WHEN t.misfire_policy = 1
-                        AND t.run_at + t.misfire_grace_ms * interval '1 millisecond' < $4
-                       THEN $4 END,
-    last_error = CASE WHEN t.misfire_policy = 1
-                       AND t.run_at + t.misfire_grace_ms * interval '1 millisecond' < $4
-                      THEN 'skipped by misfire policy: fired later than its grace period'
-                      ELSE t.last_error END
+{{fire_set}}
 WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.state = 0
-RETURNING t.partition, t.namespace, t.queue, t.state, t.run_at;
+RETURNING {{fired_row}},
+          t.partition = ANY(ARRAY(SELECT DISTINCT partition FROM due WHERE more)) AS more;
+
+-- name: due_task_ids
+-- The rows fire_due would take ($3..$5 as there, the same fair shares), changing none: when
+-- that statement fails on a row's data, these are fired in smaller sets to find the row.
+{{owned_fences}}, {{fair_due}}
+SELECT id, partition, more FROM due;
+
+-- name: fire_ids
+-- fire_due for the listed due tasks only ($5), fenced the same way.
+{{owned_fences}}
+UPDATE tasks t
+{{fire_set}}
+FROM fence
+WHERE t.id = ANY($5::uuid[]) AND t.partition = fence.partition AND t.state = 0
+  AND (t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz)
+RETURNING {{fired_row}};
+
+-- name: quarantine_tasks
+-- Sets aside tasks of the caller's partitions that an owner statement cannot process: DEAD,
+-- with the reason ($6), from the state the statement expected ($5) only. Fenced like the
+-- statement that failed.
+{{owned_fences}}
+UPDATE tasks t
+SET state = 4, last_error = $6, finished_at = $4, lease_until = NULL
+FROM fence
+WHERE t.id = ANY($3::uuid[]) AND t.partition = fence.partition AND t.state = $5
+RETURNING {{task_row}};
 
 -- name: advance_watermarks
 UPDATE partition_fences f SET watermark = $3
@@ -110,13 +222,17 @@ WHERE f.partition = o.partition AND f.token = o.token AND f.watermark < $3
 RETURNING f.partition;
 
 -- name: expired_leases
--- Running tasks of the caller's partitions whose lease ran out; fenced like fire_due.
+-- Running tasks of the caller's partitions whose lease ran out; fenced like fire_due. A lease
+-- no claim can grant (none, or ending beyond the horizon, $5 ms, as an older version's
+-- overflowing arithmetic left some) would never run out: it counts as expired.
 {{owned_fences}}
 SELECT d.* FROM fence CROSS JOIN LATERAL (
     SELECT t.id, t.attempt, t.max_attempts, t.retry_base, t.backoff_initial_ms,
            t.backoff_max_ms, t.worker_id
     FROM tasks t
-    WHERE t.state = 2 AND t.partition = fence.partition AND t.lease_until < $3
+    WHERE t.state = 2 AND t.partition = fence.partition
+      AND (t.lease_until < $3 OR t.lease_until IS NULL
+           OR t.lease_until > $3::timestamptz + $5::bigint * interval '1 ms')
     ORDER BY t.lease_until
     LIMIT $4
     FOR UPDATE SKIP LOCKED
@@ -134,19 +250,22 @@ SET state = u.state, run_at = u.run_at, bucket = u.bucket, last_error = u.error,
 FROM unnest($1::uuid[], $2::integer[], $3::smallint[], $4::timestamptz[], $5::bigint[],
             $6::text[]) AS u(id, attempt, state, run_at, bucket, error)
 WHERE t.id = u.id AND t.state = 2 AND t.attempt = u.attempt
-RETURNING t.*;
+RETURNING {{task_row}};
 
 -- name: lock_running
-SELECT * FROM tasks WHERE id = $1 AND namespace = $2 FOR UPDATE;
+SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2 FOR UPDATE;
 
 -- name: claim
 -- Per queue (with its own cap, from a dispatch limit), the ready index is walked in
 -- (priority DESC, run_at) order and stops at the cap: cost follows the tasks claimed, not
 -- the READY backlog. The candidate ids are computed once (an InitPlan), so a nested-loop
--- rescan with SKIP LOCKED can never hand out more than the limit.
+-- rescan with SKIP LOCKED can never hand out more than the limit. The lease timeout is
+-- saturated into the limits' [$7, $8] ms before it becomes an interval: no stored value can
+-- overflow the lease, or fail the claim of everyone on the queue.
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
-    lease_until = $5::timestamptz + t.lease_timeout_ms * interval '1 millisecond'
+    lease_until = $5::timestamptz
+        + least(greatest(t.lease_timeout_ms, $7::bigint), $8::bigint) * interval '1 ms'
 WHERE t.id = ANY(ARRAY(
     SELECT c.id
     FROM unnest($2::text[], $6::integer[]) AS q(queue, cap) CROSS JOIN LATERAL (
@@ -159,11 +278,22 @@ WHERE t.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at
     LIMIT $3
 )) AND t.state = 1
-RETURNING t.*;
+RETURNING {{task_row}};
+
+-- name: quarantine_unclaimable
+-- READY tasks of the named queues that no claim can take because their attempt counter is
+-- at its end (the next lease token does not fit in an integer): DEAD, with the reason ($4).
+UPDATE tasks t
+SET state = 4, finished_at = $3, last_error = $4
+WHERE t.namespace = $1 AND t.queue = ANY($2::text[]) AND t.state = 1
+  AND t.attempt >= 2147483647
+RETURNING t.id;
 
 -- name: heartbeat
+-- The lease timeout saturated into [$5, $6] ms, as in claim.
 UPDATE tasks t
-SET lease_until = $4::timestamptz + t.lease_timeout_ms * interval '1 millisecond'
+SET lease_until = $4::timestamptz
+    + least(greatest(t.lease_timeout_ms, $5::bigint), $6::bigint) * interval '1 ms'
 FROM unnest($2::uuid[], $3::integer[]) AS l(id, token)
 WHERE t.id = l.id AND t.namespace = $1 AND t.state = 2 AND t.attempt = l.token
 RETURNING t.id;
@@ -175,41 +305,77 @@ FROM unnest($2::uuid[], $3::integer[]) AS l(id, token)
 WHERE t.id = l.id AND t.namespace = $1 AND t.state = 2 AND t.attempt = l.token
 RETURNING t.id;
 
+-- name: completed_by
+-- Leases whose attempt already completed its task: a repeated ack gets the same answer.
+SELECT t.id FROM tasks t
+JOIN unnest($2::uuid[], $3::integer[]) AS l(id, token) ON t.id = l.id
+WHERE t.namespace = $1 AND t.state = 3 AND t.attempt = l.token;
+
 -- name: lease_states
 SELECT id, state, attempt FROM tasks WHERE namespace = $1 AND id = ANY($2::uuid[]);
 
 -- name: release
-UPDATE tasks
-SET state = 1, lease_until = NULL, worker_id = NULL, retry_base = retry_base + 1
-WHERE id = $1 AND namespace = $2 AND state = 2 AND attempt = $3
-RETURNING *;
+UPDATE tasks t
+SET state = 1, lease_until = NULL, worker_id = NULL,
+    retry_base = least(t.retry_base, 2147483646) + 1
+WHERE t.id = $1 AND t.namespace = $2 AND t.state = 2 AND t.attempt = $3
+RETURNING {{task_row}};
 
 -- name: cancel
-UPDATE tasks
+UPDATE tasks t
 SET state = 5, finished_at = $3, lease_until = NULL
-WHERE id = $1 AND namespace = $2 AND state IN (0, 1, 2)
-RETURNING *;
+WHERE t.id = $1 AND t.namespace = $2 AND t.state IN (0, 1, 2)
+RETURNING {{task_row}};
 
 -- name: requeue_dead
-UPDATE tasks
+-- A state no version knows reads as DEAD (see the Task mapping), so it is requeued as one.
+UPDATE tasks t
 SET state = 1, run_at = $3, bucket = $4, fired_at = $3, finished_at = NULL,
     fired_by = 'requeue', fire_token = NULL,
-    retry_base = attempt, lease_until = NULL, worker_id = NULL
-WHERE id = ANY($1::uuid[]) AND namespace = $2 AND state = 4
-RETURNING *;
+    retry_base = t.attempt, lease_until = NULL, worker_id = NULL
+WHERE t.id = ANY($1::uuid[]) AND t.namespace = $2
+  AND (t.state = 4 OR t.state NOT BETWEEN 0 AND 6)
+RETURNING {{task_row}};
+
+-- fragment: bytes_bounded_page
+-- A page of the candidate rows that ends before the rows' size passes $6 bytes (the first row
+-- always comes): the variable-length columns plus $7 for the fixed ones, so a page of large
+-- payloads stays small. octet_length reads a stored value's size without fetching it.
+-- page_rows tells the caller whether the page was cut short.
+SELECT * FROM (
+    SELECT p.*, sum(p.row_bytes) OVER (ORDER BY p.id) AS page_bytes,
+           row_number() OVER (ORDER BY p.id) AS page_row,
+           count(*) OVER () AS page_rows
+    FROM (
+        SELECT c.*, octet_length(c.payload) + octet_length(c.namespace) + octet_length(c.queue)
+                    + coalesce(octet_length(c.last_error), 0)
+                    + coalesce(octet_length(c.idempotency_key), 0)
+                    + coalesce(octet_length(c.worker_id), 0)
+                    + coalesce(octet_length(c.fired_by), 0) + $7::integer AS row_bytes
+        FROM candidates c
+    ) p
+) b
+WHERE b.page_bytes <= $6 OR b.page_row = 1
+ORDER BY b.id
 
 -- name: list_tasks_in_state
-SELECT * FROM tasks
-WHERE namespace = $1 AND state = $2 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
-ORDER BY id
-LIMIT $5;
+WITH candidates AS (
+    SELECT {{task_row}} FROM tasks t
+    WHERE namespace = $1 AND state = $2 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+    ORDER BY id
+    LIMIT $5
+)
+{{bytes_bounded_page}};
 
 -- name: list_tasks
-SELECT * FROM tasks
-WHERE namespace = $1 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
-  AND $2::smallint IS NULL
-ORDER BY id
-LIMIT $5;
+WITH candidates AS (
+    SELECT {{task_row}} FROM tasks t
+    WHERE namespace = $1 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+      AND $2::smallint IS NULL
+    ORDER BY id
+    LIMIT $5
+)
+{{bytes_bounded_page}};
 
 -- name: pending_by_bucket
 -- Due work per upcoming bucket, for status and load-aware assignment; reads only the
@@ -223,26 +389,76 @@ GROUP BY partition, bucket;
 SELECT state, count(*) AS n FROM tasks GROUP BY state;
 
 -- name: insert_schedule
-INSERT INTO schedules (id, namespace, name, partition, queue, cron, interval_ms, timezone,
-                       anchor, catchup, payload, priority, max_attempts, backoff_initial_ms,
-                       backoff_max_ms, lease_timeout_ms, next_fire_at, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
-ON CONFLICT (namespace, name) DO NOTHING
-RETURNING *;
+-- Inserts unless the namespace holds its cap of schedules already ($19; NULL: none), or its
+-- active schedules' rates (max_rate, tasks/s) plus this one's ($20) would pass the submit
+-- quota ($21; NULL: none). Counted by the inserting statement itself, so only creates racing
+-- each other can pass a cap, by at most their number. Always one row: the namespace's
+-- schedules and reserved rate before the insert, then the new schedule (NULLs: not inserted).
+WITH usage AS (
+    SELECT count(*) AS schedules,
+           coalesce(sum(max_rate) FILTER (WHERE NOT paused), 0)::float8 AS reserved
+    FROM schedules WHERE namespace = $2
+), inserted AS (
+    INSERT INTO schedules (id, namespace, name, partition, queue, cron, interval_ms, timezone,
+                           anchor, catchup, payload, priority, max_attempts,
+                           backoff_initial_ms, backoff_max_ms, lease_timeout_ms, next_fire_at,
+                           created_at, max_rate)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+           $20::float8
+    FROM usage
+    WHERE ($19::bigint IS NULL OR usage.schedules < $19::bigint)
+      AND ($21::float8 IS NULL OR usage.reserved + $20::float8 <= $21::float8 * (1 + 1e-9))
+    ON CONFLICT (namespace, name) DO NOTHING
+    RETURNING *
+)
+SELECT usage.schedules AS namespace_schedules, usage.reserved AS namespace_reserved, i.*
+FROM usage LEFT JOIN inserted i ON true;
+
+-- fragment: schedule_row
+-- A schedule's columns for showing it (from `schedules s`), instants clamped to the years
+-- 1..9999 a client can decode, so one row written out of range cannot fail a listing. The
+-- owner reads rows unclamped (due_schedules): a rule is never evaluated from a moved anchor.
+s.id, s.namespace, s.name, s.partition, s.queue, s.cron, s.interval_ms, s.timezone,
+CASE WHEN s.anchor > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN s.anchor < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE s.anchor END AS anchor,
+s.catchup, s.payload, s.priority, s.max_attempts, s.backoff_initial_ms, s.backoff_max_ms,
+s.lease_timeout_ms, s.paused, s.paused_reason,
+CASE WHEN s.next_fire_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN s.next_fire_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE s.next_fire_at END AS next_fire_at,
+CASE WHEN s.last_fire_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN s.last_fire_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE s.last_fire_at END AS last_fire_at,
+s.created_total, s.skipped_total,
+CASE WHEN s.created_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN s.created_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE s.created_at END AS created_at
 
 -- name: get_schedule
-SELECT * FROM schedules WHERE namespace = $1 AND name = $2;
+SELECT {{schedule_row}} FROM schedules s WHERE s.namespace = $1 AND s.name = $2;
 
 -- name: list_schedules
-SELECT * FROM schedules WHERE namespace = $1 AND name > $2 ORDER BY name LIMIT $3;
+SELECT {{schedule_row}} FROM schedules s
+WHERE s.namespace = $1 AND s.name > $2 ORDER BY s.name LIMIT $3;
 
 -- name: pause_schedule
-UPDATE schedules SET paused = true WHERE namespace = $1 AND name = $2 RETURNING *;
+UPDATE schedules s SET paused = true WHERE s.namespace = $1 AND s.name = $2
+RETURNING {{schedule_row}};
 
 -- name: resume_schedule
-UPDATE schedules SET paused = false, next_fire_at = $3
-WHERE namespace = $1 AND name = $2 AND paused
-RETURNING *;
+-- Refused (no row) when the namespace's active schedules and this one would together pass the
+-- submit quota ($4, tasks/s; NULL: none), as insert_schedule.
+UPDATE schedules s SET paused = false, paused_reason = NULL, next_fire_at = $3
+WHERE s.namespace = $1 AND s.name = $2 AND s.paused
+  AND ($4::float8 IS NULL
+       OR s.max_rate + (SELECT coalesce(sum(o.max_rate), 0) FROM schedules o
+                        WHERE o.namespace = $1 AND NOT o.paused) <= $4::float8 * (1 + 1e-9))
+RETURNING {{schedule_row}};
+
+-- name: schedule_usage
+-- A namespace's active schedules' reserved rate (tasks/s), for the message of a refusal.
+SELECT coalesce(sum(max_rate), 0)::float8 FROM schedules WHERE namespace = $1 AND NOT paused;
 
 -- name: delete_schedule
 DELETE FROM schedules WHERE namespace = $1 AND name = $2 RETURNING id;
@@ -258,6 +474,30 @@ SELECT d.* FROM fence CROSS JOIN LATERAL (
     LIMIT $4
     FOR UPDATE SKIP LOCKED
 ) d;
+
+-- name: due_schedule_ids
+-- due_schedules answering ids only: when a row of that answer cannot even be read, the
+-- schedules are read one by one (schedule_by_id) to find it.
+{{owned_fences}}
+SELECT d.id FROM fence CROSS JOIN LATERAL (
+    SELECT s.id FROM schedules s
+    WHERE s.partition = fence.partition AND NOT s.paused AND s.next_fire_at <= $3
+    ORDER BY s.next_fire_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+) d;
+
+-- name: schedule_by_id
+SELECT * FROM schedules WHERE id = $1;
+
+-- name: quarantine_schedule
+-- Pauses a schedule of the caller's partitions that the owner cannot materialise, with the
+-- reason ($4); fenced like due_schedules. Resuming it clears the reason.
+{{owned_fences}}
+UPDATE schedules s SET paused = true, paused_reason = $4
+FROM fence
+WHERE s.id = $3 AND s.partition = fence.partition
+RETURNING s.id;
 
 -- name: advance_schedule
 UPDATE schedules
@@ -285,8 +525,12 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
 ));
 
 -- name: set_queue_limit
+-- A new queue's limit only while the namespace has fewer than $6 (counted by this statement);
+-- an existing one can always be changed. No row: the namespace is at its cap.
 INSERT INTO queue_limits (namespace, queue, rate, burst, tokens, refilled_at)
-VALUES ($1, $2, $3, $4, $4, $5)
+SELECT $1, $2, $3, $4, $4, $5
+WHERE (SELECT count(*) FROM queue_limits WHERE namespace = $1) < $6::bigint
+   OR EXISTS (SELECT 1 FROM queue_limits WHERE namespace = $1 AND queue = $2)
 ON CONFLICT (namespace, queue) DO UPDATE
     SET rate = EXCLUDED.rate, burst = EXCLUDED.burst,
         tokens = least(queue_limits.tokens, EXCLUDED.burst)
@@ -316,3 +560,21 @@ RETURNING least($3, floor(cur.avail))::integer AS granted;
 
 -- name: return_tokens
 UPDATE queue_limits SET tokens = least(burst, tokens + $3) WHERE namespace = $1 AND queue = $2;
+
+-- name: ready_counts
+-- Ready tasks per (namespace, queue) that long-polls wait on, each counted no further than
+-- its cap (its number of waiters): a few index entries per key, whatever the backlog.
+SELECT k.namespace, k.queue, r.n
+FROM unnest($1::text[], $2::text[], $3::integer[]) AS k(namespace, queue, cap)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM tasks t
+        WHERE t.namespace = k.namespace AND t.queue = k.queue AND t.state = 1
+        LIMIT k.cap
+    ) x
+) r
+WHERE r.n > 0;
+
+-- name: announce
+-- One notice per payload on the channel (pg_notify: the payloads are parameters).
+SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload;

@@ -5,19 +5,30 @@ Kept beside ``Store`` (same pool, same named queries) so the task store stays re
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from chronoq.buckets import partition_of
-from chronoq.errors import AlreadyExists, InvalidArgument, ScheduleNotFound
+from chronoq.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NamespaceCapReached,
+    ScheduleNotFound,
+    ScheduleQuotaExceeded,
+)
 from chronoq.models import Schedule, ScheduleSpec, TaskSpec, check_name
+from chronoq.ratelimit import schedule_rate
 from chronoq.recurrence import CatchUp, Cron, Every, Rule, check, due, next_fire
+from chronoq.saturating import ms_to_delta
+from chronoq.store.quarantine import POISON, isolate, reason
 from chronoq.store.sql import q
-from chronoq.store.store import Store
+from chronoq.store.store import Store, known
 
+log = logging.getLogger("chronoq.store")
 _MS = timedelta(milliseconds=1)
 
 
@@ -26,28 +37,41 @@ class Materialized:
     created: int = 0
     skipped: int = 0
     schedules: int = 0
+    quarantined: list[tuple[str, str]] = field(default_factory=list)  # (schedule id, reason)
+
+    def add(self, other: Materialized) -> None:
+        self.created += other.created
+        self.skipped += other.skipped
+        self.schedules += other.schedules
+        self.quarantined += other.quarantined
 
 
-def _rule(row: Any) -> Rule:
+def _rule(row: Any, *, saturate: bool = False) -> Rule:
+    """The stored rule; ``saturate`` reads an interval out of range as the nearest one that
+    is not (for showing a row), else it raises like the row's data does."""
     if row["cron"] is not None:
         return Cron(row["cron"], row["timezone"])
-    return Every(row["interval_ms"] * _MS, row["anchor"])
+    interval = ms_to_delta(row["interval_ms"]) if saturate else row["interval_ms"] * _MS
+    return Every(interval, row["anchor"])
 
 
 def _schedule(row: Any) -> Schedule:
+    """A stored row as a ``Schedule``; values no version writes read as the nearest safe
+    ones (a catch-up policy no version knows as LATEST, durations saturated), so one bad row
+    cannot fail a listing. The owner pauses such a row with the reason when it meets it."""
     spec = ScheduleSpec(
         name=row["name"],
         queue=row["queue"],
-        rule=_rule(row),
+        rule=_rule(row, saturate=True),
         namespace=row["namespace"],
-        catch_up=CatchUp(row["catchup"]),
+        catch_up=known(CatchUp, row["catchup"], CatchUp.LATEST),
         start_at=row["anchor"],
         payload=bytes(row["payload"]),
         priority=row["priority"],
         max_attempts=row["max_attempts"],
-        backoff_initial=row["backoff_initial_ms"] * _MS,
-        backoff_max=row["backoff_max_ms"] * _MS,
-        lease_timeout=row["lease_timeout_ms"] * _MS,
+        backoff_initial=ms_to_delta(row["backoff_initial_ms"]),
+        backoff_max=ms_to_delta(row["backoff_max_ms"]),
+        lease_timeout=ms_to_delta(row["lease_timeout_ms"]),
     )
     return Schedule(
         id=str(row["id"]),
@@ -58,6 +82,7 @@ def _schedule(row: Any) -> Schedule:
         last_fire_at=row["last_fire_at"],
         created_total=row["created_total"],
         skipped_total=row["skipped_total"],
+        paused_reason=row.get("paused_reason"),
     )
 
 
@@ -72,7 +97,21 @@ class Schedules:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def create(self, spec: ScheduleSpec, now: datetime) -> Schedule:
+    async def create(
+        self,
+        spec: ScheduleSpec,
+        now: datetime,
+        *,
+        cap: int | None = None,
+        quota: float | None = None,
+    ) -> Schedule:
+        """Store a new schedule.
+
+        Refused with ``NamespaceCapReached`` when its namespace holds ``cap`` schedules
+        already, and with ``ScheduleQuotaExceeded`` when the namespace's active schedules and
+        this one could together make more than ``quota`` tasks/s (the submit quota: tasks a
+        schedule makes count against it; see ``chronoq.ratelimit.schedule_rate``).
+        """
         check_name("namespace", spec.namespace)
         check_name("name", spec.name)
         check_name("queue", spec.queue)
@@ -87,6 +126,7 @@ class Schedules:
         cron = spec.rule.expression if isinstance(spec.rule, Cron) else None
         interval = spec.rule.interval // _MS if isinstance(spec.rule, Every) else None
         tz = spec.rule.timezone if isinstance(spec.rule, Cron) else "UTC"
+        rate = schedule_rate(spec.rule)
         async with self.store.connection() as conn:
             row = await conn.fetchrow(
                 q("insert_schedule"),
@@ -108,8 +148,16 @@ class Schedules:
                 spec.lease_timeout // _MS,
                 first,
                 now,
+                cap,
+                rate,
+                quota,
             )
-        if row is None:
+        if row is None or row["id"] is None:
+            if cap is not None and row is not None and row["namespace_schedules"] >= cap:
+                raise NamespaceCapReached(spec.namespace, "schedules", cap)
+            reserved = row["namespace_reserved"] if row is not None else 0.0
+            if quota is not None and not reserved + rate <= quota * (1 + 1e-9):
+                raise ScheduleQuotaExceeded(spec.namespace, reserved, rate, quota)
             raise AlreadyExists(f"a schedule named {spec.name!r} exists in {spec.namespace!r}")
         return _schedule(row)
 
@@ -136,16 +184,30 @@ class Schedules:
             raise ScheduleNotFound(name, namespace)
         return _schedule(row)
 
-    async def resume(self, namespace: str, name: str, now: datetime) -> Schedule:
-        """Resume from the next occurrence after ``now``: paused time is not caught up."""
+    async def resume(
+        self, namespace: str, name: str, now: datetime, *, quota: float | None = None
+    ) -> Schedule:
+        """Resume from the next occurrence after ``now``: paused time is not caught up.
+
+        Refused with ``ScheduleQuotaExceeded`` when the namespace's active schedules and this
+        one could together make more than ``quota`` tasks/s, as ``create``.
+        """
         current = await self.get(namespace, name)
         if not current.paused:
             return current
+        reserved = 0.0
         async with self.store.connection() as conn:
             row = await conn.fetchrow(
-                q("resume_schedule"), namespace, name, next_fire(current.spec.rule, now)
+                q("resume_schedule"), namespace, name, next_fire(current.spec.rule, now), quota
             )
-        return _schedule(row) if row is not None else await self.get(namespace, name)
+            if row is None and quota is not None:
+                reserved = await conn.fetchval(q("schedule_usage"), namespace)
+        if row is not None:
+            return _schedule(row)
+        after = await self.get(namespace, name)
+        if after.paused and quota is not None:
+            raise ScheduleQuotaExceeded(namespace, reserved, schedule_rate(after.spec.rule), quota)
+        return after
 
     async def delete(self, namespace: str, name: str) -> None:
         async with self.store.connection() as conn:
@@ -165,43 +227,85 @@ class Schedules:
         """Create the tasks of due occurrences of schedules in owned partitions (fenced).
 
         Task inserts and the schedule's new position commit together; the idempotency key
-        (schedule, fire time) makes a repeat after a failover a no-op.
+        (schedule, fire time) makes a repeat after a failover a no-op. A schedule that cannot
+        be read or materialised (a rule or a value no version accepts) is found by halving
+        the batch, each try in a savepoint, and paused with the reason (``quarantined``);
+        the others are materialised in the same pass.
         """
         done = Materialized()
         if not owned:
             return done
+        fences = (list(owned), list(owned.values()))
         async with self.store.connection() as conn, conn.transaction():
-            rows = await conn.fetch(
-                q("due_schedules"), list(owned), list(owned.values()), now + lookahead, batch
-            )
-            for row in rows:
-                plan = due(
-                    _rule(row),
-                    row["next_fire_at"],
-                    now,
-                    CatchUp(row["catchup"]),
-                    lookahead=lookahead,
-                    limit=per_schedule,
-                )
-                specs = [self._task_spec(row, at) for at in plan.create]
-                if specs:
-                    _ids, cols = self.store._insert_columns(specs, now)
-                    await conn.fetch(q("insert_task_ids"), *cols, now)
-                await conn.execute(
-                    q("advance_schedule"),
-                    row["id"],
-                    plan.next_fire_at,
-                    plan.create[-1] if plan.create else None,
-                    len(plan.create),
-                    plan.skipped,
-                )
-                done.created += len(plan.create)
-                done.skipped += plan.skipped
-                done.schedules += 1
+            due_rows: list[tuple[Any, Any]]
+            try:
+                async with conn.transaction():  # a row that cannot even be read fails this only
+                    rows = await conn.fetch(q("due_schedules"), *fences, now + lookahead, batch)
+                due_rows = [(r["id"], r) for r in rows]
+            except POISON:
+                ids = await conn.fetch(q("due_schedule_ids"), *fences, now + lookahead, batch)
+                due_rows = [(r["id"], None) for r in ids]
+
+            async def write(chunk: Sequence[tuple[Any, Any]]) -> None:
+                counts = Materialized()
+                async with conn.transaction():  # a savepoint: a failed try leaves nothing
+                    for schedule_id, row in chunk:
+                        if row is None:
+                            row = await conn.fetchrow(q("schedule_by_id"), schedule_id)
+                        if row is not None:
+                            await self._materialize_one(
+                                conn, row, now, lookahead, per_schedule, counts
+                            )
+                done.add(counts)
+
+            async def poisoned(item: tuple[Any, Any], exc: BaseException) -> None:
+                why = reason(exc)
+                paused = await conn.fetch(q("quarantine_schedule"), *fences, item[0], why)
+                if paused:
+                    log.warning("paused schedule %s: %s", item[0], why)
+                    done.quarantined.append((str(item[0]), why))
+
+            await isolate(due_rows, write, poisoned)
         return done
 
-    @staticmethod
-    def _task_spec(row: Any, at: datetime) -> TaskSpec:
+    async def _materialize_one(
+        self,
+        conn: Any,
+        row: Any,
+        now: datetime,
+        lookahead: timedelta,
+        per_schedule: int,
+        counts: Materialized,
+    ) -> None:
+        """Create one schedule's due occurrences and move it on; raises on a bad row."""
+        plan = due(
+            check(_rule(row)),
+            row["next_fire_at"],
+            now,
+            CatchUp(row["catchup"]),
+            lookahead=lookahead,
+            limit=per_schedule,
+        )
+        specs = [self._task_spec(row, at) for at in plan.create]
+        if specs:
+            _ids, cols = self.store._insert_columns(specs, now)
+            await conn.fetch(q("insert_task_ids"), *cols, now)
+        await conn.execute(
+            q("advance_schedule"),
+            row["id"],
+            plan.next_fire_at,
+            plan.create[-1] if plan.create else None,
+            len(plan.create),
+            plan.skipped,
+        )
+        counts.created += len(plan.create)
+        counts.skipped += plan.skipped
+        counts.schedules += 1
+
+    def _task_spec(self, row: Any, at: datetime) -> TaskSpec:
+        """An occurrence as a task. Durations are saturated into the node's limits, so a
+        schedule row written out of range cannot make tasks that nothing can claim."""
+        limits = self.store.limits
         return TaskSpec(
             queue=row["queue"],
             run_at=at,
@@ -209,8 +313,10 @@ class Schedules:
             payload=bytes(row["payload"]),
             idempotency_key=occurrence_key(str(row["id"]), at),
             max_attempts=row["max_attempts"],
-            backoff_initial=row["backoff_initial_ms"] * _MS,
-            backoff_max=row["backoff_max_ms"] * _MS,
-            lease_timeout=row["lease_timeout_ms"] * _MS,
+            backoff_initial=ms_to_delta(row["backoff_initial_ms"], highest=self.store.horizon),
+            backoff_max=ms_to_delta(row["backoff_max_ms"], highest=self.store.horizon),
+            lease_timeout=ms_to_delta(
+                row["lease_timeout_ms"], limits.min_lease_timeout, limits.max_lease_timeout
+            ),
             priority=row["priority"],
         )

@@ -2,7 +2,8 @@
 
 The page is driven like a person would (type, click, wait for the figures to change) and
 what it shows is checked against the store itself: pending count, the tasks an advance of the
-clock fired, the new owner after a kill (the fence row), and no double firing.
+clock fired, the new owner after a kill (the fence row), and no double firing. It is opened
+at the URL the lab prints, whose fragment carries the run's key; without it, nothing shows.
 """
 
 from __future__ import annotations
@@ -190,28 +191,33 @@ def drive(url: str, page: Any, postgres: EmbeddedPostgres, database: str) -> Non
           lambda: number("#advance-result", "data-executed") == store_count(window), 30)
     assert store_count(f"{window} AND state = 3") == store_count(window)
 
-    # The scans ran for real: the naive one read every row, the bucketed one only due rows.
+    # The scans ran for real: the naive one read every row, the bucketed one the due rows plus
+    # one index probe per (partition, bucket, namespace) lane it shares the batch across: at
+    # most one lane per due row, and one per partition whose current bucket is not due yet.
     naive = el("#scans tr[data-when='next minute'][data-scan='naive']")
     bucketed = el("#scans tr[data-when='next minute'][data-scan='bucketed']")
     assert int(naive.get_attribute("data-examined")) >= 20_000
-    assert int(bucketed.get_attribute("data-examined")) == int(bucketed.get_attribute("data-due"))
+    due = int(bucketed.get_attribute("data-due"))
+    assert due <= int(bucketed.get_attribute("data-examined")) <= 2 * due + 16
 
-    # Kill the owner of partition 0: another node takes it over with a newer token.
-    old_owner = el("#partition-grid .cell[data-partition='0']").get_attribute("data-owner")
+    # Kill the owner of partition 0: another node takes it over with a newer token. (The grid
+    # is a second old and ownership may rebalance meanwhile: the victim is whoever owned the
+    # partition at the click; its token is at least the one the grid showed.)
     old_token = int(el("#partition-grid .cell[data-partition='0']").get_attribute("data-token"))
     el("#kill-button").click()
     takeover = until("the takeover", lambda: el("#takeover").get_attribute("data-new-owner")
                      and el("#takeover"))
     new_owner = takeover.get_attribute("data-new-owner")
     new_token = int(takeover.get_attribute("data-new-token"))
-    assert takeover.get_attribute("data-victim") == old_owner != new_owner
+    victim = takeover.get_attribute("data-victim")
+    assert victim in {"node-0", "node-1", "node-2"} and victim != new_owner
     assert new_token > old_token
     until("the grid to show the new owner", lambda: el(
         "#partition-grid .cell[data-partition='0']").get_attribute("data-owner") == new_owner)
     until("the fence row to carry the new owner's token", lambda: sql(
         postgres, database, "SELECT owner, token FROM partition_fences WHERE partition = 0"
     ) == [[new_owner, str(new_token)]])
-    assert el(f"#nodes tr[data-node='{old_owner}']").get_attribute("class") == "dead"
+    assert el(f"#nodes tr[data-node='{victim}']").get_attribute("class") == "dead"
 
     # Fire again under the new owners; no partition ever saw its token go back.
     el("#advance-button").click()
@@ -228,3 +234,8 @@ def drive(url: str, page: Any, postgres: EmbeddedPostgres, database: str) -> Non
     until("the double-firing counter", lambda: number("#double-firings") == 0
           and int(el("#double-firings").text) == 0)
     page.save_screenshot(str(SCREENSHOT))
+
+    # The address without the key that `chronoq lab` printed gets nothing from the lab.
+    page.get(url.split("#", 1)[0])
+    until("the page to say it lacks the key", lambda: "lacks the lab's key" in el("#message").text)
+    assert el("body").get_attribute("data-ready") is None

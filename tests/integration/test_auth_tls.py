@@ -55,6 +55,7 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f'"{ADMIN}" = ["*"]\n'
         f'"{DEFAULT_ONLY}" = ["default"]\n'
     )
+    path.chmod(0o600)  # a node refuses a token file that others may write
     return path
 
 
@@ -211,7 +212,7 @@ async def test_team_a_tasks_are_invisible_to_team_b(connect: Any) -> None:
         NewTask(queue="q").to_pb("team-b"), NewTask(queue="q").to_pb("team-a"),
     ])
     with pytest.raises(errors.AccessDenied) as batch:
-        await team_b._call(team_b._tasks.SubmitBatch, sneaky)
+        await team_b._call(lambda n: n.tasks.SubmitBatch, sneaky)
     assert batch.value.code == "PERMISSION_DENIED" and "'team-a'" in batch.value.message
     assert [t.id for t in (await connect(TEAM_A, "team-a").list()).tasks] == [secret.id]
 
@@ -264,9 +265,18 @@ async def test_bad_security_settings_stop_the_node_before_it_starts(
 ) -> None:
     bad_tokens = tmp_path / "tokens.toml"
     bad_tokens.write_text('[tokens]\n"t" = "team-a"\n')
+    bad_tokens.chmod(0o600)
+    short_tokens = tmp_path / "short.toml"
+    short_tokens.write_text('[tokens]\n"team-a-secret" = ["team-a"]\n')
+    short_tokens.chmod(0o600)
+    open_tokens = tmp_path / "open.toml"
+    open_tokens.write_text(f'[tokens]\n"{TEAM_A}" = ["team-a"]\n')
+    open_tokens.chmod(0o666)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"auth_tokens": str(tmp_path / "missing.toml")}, "auth_tokens: cannot read"),
         ({"auth_tokens": str(bad_tokens)}, "namespaces must be a list"),
+        ({"auth_tokens": str(short_tokens)}, r"\(for team-a\) is shorter than 16 characters"),
+        ({"auth_tokens": str(open_tokens)}, "writable by group or others .* chmod 600"),
         ({"tls_cert": str(pki.server_cert)}, "tls_cert and tls_key go together"),
         ({"tls_client_ca": str(pki.ca)}, "tls_client_ca needs tls_cert and tls_key"),
         ({"tls_cert": str(pki.server_cert), "tls_key": str(pki.client_key)},
@@ -360,6 +370,7 @@ async def test_an_edited_token_file_takes_effect_without_a_restart(
     broken edit keeps the tokens in force."""
     path = tmp_path / "tokens.toml"
     path.write_text(f'[tokens]\n"{TEAM_A}" = ["team-a"]\n')
+    path.chmod(0o600)
     node = await make_node(auth_tokens=str(path))
     old = Client(node.address, namespace="team-a", token=TEAM_A, timeout=5)
     new = Client(node.address, namespace="team-a", token=TEAM_B, timeout=5)

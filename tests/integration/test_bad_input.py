@@ -3,12 +3,21 @@ and never changes what was accepted before."""
 
 from __future__ import annotations
 
+import math
+import time
 from datetime import timedelta
 
 import grpc
 import pytest
 
-from chronoq.api.v1 import tasks_pb2, tasks_pb2_grpc, worker_pb2, worker_pb2_grpc
+from chronoq.api.v1 import (
+    schedules_pb2,
+    schedules_pb2_grpc,
+    tasks_pb2,
+    tasks_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
 from chronoq.models import Lease, TaskState
@@ -170,3 +179,188 @@ async def test_accepted_tasks_survive_rejected_requests(
     after = {t.id: t async for t in client.iter_tasks()}
     assert after == before
     assert await store.count_by_state() == {TaskState.READY: 5}
+
+
+# ---------------------------------------------------------------- every field bounded
+
+
+@pytest.fixture
+async def schedule_stub(node: Node):  # type: ignore[no-untyped-def]
+    channel = grpc.aio.insecure_channel(node.address)
+    try:
+        yield schedules_pb2_grpc.ScheduleServiceStub(channel)
+    finally:
+        await channel.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: spec(idempotency_key="k\x00"), "idempotency_key: must not contain NUL"),
+        (lambda: spec(idempotency_key="k" * 513), "idempotency_key: is 513 characters long"),
+        (lambda: spec(queue="q\n"), "queue: 'q\\n' has characters outside"),
+        (lambda: spec(namespace="ns\n"), "namespace: 'ns\\n' has characters outside"),
+        (lambda: spec(misfire_policy=7), "misfire_policy: unknown value 7"),
+        (lambda: spec(misfire_grace={"seconds": 10**10}), "misfire_grace: is 115740 days"),
+        (lambda: spec(retry={"backoff_max": {"seconds": 10**10}}), "retry.backoff_max: is"),
+        (lambda: spec(lease_timeout={"seconds": 10**10}), "lease_timeout: must be between"),
+        (lambda: spec(delay={"seconds": 315_576_000_000}), "delay: is"),
+        (lambda: spec(run_at={"seconds": 253_402_300_000}), "run_at: 9999-"),
+        (lambda: spec(run_at={"seconds": -62_135_596_800}), "run_at: 0001-01-01"),
+    ],
+)
+async def test_bad_task_fields(stubs, make, words) -> None:  # type: ignore[no-untyped-def]
+    tasks, _ = stubs
+    code, details = await status_of(tasks.Submit(tasks_pb2.SubmitRequest(task=make())))
+    assert code == INVALID and words in details, details
+
+
+async def test_refusals_echo_little_of_the_input(stubs) -> None:  # type: ignore[no-untyped-def]
+    tasks, _ = stubs
+    huge = "x" * 100_000 + "!"
+    code, details = await status_of(tasks.Submit(tasks_pb2.SubmitRequest(task=spec(queue=huge))))
+    assert code == INVALID and details.startswith("queue: is 100001 characters long")
+    code, details = await status_of(tasks.GetTask(tasks_pb2.GetTaskRequest(id="y" * 100_000)))
+    assert code == INVALID and details.startswith("id: ") and len(details) < 200
+    code, details = await status_of(
+        tasks.Submit(tasks_pb2.SubmitRequest(task=spec(queue="!" * 100)))
+    )
+    assert code == INVALID and len(details) < 200 and "\u2026" in details
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"cron": "0 0 31 2 *"}, "cron: '0 0 31 2 *' has no next occurrence"),
+        ({"cron": "* * * *"}, "cron: '* * * *' is not a 5-field cron expression"),
+        ({"cron": "* * * * *", "timezone": "America"}, "timezone: 'America' is not an IANA"),
+        ({"cron": "* * * * *", "timezone": "../etc"}, "timezone: '../etc' is not an IANA"),
+        ({"cron": "* * * * *", "timezone": "UTC\x00"}, "timezone:"),
+        ({"interval": {"seconds": 10**10}}, "interval: is 115740 days"),
+        ({"interval": {"nanos": 1000}}, "interval: must be at least 1 s"),
+        (
+            {"interval": {"seconds": 60}, "start_at": {"seconds": 253_402_300_000}},
+            "start_at: 9999-",
+        ),
+        ({"cron": "* * * * *", "lease_timeout": {"seconds": 10**10}}, "lease_timeout:"),
+        ({"cron": "* * * * *", "lease_timeout": {"seconds": 0, "nanos": 1}}, "lease_timeout:"),
+        ({"cron": "* * * * *", "catch_up": 9}, "catch_up: unknown value 9"),
+        ({"cron": "* * * * *", "name": "s\n"}, "name: 's\\n' has characters outside"),
+        ({"cron": "* * * * *", "retry": {"max_attempts": 5000}}, "max_attempts: must be"),
+    ],
+)
+async def test_bad_schedule_fields(schedule_stub, fields, words) -> None:  # type: ignore[no-untyped-def]
+    fields.setdefault("name", "s")
+    pb = schedules_pb2.ScheduleSpec(queue="q", **fields)
+    code, details = await status_of(schedule_stub.CreateSchedule(pb))
+    assert code == INVALID and words in details, details
+
+
+async def test_schedule_names_are_checked_on_every_call(schedule_stub) -> None:  # type: ignore[no-untyped-def]
+    ref = schedules_pb2.ScheduleRef(name="s\x00")
+    for call in (
+        schedule_stub.GetSchedule,
+        schedule_stub.PauseSchedule,
+        schedule_stub.ResumeSchedule,
+        schedule_stub.DeleteSchedule,
+    ):
+        code, details = await status_of(call(ref))
+        assert code == INVALID and details.startswith("name:"), details
+    listing = schedules_pb2.ListSchedulesRequest(page_token="a\x00", page_size=10)
+    code, details = await status_of(schedule_stub.ListSchedules(listing))
+    assert code == INVALID and "page_token: must not contain NUL" in details
+    code, details = await status_of(
+        schedule_stub.ListSchedules(schedules_pb2.ListSchedulesRequest(page_size=5000))
+    )
+    assert code == INVALID and "page_size" in details
+
+
+@pytest.mark.parametrize("rate", [math.nan, math.inf, -1.0, 1e300])
+async def test_queue_limits_must_be_finite(stubs, rate: float) -> None:  # type: ignore[no-untyped-def]
+    tasks, _ = stubs
+    for limit in (
+        tasks_pb2.QueueLimit(queue="q", rate=rate),
+        tasks_pb2.QueueLimit(queue="q", rate=1, burst=rate),
+    ):
+        code, details = await status_of(tasks.SetQueueLimit(limit))
+        assert code == INVALID and details.startswith(("rate:", "burst:")), details
+    listed = await tasks.ListQueueLimits(tasks_pb2.ListQueueLimitsRequest())
+    assert not listed.limits
+
+
+async def test_worker_strings_refuse_nul_and_a_failure_message_is_cleaned(
+    stubs, client: Client
+) -> None:  # type: ignore[no-untyped-def]
+    _, workers = stubs
+    code, details = await status_of(
+        workers.Claim(worker_pb2.ClaimRequest(queues=["w"], worker_id="w\x00"))
+    )
+    assert code == INVALID and "worker_id: must not contain NUL" in details
+    sub = await client.submit("w", max_attempts=1)
+    (task,) = await client.claim(["w"])
+    lease = worker_pb2.Lease(task_id=task.id, lease_token=task.attempt)
+    error = "crashed\x00here" + "!" * 10_000
+    failed = await workers.Fail(worker_pb2.FailRequest(lease=lease, error=error))
+    assert failed.state == tasks_pb2.TASK_STATE_DEAD  # recorded, not left RUNNING
+    assert failed.last_error.startswith("crashed\ufffdhere") and len(failed.last_error) == 4000
+    assert (await client.get(sub.task.id)).state is TaskState.DEAD
+
+
+async def test_out_of_range_lease_tokens_and_retry_after(stubs, client: Client) -> None:  # type: ignore[no-untyped-def]
+    _, workers = stubs
+    sub = await client.submit("w")
+    await client.claim(["w"])
+    big = worker_pb2.Lease(task_id=sub.task.id, lease_token=2**32 - 1)
+    code, details = await status_of(workers.Complete(worker_pb2.CompleteRequest(lease=big)))
+    assert code == INVALID and "lease.lease_token" in details
+    lease = worker_pb2.Lease(task_id=sub.task.id, lease_token=1)
+    fail = worker_pb2.FailRequest(lease=lease, error="x")
+    fail.retry_after.FromSeconds(10**10)
+    code, details = await status_of(workers.Fail(fail))
+    assert code == INVALID and details.startswith("retry_after: is"), details
+    assert (await client.get(sub.task.id)).state is TaskState.RUNNING  # nothing changed
+
+
+@pytest.mark.parametrize(
+    ("call", "make"),
+    [
+        (
+            "Heartbeat",
+            lambda: worker_pb2.HeartbeatRequest(leases=[worker_pb2.Lease(task_id="t")] * 1001),
+        ),
+        (
+            "CompleteBatch",
+            lambda: worker_pb2.CompleteBatchRequest(leases=[worker_pb2.Lease(task_id="t")] * 1001),
+        ),
+        ("Claim", lambda: worker_pb2.ClaimRequest(queues=["q"] * 101)),
+        ("Requeue", lambda: tasks_pb2.RequeueRequest(ids=["t"] * 1001)),
+        ("ListTasks", lambda: tasks_pb2.ListTasksRequest(page_size=1001)),
+    ],
+)
+async def test_repeated_fields_are_capped(stubs, call: str, make) -> None:  # type: ignore[no-untyped-def]
+    tasks, workers = stubs
+    stub = getattr(tasks, call, None) or getattr(workers, call)
+    code, details = await status_of(stub(make()))
+    assert code == INVALID, details
+    assert details.startswith(("leases: holds", "queues: holds", "ids: holds", "page_size:"))
+
+
+async def test_a_huge_heartbeat_is_refused_before_any_work(stubs) -> None:  # type: ignore[no-untyped-def]
+    """200,000 leases (the issue's million does not fit the node's message cap): refused on
+    its length, before one lease is converted or the store is asked."""
+    _, workers = stubs
+    leases = [worker_pb2.Lease(task_id=f"{i:036d}", lease_token=1) for i in range(200_000)]
+    started = time.perf_counter()
+    code, details = await status_of(workers.Heartbeat(worker_pb2.HeartbeatRequest(leases=leases)))
+    print(f"200k-lease heartbeat refused in {time.perf_counter() - started:.3f} s")
+    assert code == INVALID and "leases: holds 200000 entries; the limit is 1000" in details
+
+
+@pytest.mark.parametrize(
+    "body", [b"\xff\xff\xff", b"\n\x02\xff\xfe", b"garbage that is not a message"]
+)
+async def test_malformed_messages_are_invalid_argument(node: Node, body: bytes) -> None:
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        for method in ("/chronoq.v1.TaskService/Submit", "/chronoq.v1.WorkerService/Claim"):
+            code, details = await status_of(channel.unary_unary(method)(body, timeout=10))
+            assert code == INVALID and details.startswith("request: is not a valid message")

@@ -7,6 +7,7 @@ fails; each test takes a second or two.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import socket
@@ -19,7 +20,12 @@ import asyncpg
 import pytest
 
 from chronoq.embedded.etcd import EmbeddedEtcd
-from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronoq.embedded.postgres import (
+    PASSWORD_FILE,
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    scram_verifier,
+)
 
 
 @pytest.fixture
@@ -75,7 +81,7 @@ async def _put_with_retry(client: aetcd.Client, key: bytes, value: bytes, within
 
 async def test_postgres_serves_tcp_and_copies_template(pg: EmbeddedPostgres) -> None:
     assert pg.pid is not None
-    assert pg.dsn == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
+    assert pg.dsn == f"postgresql://postgres:{pg.password}@127.0.0.1:{pg.port}/postgres"
 
     tpl_dsn = pg.create_database("chronoq_tpl")
     conn = await asyncpg.connect(tpl_dsn)
@@ -144,6 +150,90 @@ async def test_postgres_survives_kill_and_sigstop(tmp_path: Path) -> None:
         assert server.server_pids() == []
         server.stop()  # idempotent
     finally:
+        server.stop()
+
+
+async def _refused(dsn: str) -> None:
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(dsn)
+
+
+async def test_postgres_wants_its_generated_password(pg: EmbeddedPostgres) -> None:
+    """No trust: a password generated at initdb, kept in the data directory for the owner only,
+    wanted over TCP and over the unix socket alike."""
+    assert pg.password_file == pg.data_dir / PASSWORD_FILE
+    assert pg.password_file.stat().st_mode & 0o777 == 0o600
+    assert pg.password_file.read_text().strip() == pg.password
+    assert len(pg.password) >= 32
+    hba = [
+        line.split()
+        for line in (pg.data_dir / "pg_hba.conf").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert hba and all(fields[-1] == "scram-sha-256" for fields in hba)
+    assert {fields[0] for fields in hba} == {"local", "host"}
+
+    # What the server stored is what scram_verifier makes (it sets passwords of older clusters).
+    stored = pg.run_sql("SELECT rolpassword FROM pg_authid WHERE rolname = 'postgres'").strip()
+    assert stored.startswith("SCRAM-SHA-256$4096:")
+    salt = base64.b64decode(stored.split("$")[1].split(":")[1])
+    assert scram_verifier(pg.password, salt) == stored
+
+    conn = await asyncpg.connect(pg.dsn)
+    await conn.close()
+    await _refused(pg.dsn_for("postgres", password=False))
+    await _refused(pg.dsn.replace(pg.password, "not-the-password"))
+    mine = await asyncio.to_thread(lambda: list(Path("/tmp").glob(f"cqpg-*/.s.PGSQL.{pg.port}")))
+    if mine:  # the socket too: a local account without the password gets nothing
+        socket_dsn = f"postgresql://postgres@/postgres?host={mine[0].parent}&port={pg.port}"
+        await _refused(socket_dsn)
+        conn = await asyncpg.connect(socket_dsn, password=pg.password)
+        await conn.close()
+
+
+async def test_a_kept_data_directory_keeps_its_password(tmp_path: Path) -> None:
+    first = EmbeddedPostgres(tmp_path / "pg", durable=False)
+    try:
+        first.start()
+        password = first.password
+        first.stop()
+        again = EmbeddedPostgres(tmp_path / "pg", durable=False)  # a new run, same directory
+        assert again.password == password
+        again.start()
+        conn = await asyncpg.connect(again.dsn)
+        await conn.close()
+        assert again.run_sql("SELECT 1").strip() == "1"
+    finally:
+        first.stop()
+
+
+async def test_a_trust_cluster_of_an_older_version_gets_a_password(tmp_path: Path) -> None:
+    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
+    upgraded = EmbeddedPostgres(tmp_path / "pg", durable=False)  # the next run
+    try:
+        server.start()
+        server.stop()
+        # What an older chronoq left: trust in pg_hba.conf and no password file.
+        hba = server.data_dir / "pg_hba.conf"
+        hba.write_text(hba.read_text().replace("scram-sha-256", "trust"))
+        server.password_file.unlink()
+        older = server.password
+
+        upgraded.start()
+        assert upgraded.password_file.stat().st_mode & 0o777 == 0o600
+        assert upgraded.password != older
+        methods = {
+            line.split()[-1]
+            for line in hba.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        }
+        assert methods == {"scram-sha-256"}
+        conn = await asyncpg.connect(upgraded.dsn)
+        await conn.close()
+        await _refused(upgraded.dsn_for("postgres", password=False))
+        await _refused(upgraded.dsn.replace(upgraded.password, older))
+    finally:
+        upgraded.stop()
         server.stop()
 
 

@@ -50,8 +50,9 @@ async def test_full_lifecycle_and_refusals(node: Node, client: Client, clock: Ma
     done = await client.complete(Lease(task.id, 1))
     assert done.state is TaskState.SUCCEEDED and done.finished_at is not None
 
+    assert await client.complete(Lease(task.id, 1)) == done  # a second complete: same answer
     with pytest.raises(errors.PreconditionFailed, match="SUCCEEDED"):
-        await client.complete(Lease(task.id, 1))  # a second complete
+        await client.complete(Lease(task.id, 2))  # but not for another attempt's token
     with pytest.raises(errors.PreconditionFailed, match="cannot cancel"):
         await client.cancel(task.id)
     (late,) = await client.heartbeat([Lease(task.id, 1)])

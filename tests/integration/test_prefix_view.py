@@ -76,7 +76,7 @@ async def test_compacted_revision_forces_a_resync(own_etcd: EmbeddedEtcd) -> Non
         head = (await client.get(b"/c/y")).mod_revision  # type: ignore[union-attr]
         await client.compact(head)
         view.revision = stale  # as if the watch had been down since `stale`
-        view._task = asyncio.create_task(view._run())  # follow from the stale revision
+        view.watch()  # follow from the stale revision
         await until(lambda: view.resyncs >= 2 and view.items.get(b"/c/y") is not None)
         assert view.items[b"/c/y"].value == b"4"
         assert view.revision >= head

@@ -29,9 +29,9 @@ def test_fault_schedule_covers_every_kind_without_overlap() -> None:
 
 
 def test_short_run_fits_what_it_can() -> None:
-    plan = schedule([FaultKind.KILL_NODE, FaultKind.PAUSE_NODE, FaultKind.KILL_WORKER], 40,
+    plan = schedule([FaultKind.KILL_NODE, FaultKind.FREEZE_NODE_PAST_TTL, FaultKind.KILL_WORKER], 40,
                     seed=1, holds=HOLDS)
-    assert {p.kind for p in plan} == {FaultKind.KILL_NODE, FaultKind.PAUSE_NODE,
+    assert {p.kind for p in plan} == {FaultKind.KILL_NODE, FaultKind.FREEZE_NODE_PAST_TTL,
                                       FaultKind.KILL_WORKER}
 
 

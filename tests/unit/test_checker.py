@@ -1,10 +1,14 @@
 """The chaos checker on synthetic histories: it passes a clean one and catches each fault
 it exists to catch (a lost task, an early run, an unexplained duplicate, a stale token, a
-slow failover), while excusing what an injected fault explains."""
+slow failover, workers stalled during a node freeze), while excusing what an injected fault
+explains."""
 
 from __future__ import annotations
 
 import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chronoq.chaos.checker import check
 from chronoq.chaos.history import (
@@ -258,3 +262,114 @@ def test_fired_at_of_a_clock_jumped_node_is_corrected_only_while_it_was_skewed()
     late = dict(fire_lateness(h))
     assert abs(late[at(5)] - 0.02) < 1e-6  # 8.02 by its clock, 5.02 really
     assert abs(late[at(12)] - 0.02) < 1e-6  # not corrected: fired after the jump ended
+
+
+# ---------------------------------------------------------------------- execution gaps
+
+
+def steady(h: History, start: float, end: float, *, every: float = 0.1) -> None:
+    """Tasks due every ``every`` seconds in [start, end), each started 20 ms after its run_at."""
+    n = round((end - start) / every)
+    for i in range(n):
+        due = start + i * every
+        key, tid = f"s{i}", f"t-s{i}"
+        h.submits.append(submit(key, due, tid))
+        h.executions.append(run(tid, 1, due + 0.02, due))
+        h.tasks.append(row(tid, key, due))
+
+
+def test_execution_gaps_are_stretches_with_a_due_task_and_no_start() -> None:
+    from chronoq.chaos.checker import execution_gaps
+
+    h = history()
+    h.executions = [run("t-a", 1, 5.05, 5), run("t-b", 1, 9.0, 6), run("t-x", 1, 9.5, 9.2)]
+    # t-b is due at 6 s and waits until 9 s; after t-a started at 5.05 nothing starts.
+    assert execution_gaps(h) == [(at(5), at(5.05)), (at(6), at(9)), (at(9.2), at(9.5))]
+
+
+def test_a_worker_stall_during_a_node_freeze_is_caught() -> None:
+    h = history()
+    h.params = dataclasses.replace(h.params, partitions=1)
+    h.submits, h.executions, h.tasks, h.cancels = [], [], [], []
+    steady(h, 1, 4)
+    # Everything due from 4 s on started only at 10 s: the workers were stuck in calls to
+    # the frozen node although the other nodes fired.
+    for i in range(80):
+        due = 4 + i * 0.1
+        key, tid = f"f{i}", f"t-f{i}"
+        h.submits.append(submit(key, due, tid))
+        h.executions.append(run(tid, 1, max(10.0, due + 0.02), due))
+        h.tasks.append(row(tid, key, due))
+    h.faults = [FaultRecord("freeze-node", "node-1", at(4.5), at(5.5))]
+    found = problems(h)
+    assert list(found) == ["execution_gap"], found
+    assert "no worker started a task for 6.0" in found["execution_gap"][0]
+    gap = check(h).exec_gaps[0]
+    assert gap.gap_s is not None and abs(gap.gap_s - 6.0) < 0.05 and not gap.ok
+    assert check(h).figures["execution_gap_by_fault_kind"] == {"freeze-node": gap.gap_s}
+    # The same stall around an etcd fault is reported, not bounded.
+    h.faults = [FaultRecord("kill-etcd-leader", "etcd0", at(4.5), at(5.5))]
+    verdict = check(h)
+    assert "execution_gap" not in problems(h)
+    assert verdict.exec_gaps[0].gap_s == gap.gap_s and verdict.exec_gaps[0].ok
+
+
+def test_workers_that_keep_starting_through_a_freeze_pass() -> None:
+    h = history()
+    h.submits, h.executions, h.tasks, h.cancels = [], [], [], []
+    steady(h, 1, 12)
+    h.tasks = [dataclasses.replace(r, partition=0) for r in h.tasks]
+    h.faults = [
+        FaultRecord("freeze-node-past-ttl", "node-1", at(3), at(6.5)),
+        FaultRecord("kill-node", "node-1", at(7), at(10)),
+    ]
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    assert [round(g.gap_s or 0, 6) for g in verdict.exec_gaps] == [0.02, 0.02]
+    assert round(verdict.figures["max_execution_gap_s"], 6) == 0.02
+
+
+def test_an_old_pause_node_history_is_judged_as_a_freeze_past_ttl() -> None:
+    h = history()
+    h.faults = [FaultRecord("pause-node", "node-0", at(5.01), at(9))]
+    h.executions[1:] = [run("t-b", 1, 9.0, 6, outcome=ERROR), run("t-b", 2, 9.1, 7.0, worker="w1.1")]
+    found = problems(h)
+    assert list(found) == ["execution_gap"], found  # t-b waited from 6 s to 9 s
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), min_size=1, max_size=30))
+def test_execution_gaps_match_a_brute_force_scan(waits: list[tuple[int, int]]) -> None:
+    """Whole seconds: a second [t, t+1) is idle-but-due when some task is due by t and starts
+    at t+1 or later; a start at an inner boundary ends a stretch."""
+    from chronoq.chaos.checker import execution_gaps
+
+    h = history()
+    h.submits, h.tasks = [], []
+    h.executions = [run(f"t{i}", 1, due + wait, due) for i, (due, wait) in enumerate(waits)]
+    starts = {due + wait for due, wait in waits}
+    longest = current = 0
+    for t in range(max(starts) + 1):
+        if t in starts:
+            current = 0
+        if any(due <= t < due + wait for due, wait in waits):
+            current += 1
+            longest = max(longest, current)
+        else:
+            current = 0
+    found = [(e - b) / S for b, e in execution_gaps(h)]
+    assert max(found, default=0) == longest
+
+
+def test_nodes_that_check_their_clock_get_no_excuse_beyond_the_bound() -> None:
+    """Since nodes hand off when their clock is off by more than 500 ms, a run 1 s early
+    during a 3 s jump is a violation; older histories (no bound recorded) excuse it."""
+    h = history()
+    h.executions[0] = run("t-a", 1, 4.0, 5)  # 1 s early
+    h.faults = [FaultRecord("clock-jump", "node-0", at(3), at(10), {"offset_ms": 3000})]
+    assert check(h).ok  # an older history: the node trusted its clock
+    h.meta["max_clock_offset_ms"] = 500
+    assert "1000.0 ms before" in problems(h)["none_early"][0]
+    h.executions[0] = run("t-a", 1, 4.7, 5)  # 300 ms early: within the bound
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["early_under_clock_jump"] == 1

@@ -55,3 +55,24 @@ def test_bad_config_files_get_one_clear_line(tmp_path: Path) -> None:
 def test_node_without_a_dsn_says_where_one_can_come_from() -> None:
     code, output = run(["node"], env={"COLUMNS": "200"})
     assert code == 2 and "CHRONOQ_DSN" in output
+
+
+def test_config_masks_passwords_wherever_they_sit(tmp_path: Path) -> None:
+    dsns = {
+        "postgresql://app:hunter2@db/chronoq?sslmode=require": "postgresql://app:***@db/chronoq"
+        "?sslmode=require",
+        "postgresql://app@db/chronoq?password=hunter2": "postgresql://app@db/chronoq?password=***",
+        "host=db user=app password=hunter2 dbname=chronoq": "host=db user=app password=*** "
+        "dbname=chronoq",
+    }
+    for dsn, shown in dsns.items():
+        code, output = run(
+            ["config", "--etcd", "http://root:hunter2@etcd:2379"],
+            env={"CHRONOQ_DSN": dsn, "CHRONOQ_ETCD_PASSWORD": "hunter2", "COLUMNS": "250"},
+        )
+        assert code == 0, output
+        got = rows(output)
+        assert got["--dsn"] == (shown, "env CHRONOQ_DSN")
+        assert got["--etcd-password"] == ("***", "env CHRONOQ_ETCD_PASSWORD")
+        assert got["--etcd"] == ("http://root:***@etcd:2379", "flag")
+        assert "hunter2" not in output

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoq.ratelimit import Quotas, TokenBucket
+from chronoq.ratelimit import Quotas, TokenBucket, schedule_rate
+from chronoq.recurrence import Cron, Every
 
 
 def test_bucket_refills_at_its_rate_up_to_the_burst() -> None:
@@ -41,3 +43,19 @@ def test_quotas_are_per_key() -> None:
     assert q.take("a", 2, now=0.0) is None
     assert q.take("a", 1, now=0.0) == 1.0
     assert q.take("b", 2, now=0.0) is None
+
+
+def test_a_schedule_reserves_its_most_tasks_per_second() -> None:
+    anchor = datetime(2030, 1, 1, tzinfo=UTC)
+    assert schedule_rate(Every(timedelta(seconds=1), anchor)) == 1.0
+    assert schedule_rate(Every(timedelta(minutes=5), anchor)) == 1 / 300
+    # Cron's finest unit is the minute, whatever the expression: the most it can make.
+    assert schedule_rate(Cron("* * * * *")) == 1 / 60
+    assert schedule_rate(Cron("0 3 * * 1", "Europe/Paris")) == 1 / 60
+
+
+@given(st.integers(1, 10**9))
+def test_two_schedules_at_half_the_interval_reserve_one_at_the_interval(ms: int) -> None:
+    anchor = datetime(2030, 1, 1, tzinfo=UTC)
+    one = schedule_rate(Every(timedelta(milliseconds=2 * ms), anchor))
+    assert math.isclose(2 * one, schedule_rate(Every(timedelta(milliseconds=ms), anchor)))

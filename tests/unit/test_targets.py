@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoq.errors import ConfigError
-from chronoq.targets import first_host, grpc_target, is_several, split_addresses
+from chronoq.targets import first_host, grpc_target, is_several, node_targets, split_addresses
 
 
 def test_one_address_goes_as_given() -> None:
@@ -50,3 +50,14 @@ def test_every_port_survives_in_order(ports: list[int]) -> None:
     target = grpc_target([f"127.0.0.1:{p}" for p in ports])
     assert target.removeprefix("ipv4:").split(",") == [f"127.0.0.1:{p}" for p in ports]
     assert split_addresses(",".join(map(str, ports))) == [str(p) for p in ports]
+
+
+def test_node_targets_give_one_channel_target_per_node() -> None:
+    assert node_targets("node-a:7070") == ["node-a:7070"]
+    assert node_targets("node-a:7070, node-b:7071,") == ["node-a:7070", "node-b:7071"]
+    assert node_targets("ipv4:10.0.0.1:1,10.0.0.2:2") == ["ipv4:10.0.0.1:1", "ipv4:10.0.0.2:2"]
+    assert node_targets("dns:///chronoq:7070") == ["dns:///chronoq:7070"]
+    with pytest.raises(ConfigError, match="'b:port' is not host:port"):
+        node_targets("a:1,b:port")
+    with pytest.raises(ConfigError, match="at least one node address is needed"):
+        node_targets(" , ")

@@ -2,6 +2,11 @@
 // Plain JS and canvas, nothing loaded from the network.
 "use strict";
 
+// The per-run key comes in the URL fragment (never sent by the browser); every API call
+// carries it in a header that other web pages cannot set on a request to the lab.
+const LAB_KEY = window.location.hash.slice(1);
+const KEY_HEADER = "X-Chronoq-Lab";
+
 const NODE_COLORS = ["#2563eb", "#e67e22", "#16a085", "#8e44ad", "#c0392b", "#7f8c8d", "#d4ac0d", "#2c3e50"];
 const fmt = new Intl.NumberFormat("en-US");
 const $ = (id) => document.getElementById(id);
@@ -33,7 +38,8 @@ function nodeColor(nodeId) {
 
 async function post(path, body) {
   const response = await fetch(path, {
-    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+    method: "POST", headers: {"Content-Type": "application/json", [KEY_HEADER]: LAB_KEY},
+    body: JSON.stringify(body),
   });
   const data = await response.json();
   if (!response.ok) throw new Error(data.error || response.statusText);
@@ -329,9 +335,15 @@ function render(s) {
 }
 
 async function refresh() {
+  if (!LAB_KEY) {
+    say("this address lacks the lab's key: open the URL that chronoq lab printed", "error");
+    return;
+  }
   try {
-    const response = await fetch("/api/state", {cache: "no-store"});
-    state = await response.json();
+    const response = await fetch("/api/state", {cache: "no-store", headers: {[KEY_HEADER]: LAB_KEY}});
+    const data = await response.json();
+    if (!response.ok) throw new Error(data.error || response.statusText);
+    state = data;
     render(state);
   } catch (error) {
     say(`lab unreachable: ${error.message}`, "error");

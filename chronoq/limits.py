@@ -1,0 +1,237 @@
+"""The bounds on every request field, and the checks that apply them, in one place. Pure.
+
+A node accepts only what every statement and background loop can process later: a duration
+that cannot overflow when added to a time, a time inside the scheduling horizon, a string
+without NUL (PostgreSQL text cannot hold one) and of a bounded length, a repeated field short
+enough to handle without stalling the node. Tasks and schedules go through the same checks.
+A request outside the bounds is refused with ``InvalidArgument`` naming the field; nothing is
+trimmed silently, except a failure message, which is a crashed handler's free text and is
+cleaned instead (refusing it would leave the task RUNNING until its lease expires).
+
+The README's API section lists these limits; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from chronoq.errors import InvalidArgument, shown
+from chronoq.recurrence import Cron
+from chronoq.recurrence import check as check_rule
+
+if TYPE_CHECKING:
+    from chronoq.models import ScheduleSpec, TaskSpec
+
+# ---------------------------------------------------------------- lengths (characters)
+
+#: Queue, namespace and schedule names: 1..128 characters of ``NAME_CHARACTERS``.
+MAX_NAME = 128
+NAME_CHARACTERS = "[A-Za-z0-9._:-]"
+_NAME = re.compile(NAME_CHARACTERS + "+")
+MAX_IDEMPOTENCY_KEY = 512
+MAX_WORKER_ID = 256
+#: A task id is a UUID (36 characters; braces or a ``urn:uuid:`` prefix still fit).
+MAX_TASK_ID = 64
+MAX_PAGE_TOKEN = 256
+#: A failure message is kept as ``last_error`` up to this many characters.
+MAX_ERROR_MESSAGE = 4000
+MAX_CRON = 256
+MAX_TIMEZONE = 64
+
+# ---------------------------------------------------------------- numbers
+
+#: Lease tokens are attempt numbers, which the store keeps as 32-bit integers.
+MAX_LEASE_TOKEN = 2**31 - 1
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+#: Queue dispatch limits, tasks per second and tasks at once.
+MAX_QUEUE_RATE = 1_000_000.0
+MAX_QUEUE_BURST = 1_000_000.0
+#: Upcoming buckets a status call counts (a day of one-minute buckets).
+MAX_STATUS_BUCKETS = 1440
+#: Nothing is scheduled before the Unix epoch (a year-1 time is a bug, not a plan).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+
+# ---------------------------------------------------------------- repeated fields, per call
+
+#: Leases per Heartbeat or CompleteBatch: a worker at full concurrency sends far fewer.
+MAX_LEASES_PER_CALL = 1000
+#: Queue names per Claim.
+MAX_QUEUES_PER_CLAIM = 100
+#: Tasks per Claim.
+MAX_CLAIM_TASKS = 1000
+#: Task ids per Requeue.
+MAX_REQUEUE_IDS = 1000
+#: Tasks or schedules per page of a list call.
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Bounds on what a submit or a schedule may ask for; settable per node.
+
+    A request outside them is refused, never trimmed. Every duration that postpones a task
+    (delay, backoff, retry_after, misfire grace, a schedule's interval) is at most the
+    ``horizon``, so no sum of a time and a duration leaves the range of a timestamp.
+    """
+
+    max_payload_bytes: int = 256 * 1024
+    horizon: timedelta = timedelta(days=366)
+    max_attempts_limit: int = 1000
+    min_lease_timeout: timedelta = timedelta(seconds=1)
+    max_lease_timeout: timedelta = timedelta(hours=24)
+    min_interval: timedelta = timedelta(seconds=1)
+
+    def check(self, spec: TaskSpec, now: datetime) -> TaskSpec:
+        """Return ``spec`` if it is acceptable at ``now``, else raise ``InvalidArgument``."""
+        check_name("namespace", spec.namespace)
+        check_name("queue", spec.queue)
+        self.check_time("run_at", spec.run_at, now)
+        self.check_payload(spec.payload)
+        if spec.idempotency_key is not None:
+            check_text("idempotency_key", spec.idempotency_key, MAX_IDEMPOTENCY_KEY)
+        self._check_execution(
+            spec.max_attempts, spec.backoff_initial, spec.backoff_max, spec.lease_timeout
+        )
+        check_range("priority", spec.priority, MIN_PRIORITY, MAX_PRIORITY)
+        self.check_delay("misfire_grace", spec.misfire_grace)
+        return spec
+
+    def check_schedule(self, spec: ScheduleSpec, now: datetime) -> ScheduleSpec:
+        """The same bounds for a schedule, plus its rule: a valid cron expression in an IANA
+        zone that has a next occurrence, or an interval within ``min_interval`` and the
+        horizon."""
+        check_name("namespace", spec.namespace)
+        check_name("name", spec.name)
+        check_name("queue", spec.queue)
+        if spec.start_at is not None:
+            self.check_time("start_at", spec.start_at, now)
+        rule = spec.rule
+        if isinstance(rule, Cron):
+            check_text("cron", rule.expression, MAX_CRON)
+            check_text("timezone", rule.timezone, MAX_TIMEZONE)
+        else:
+            self.check_delay("interval", rule.interval, low=self.min_interval)
+        check_rule(rule, now)
+        self.check_payload(spec.payload)
+        self._check_execution(
+            spec.max_attempts, spec.backoff_initial, spec.backoff_max, spec.lease_timeout
+        )
+        check_range("priority", spec.priority, MIN_PRIORITY, MAX_PRIORITY)
+        return spec
+
+    def _check_execution(
+        self,
+        max_attempts: int,
+        backoff_initial: timedelta,
+        backoff_max: timedelta,
+        lease_timeout: timedelta,
+    ) -> None:
+        check_range("max_attempts", max_attempts, 1, self.max_attempts_limit)
+        self.check_delay("retry.backoff_initial", backoff_initial)
+        self.check_delay("retry.backoff_max", backoff_max)
+        if backoff_max < backoff_initial:
+            raise InvalidArgument("retry", "need 0 <= backoff_initial <= backoff_max")
+        if not self.min_lease_timeout <= lease_timeout <= self.max_lease_timeout:
+            raise InvalidArgument(
+                "lease_timeout",
+                f"must be between {human(self.min_lease_timeout)} "
+                f"and {human(self.max_lease_timeout)}, got {lease_timeout}",
+            )
+
+    def check_delay(
+        self, field: str, value: timedelta, *, low: timedelta = timedelta(0)
+    ) -> timedelta:
+        """A duration that postpones something: between ``low`` and the horizon."""
+        if value < low:
+            raise InvalidArgument(field, f"must be at least {human(low)}, got {value}")
+        if value > self.horizon:
+            raise InvalidArgument(
+                field, f"is {value}; the limit is the scheduling horizon, {human(self.horizon)}"
+            )
+        return value
+
+    def check_time(self, field: str, when: datetime, now: datetime) -> datetime:
+        """An aware time from the epoch up to the horizon from ``now``."""
+        if when.tzinfo is None:
+            raise InvalidArgument(field, "must carry a time zone")
+        if when < EARLIEST:
+            raise InvalidArgument(field, f"{when.isoformat()} is before {EARLIEST.isoformat()}")
+        if when - now > self.horizon:
+            raise InvalidArgument(
+                field,
+                f"{when.isoformat()} is beyond the scheduling horizon of "
+                f"{human(self.horizon)} from now",
+            )
+        return when
+
+    def check_payload(self, payload: bytes) -> bytes:
+        if len(payload) > self.max_payload_bytes:
+            raise InvalidArgument(
+                "payload",
+                f"is {len(payload)} bytes; the limit is {self.max_payload_bytes} bytes",
+            )
+        return payload
+
+
+def check_name(field: str, value: str) -> str:
+    """A queue, namespace or schedule name: 1..``MAX_NAME`` of ``NAME_CHARACTERS``, whole."""
+    if not value:
+        raise InvalidArgument(field, "must not be empty")
+    if len(value) > MAX_NAME:
+        raise InvalidArgument(field, f"is {len(value)} characters long; the limit is {MAX_NAME}")
+    if _NAME.fullmatch(value) is None:
+        raise InvalidArgument(field, f"{shown(value)} has characters outside {NAME_CHARACTERS}")
+    return value
+
+
+def check_text(field: str, value: str, limit: int) -> str:
+    """A free string field: at most ``limit`` characters and no NUL."""
+    if len(value) > limit:
+        raise InvalidArgument(field, f"is {len(value)} characters long; the limit is {limit}")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters")
+    return value
+
+
+def check_count(field: str, count: int, limit: int) -> int:
+    """The length of a repeated field: checked before any of its entries is looked at."""
+    if count > limit:
+        raise InvalidArgument(field, f"holds {count} entries; the limit is {limit} per call")
+    return count
+
+
+def check_range(field: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(field, f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def check_rate(field: str, value: float, high: float) -> float:
+    """A finite, non-negative number up to ``high`` (NaN and infinities are refused)."""
+    if not math.isfinite(value):
+        raise InvalidArgument(field, f"must be a finite number, got {value}")
+    if not 0 <= value <= high:
+        raise InvalidArgument(field, f"must be between 0 and {high:g}, got {value:g}")
+    return value
+
+
+def failure_message(text: str) -> str:
+    """A handler's failure message as the store keeps it: NUL replaced with U+FFFD (text
+    cannot hold NUL) and cut at ``MAX_ERROR_MESSAGE`` characters. Never refused: the
+    failure must be recorded, or the task stays RUNNING until its lease expires."""
+    return text[:MAX_ERROR_MESSAGE].replace("\x00", "\ufffd")
+
+
+def human(d: timedelta) -> str:
+    """A bound as people write it: ``366 days``, ``24 hours``, ``1 s``, ``0.5 s``."""
+    secs = d.total_seconds()
+    if secs and secs % 86400 == 0:
+        return f"{secs // 86400:.0f} days"
+    if secs and secs % 3600 == 0:
+        return f"{secs // 3600:.0f} hours"
+    return f"{secs:g} s"

@@ -1,0 +1,259 @@
+"""Worker claims on a node: at once or long-polling, within caps, never for a caller who left.
+
+A long-poll waits in the node's ``ReadyNotifier`` (no store traffic while it waits), no longer
+than the caller's own deadline, and holds one of its namespace's long-poll slots. A claim that
+returns when its caller is gone (cancelled, or past its deadline) gives its tasks back at once
+without using an attempt, instead of leaving them RUNNING until their lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Protocol
+
+from chronoq.clock import Clock
+from chronoq.errors import ChronoqError
+from chronoq.models import Lease, Task
+from chronoq.node.readiness import LongPollSlots, ReadyNotifier
+from chronoq.store import Store
+
+log = logging.getLogger("chronoq.node")
+
+#: A long-poll answers this long before the caller's deadline, so its (empty) answer arrives
+#: in time even from a busy node.
+ANSWER_MARGIN = timedelta(milliseconds=250)
+#: Queues with a dispatch limit are re-read this often (a new limit applies within it).
+LIMITS_REFRESH = timedelta(seconds=2)
+#: A woken long-poll that claimed a full batch wakes this many more waiters of its queues:
+#: the notice of "N tasks ready" may have counted fewer than there are (one per submit).
+WAKE_FANOUT = 2
+
+
+def claim_lanes(pool_size: int) -> int:
+    """Claim statements a node runs at once: half its connection pool (at least one)."""
+    return max(1, pool_size // 2)
+
+
+class FairLanes:
+    """At most ``lanes`` claim statements at once; namespaces waiting for a lane take turns.
+
+    A thousand workers polling at once would otherwise queue a thousand statements at the
+    connection pool, in front of every other call of every namespace. Claims use part of the
+    pool only (the rest stays free for submits, gets and acks), and a namespace with a thousand
+    waiting claims delays another namespace's claim by one turn, not by a thousand.
+    """
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self._free = lanes
+        # namespace -> its waiters, oldest first; dict order is the round-robin order.
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    @contextlib.asynccontextmanager
+    async def lane(self, namespace: str) -> AsyncIterator[None]:
+        """Hold one lane for the block, after the namespaces queued before have had a turn."""
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(namespace, collections.deque()).append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._pass_on()  # granted as we were cancelled: the next one gets it
+                else:
+                    self._withdraw(namespace, turn)
+                raise
+        try:
+            yield
+        finally:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        while self._waiting:
+            namespace = next(iter(self._waiting))
+            queue = self._waiting.pop(namespace)
+            turn = queue.popleft()
+            if queue:
+                self._waiting[namespace] = queue  # to the back of the round
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+    def _withdraw(self, namespace: str, turn: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(namespace)
+        if queue is None:
+            return
+        with contextlib.suppress(ValueError):
+            queue.remove(turn)
+        if not queue:
+            del self._waiting[namespace]
+
+
+class Caller(Protocol):
+    """What a claim needs to know of its caller (a gRPC servicer context fits)."""
+
+    def time_remaining(self) -> float | None: ...
+
+    def cancelled(self) -> bool: ...
+
+
+def wait_within_deadline(wait: float, time_remaining: float | None) -> float:
+    """The seconds a long-poll may wait: ``wait``, cut to the caller's deadline less a margin."""
+    if time_remaining is None:
+        return max(wait, 0.0)
+    return max(0.0, min(wait, time_remaining - ANSWER_MARGIN.total_seconds()))
+
+
+def caller_gone(caller: Caller) -> bool:
+    remaining = caller.time_remaining()
+    return caller.cancelled() or (remaining is not None and remaining <= 0)
+
+
+class Claims:
+    """READY → RUNNING for workers, at once or after waiting for tasks to become ready."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        notifier: ReadyNotifier,
+        slots: LongPollSlots,
+        lanes: FairLanes,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._notifier = notifier
+        self.slots = slots
+        self.lanes = lanes
+        self._limited: set[tuple[str, str]] = set()
+        self._limits_read = float("-inf")
+        self._releasing: set[asyncio.Task[None]] = set()
+        self.released = 0  # tasks given back because their caller had gone
+
+    async def claim(
+        self,
+        caller: Caller,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        max_tasks: int,
+        wait: timedelta,
+    ) -> list[Task]:
+        """Claim up to ``max_tasks``; wait up to ``wait`` (clipped to the caller's deadline)
+        for one to become ready. ``TooManyLongPolls`` if a waiting claim is over a cap."""
+        seconds = wait_within_deadline(wait.total_seconds(), caller.time_remaining())
+        once = functools.partial(self._claim_once, caller, namespace, queues, worker_id, max_tasks)
+        if seconds <= 0:
+            return await once()
+        with self.slots.hold(namespace):
+            return await self._long_poll(namespace, queues, max_tasks, seconds, once)
+
+    async def _long_poll(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        max_tasks: int,
+        seconds: float,
+        once: Callable[..., Awaitable[list[Task]]],
+    ) -> list[Task]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        woken = False
+        while True:
+            # Watch before claiming, so tasks made ready during the claim wake us.
+            with self._notifier.watch(namespace, queues) as watch:
+                # A first claim where others wait already and nothing woke them would find
+                # nothing: it joins them at no cost (also after queueing for a lane, so a
+                # thousand workers arriving at once at an idle queue cost a few statements).
+                tasks = await once(unless_quiet=not woken)
+                remaining = deadline - loop.time()
+                if tasks or remaining <= 0:
+                    break
+                if not await watch.wait(remaining):
+                    return []  # the deadline: the caller asks again
+                woken = True
+        if len(tasks) == max_tasks:
+            # Local only: the other nodes heard of these tasks from whoever made them ready.
+            self._notifier.wake(dict.fromkeys(watch.keys, WAKE_FANOUT))
+        return tasks
+
+    async def _claim_once(
+        self,
+        caller: Caller,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        max_tasks: int,
+        *,
+        unless_quiet: bool = False,
+    ) -> list[Task]:
+        if unless_quiet and self._notifier.quiet(namespace, queues):
+            return []
+        async with self.lanes.lane(namespace):
+            if unless_quiet and self._notifier.quiet(namespace, queues):
+                return []
+            limited = await self._limited_queues()
+            job = asyncio.ensure_future(
+                self._store.claim(
+                    namespace, queues, worker_id, max_tasks, self._clock.now(), limited=limited
+                )
+            )
+            try:
+                # Shielded: a cancelled caller must not leave a committed claim unseen.
+                tasks = await asyncio.shield(job)
+            except asyncio.CancelledError:
+                job.add_done_callback(functools.partial(self._release_result, namespace))
+                raise
+        if tasks and caller_gone(caller):
+            self._release_soon(namespace, tasks)
+            return []
+        return tasks
+
+    async def _limited_queues(self) -> set[tuple[str, str]]:
+        now = asyncio.get_running_loop().time()
+        if now - self._limits_read > LIMITS_REFRESH.total_seconds():
+            self._limited = set(await self._store.queue_limits())
+            self._limits_read = now
+        return self._limited
+
+    def _release_result(self, namespace: str, job: asyncio.Future[list[Task]]) -> None:
+        if job.cancelled() or job.exception() is not None:
+            return
+        self._release_soon(namespace, job.result())
+
+    def _release_soon(self, namespace: str, tasks: list[Task]) -> None:
+        if not tasks:
+            return
+        release = asyncio.get_running_loop().create_task(
+            self._release(namespace, tasks), name="chronoq-release-unclaimed"
+        )
+        self._releasing.add(release)
+        release.add_done_callback(self._releasing.discard)
+
+    async def _release(self, namespace: str, tasks: list[Task]) -> None:
+        released: list[Task] = []
+        for task in tasks:
+            try:
+                released.append(await self._store.release(namespace, Lease(task.id, task.attempt)))
+            except ChronoqError as exc:
+                # The lease then expires as usual and the reaper makes the task ready again.
+                log.warning(
+                    "could not give back task %s claimed for a gone caller: %s", task.id, exc
+                )
+        self.released += len(released)
+        if released:
+            log.info("gave back %d tasks claimed for a caller that had gone", len(released))
+            self._notifier.notify(Counter((t.namespace, t.queue) for t in released))
