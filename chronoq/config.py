@@ -10,11 +10,11 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from chronoq.api.convert import SpecDefaults
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
-from chronoq.coordinator.etcd import ClusterSettings
+from chronoq.coordinator.settings import ClusterSettings
 from chronoq.errors import ConfigError
-from chronoq.models import Limits
+from chronoq.limits import Limits
+from chronoq.models import TaskDefaults
 
 #: Long-polling claims one namespace may hold open on a node at once (more: RESOURCE_EXHAUSTED).
 DEFAULT_LONG_POLLS_PER_NAMESPACE = 256
@@ -59,7 +59,7 @@ class NodeSettings:
     max_batch: int = 10_000  # tasks per SubmitBatch
     pool_size: int = 10
     limits: Limits = field(default_factory=Limits)
-    defaults: SpecDefaults = field(default_factory=SpecDefaults)
+    defaults: TaskDefaults = field(default_factory=TaskDefaults)
     cluster: ClusterSettings | None = None  # None: a single node owning every partition
     tls_cert: str | None = None  # PEM paths: serve the API over TLS (None: plaintext)
     tls_key: str | None = None

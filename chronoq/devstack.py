@@ -6,7 +6,7 @@ it and stops everything, nodes first, on exit. ``stack.addresses`` are the gRPC 
 give clients and workers; ``stack.dsn`` the database.
 
 One node runs in this process with local ownership. More than one is a real cluster: an
-embedded etcd and one ``chronoq node`` process per node (``chronoq.chaos.runner.LocalCluster``),
+embedded etcd and one ``chronoq node`` process per node (``chronoq.local.cluster.LocalCluster``),
 in a scratch directory under ``data_dir`` that is removed on exit.
 
 What the stack starts is supervised (``chronoq.embedded.supervisor``): a PostgreSQL, etcd
@@ -40,7 +40,7 @@ from chronoq.node import Node
 from chronoq.store import Store
 
 if TYPE_CHECKING:
-    from chronoq.chaos.runner import LocalCluster
+    from chronoq.local.cluster import LocalCluster
 
 log = logging.getLogger("chronoq.devstack")
 
@@ -299,7 +299,7 @@ class DevStack:
             self.nodes.append(node)
 
     async def _start_cluster(self) -> None:
-        from chronoq.chaos.runner import ClusterSpec, LocalCluster  # grpc sync stubs: lazily
+        from chronoq.local.cluster import ClusterSpec, LocalCluster  # grpc sync stubs: lazily
 
         s = self.settings
         workdir = Path(tempfile.mkdtemp(prefix="cluster-", dir=s.data_dir))

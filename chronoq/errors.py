@@ -1,14 +1,25 @@
 """Domain errors: one base class, typed fields, the docstring as default message.
 
-Adapters translate driver errors into these at the edge (store, coordinator); the gRPC
-server maps them to status codes in one table (``chronoq.node.status``).
+Adapters translate driver errors into these at the edge (store, coordinator). Each class
+declares its gRPC status code once, by name (so this module imports no grpc), and both
+directions of the mapping derive from those declarations: a node answers a domain error with
+its class's ``grpc_code`` (``chronoq.node.status``), and a client raises the ``RemoteError``
+subclass that lists the code it received in ``grpc_codes`` (``remote_error_class``).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+INTERNAL = "INTERNAL"
+"""The status of an error that declares no code of its own: a bug of the node."""
+
 
 class ChronoqError(Exception):
     """Something went wrong in chronoq."""
+
+    grpc_code: ClassVar[str] = INTERNAL
+    """The name of the gRPC status code a node answers with when a call fails with this."""
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
@@ -36,6 +47,8 @@ def shown(value: object, limit: int = ECHO_LIMIT) -> str:
 class InvalidArgument(ChronoqError):
     """A request field is missing or out of range."""
 
+    grpc_code = "INVALID_ARGUMENT"
+
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
         message = f"{field}: {problem}"
@@ -47,6 +60,8 @@ class InvalidArgument(ChronoqError):
 class TaskNotFound(ChronoqError):
     """No task with this id in this namespace."""
 
+    grpc_code = "NOT_FOUND"
+
     def __init__(self, task_id: str, namespace: str = "default") -> None:
         self.task_id = task_id
         self.namespace = namespace
@@ -55,6 +70,8 @@ class TaskNotFound(ChronoqError):
 
 class ScheduleNotFound(ChronoqError):
     """No schedule with this name in this namespace."""
+
+    grpc_code = "NOT_FOUND"
 
     def __init__(self, name: str, namespace: str = "default") -> None:
         self.name = name
@@ -65,9 +82,13 @@ class ScheduleNotFound(ChronoqError):
 class AlreadyExists(ChronoqError):
     """Something with this name exists already."""
 
+    grpc_code = "ALREADY_EXISTS"
+
 
 class StaleLease(ChronoqError):
     """The lease token does not match the task's current attempt, or the task is not running."""
+
+    grpc_code = "FAILED_PRECONDITION"
 
     def __init__(self, task_id: str, lease_token: int, detail: str) -> None:
         self.task_id = task_id
@@ -78,6 +99,8 @@ class StaleLease(ChronoqError):
 class InvalidTransition(ChronoqError):
     """The task is not in a state that allows this change."""
 
+    grpc_code = "FAILED_PRECONDITION"
+
     def __init__(self, task_id: str, state: str, action: str) -> None:
         self.task_id = task_id
         self.state = state
@@ -85,17 +108,10 @@ class InvalidTransition(ChronoqError):
         super().__init__(f"cannot {action} task {task_id}: it is {state}")
 
 
-class FenceRejected(ChronoqError):
-    """An owner write carried a fencing token that is no longer the partition's current one."""
-
-    def __init__(self, partition: int, token: int) -> None:
-        self.partition = partition
-        self.token = token
-        super().__init__(f"partition {partition}: fencing token {token} is stale")
-
-
 class QuotaExceeded(ChronoqError):
     """A namespace submitted faster than its quota allows."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, namespace: str, rate: float, retry_after: float) -> None:
         self.namespace = namespace
@@ -111,6 +127,8 @@ class QuotaExceeded(ChronoqError):
 class NamespaceCapReached(ChronoqError):
     """A namespace holds as many schedules (or queue limits) as a namespace may."""
 
+    grpc_code = "RESOURCE_EXHAUSTED"
+
     def __init__(self, namespace: str, what: str, cap: int) -> None:
         self.namespace = namespace
         self.what = what  # "schedules" or "queue limits"
@@ -123,6 +141,8 @@ class NamespaceCapReached(ChronoqError):
 
 class ScheduleQuotaExceeded(ChronoqError):
     """A namespace's active schedules together would make more tasks than its submit quota."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, namespace: str, reserved: float, added: float, quota: float) -> None:
         self.namespace = namespace
@@ -139,21 +159,31 @@ class ScheduleQuotaExceeded(ChronoqError):
 class StoreUnavailable(ChronoqError):
     """The task store (PostgreSQL) cannot be reached or refused the statement."""
 
+    grpc_code = "UNAVAILABLE"
+
 
 class CoordinatorUnavailable(ChronoqError):
     """The coordinator (etcd) cannot be reached in time."""
+
+    grpc_code = "UNAVAILABLE"
 
 
 class ConfigError(ChronoqError):
     """A setting is invalid."""
 
+    grpc_code = "INVALID_ARGUMENT"
+
 
 class Unauthenticated(ChronoqError):
     """Missing or unknown bearer token."""
 
+    grpc_code = "UNAUTHENTICATED"
+
 
 class NamespaceDenied(ChronoqError):
     """The caller's token does not grant this namespace (or a cluster-wide call)."""
+
+    grpc_code = "PERMISSION_DENIED"
 
     def __init__(self, namespace: str | None, method: str = "") -> None:
         self.namespace = namespace  # None: a cluster-wide call, which needs a "*" token
@@ -164,6 +194,8 @@ class NamespaceDenied(ChronoqError):
 
 class TooManyLongPolls(ChronoqError):
     """Too many long-polling claims are open on this node: retry later."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, namespace: str, limit: int, scope: str) -> None:
         self.namespace = namespace
@@ -179,7 +211,18 @@ class TooManyLongPolls(ChronoqError):
 class RemoteError(ChronoqError):
     """A chronoq node refused or could not serve a request (client side)."""
 
+    grpc_codes: ClassVar[tuple[str, ...]] = ()
+    """The names of the gRPC status codes a client raises this class for; the first is the
+    default ``code`` of an instance made without one."""
     code: str = "UNKNOWN"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in cls.grpc_codes:
+            if _REMOTE_ERROR_OF.setdefault(name, cls) is not cls:
+                raise TypeError(f"{name} is declared by {_REMOTE_ERROR_OF[name].__name__} already")
+        if cls.grpc_codes:
+            cls.code = cls.grpc_codes[0]
 
     def __init__(self, message: str, code: str | None = None) -> None:
         if code is not None:
@@ -187,37 +230,45 @@ class RemoteError(ChronoqError):
         super().__init__(message)
 
 
+_REMOTE_ERROR_OF: dict[str, type[RemoteError]] = {}
+
+
+def remote_error_class(code: str) -> type[RemoteError]:
+    """The ``RemoteError`` subclass a client raises for the gRPC status code named ``code``."""
+    return _REMOTE_ERROR_OF.get(code, RemoteError)
+
+
 class BadRequest(RemoteError):
     """The node found the request invalid (INVALID_ARGUMENT): fix the named field."""
 
-    code = "INVALID_ARGUMENT"
+    grpc_codes = ("INVALID_ARGUMENT", "OUT_OF_RANGE")
 
 
 class NotFound(RemoteError):
     """The node knows no such task (NOT_FOUND)."""
 
-    code = "NOT_FOUND"
+    grpc_codes = ("NOT_FOUND",)
 
 
 class PreconditionFailed(RemoteError):
     """The task is not in a state for this (FAILED_PRECONDITION), e.g. a stale lease token."""
 
-    code = "FAILED_PRECONDITION"
+    grpc_codes = ("FAILED_PRECONDITION", "ALREADY_EXISTS")
 
 
 class ResourceExhausted(RemoteError):
     """A quota or rate limit refused the request (RESOURCE_EXHAUSTED)."""
 
-    code = "RESOURCE_EXHAUSTED"
+    grpc_codes = ("RESOURCE_EXHAUSTED",)
 
 
 class AccessDenied(RemoteError):
     """Missing or wrong credentials (UNAUTHENTICATED or PERMISSION_DENIED)."""
 
-    code = "UNAUTHENTICATED"
+    grpc_codes = ("UNAUTHENTICATED", "PERMISSION_DENIED")
 
 
 class Unavailable(RemoteError):
     """The node could not be reached or did not answer in time (UNAVAILABLE, DEADLINE_EXCEEDED)."""
 
-    code = "UNAVAILABLE"
+    grpc_codes = ("UNAVAILABLE", "DEADLINE_EXCEEDED")

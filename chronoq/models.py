@@ -6,11 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-# The bounds live in chronoq.limits; re-exported here for the callers that know them as models'.
-from chronoq.limits import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
-from chronoq.limits import MAX_NAME as MAX_NAME
-from chronoq.limits import Limits as Limits
-from chronoq.limits import check_name as check_name
 from chronoq.recurrence import CatchUp, Rule
 
 
@@ -41,6 +36,24 @@ DEFAULT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True, kw_only=True)
+class TaskDefaults:
+    """What a task gets for the fields its submitter leaves unset: the one definition that the
+    specs and tasks here, the node's settings (``NodeSettings.defaults``) and the SDK follow."""
+
+    max_attempts: int = 3
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(minutes=5)
+    lease_timeout: timedelta = timedelta(seconds=30)
+    misfire_grace: timedelta = timedelta(seconds=60)
+    priority: int = 0
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_LATE
+
+
+#: The built-in task defaults (a node may be configured with others).
+TASK_DEFAULTS = TaskDefaults()
+
+
+@dataclass(frozen=True, kw_only=True)
 class TaskSpec:
     """What a client asks for; validated by ``Limits.check`` before it reaches the store."""
 
@@ -49,13 +62,13 @@ class TaskSpec:
     namespace: str = DEFAULT_NAMESPACE
     payload: bytes = b""
     idempotency_key: str | None = None
-    max_attempts: int = 3
-    backoff_initial: timedelta = timedelta(seconds=1)
-    backoff_max: timedelta = timedelta(minutes=5)
-    lease_timeout: timedelta = timedelta(seconds=30)
-    priority: int = 0
-    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_LATE
-    misfire_grace: timedelta = timedelta(seconds=60)
+    max_attempts: int = TASK_DEFAULTS.max_attempts
+    backoff_initial: timedelta = TASK_DEFAULTS.backoff_initial
+    backoff_max: timedelta = TASK_DEFAULTS.backoff_max
+    lease_timeout: timedelta = TASK_DEFAULTS.lease_timeout
+    priority: int = TASK_DEFAULTS.priority
+    misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
+    misfire_grace: timedelta = TASK_DEFAULTS.misfire_grace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,14 +85,14 @@ class Task:
     payload: bytes = b""
     idempotency_key: str | None = None
     attempt: int = 0
-    max_attempts: int = 3
+    max_attempts: int = TASK_DEFAULTS.max_attempts
     retry_base: int = 0
-    priority: int = 0
-    backoff_initial: timedelta = timedelta(seconds=1)
-    backoff_max: timedelta = timedelta(minutes=5)
-    lease_timeout: timedelta = timedelta(seconds=30)
-    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_LATE
-    misfire_grace: timedelta = timedelta(seconds=60)
+    priority: int = TASK_DEFAULTS.priority
+    backoff_initial: timedelta = TASK_DEFAULTS.backoff_initial
+    backoff_max: timedelta = TASK_DEFAULTS.backoff_max
+    lease_timeout: timedelta = TASK_DEFAULTS.lease_timeout
+    misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
+    misfire_grace: timedelta = TASK_DEFAULTS.misfire_grace
     lease_until: datetime | None = None
     worker_id: str | None = None
     last_error: str | None = None
@@ -102,12 +115,22 @@ class Lease:
     lease_token: int
 
 
+class LeaseMiss(enum.Enum):
+    """Why a lease's heartbeat or ack did not take (``error`` says it in words)."""
+
+    NO_TASK = "no_task"  # no such task in the namespace
+    CANCELLED = "cancelled"  # the task was cancelled while it ran
+    NOT_RUNNING = "not_running"  # the task is in another state
+    STALE = "stale"  # the task runs a later attempt than the lease's
+
+
 @dataclass(frozen=True)
 class HeartbeatOutcome:
     task_id: str
     ok: bool
     cancelled: bool = False
     error: str = ""
+    reason: LeaseMiss | None = None  # None when ``ok`` (or when not known, e.g. over the wire)
 
 
 @dataclass(frozen=True)
@@ -115,6 +138,7 @@ class AckOutcome:
     task_id: str
     ok: bool
     error: str = ""
+    reason: LeaseMiss | None = None  # None when ``ok`` (or when not known, e.g. over the wire)
 
 
 @dataclass(frozen=True)
@@ -140,11 +164,11 @@ class ScheduleSpec:
     catch_up: CatchUp = CatchUp.LATEST
     start_at: datetime | None = None
     payload: bytes = b""
-    priority: int = 0
-    max_attempts: int = 3
-    backoff_initial: timedelta = timedelta(seconds=1)
-    backoff_max: timedelta = timedelta(minutes=5)
-    lease_timeout: timedelta = timedelta(seconds=30)
+    priority: int = TASK_DEFAULTS.priority
+    max_attempts: int = TASK_DEFAULTS.max_attempts
+    backoff_initial: timedelta = TASK_DEFAULTS.backoff_initial
+    backoff_max: timedelta = TASK_DEFAULTS.backoff_max
+    lease_timeout: timedelta = TASK_DEFAULTS.lease_timeout
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,11 @@
-"""Retry backoff: exponential with jitter, capped. Pure; the random source is injected."""
+"""Retry backoff and the decision after a failed attempt. Pure; randomness is injected."""
 
 from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta
 
+from chronoq.models import TaskState
 from chronoq.saturating import clamp, ms_to_delta, shifted
 
 
@@ -69,3 +70,35 @@ def stored_backoff(
 def retry_time(now: datetime, delay: timedelta, *, horizon: timedelta) -> datetime:
     """When a retry after ``delay`` runs: the delay saturated into ``[0, horizon]``."""
     return shifted(now, clamp(delay, timedelta(0), horizon))
+
+
+def after_failure(
+    *,
+    attempt: int,
+    max_attempts: int,
+    retry_base: int,
+    backoff_initial_ms: int,
+    backoff_max_ms: int,
+    now: datetime,
+    horizon: timedelta,
+    fatal: bool = False,
+    retry_after: timedelta | None = None,
+    rng: random.Random | None = None,
+) -> tuple[TaskState, datetime]:
+    """Where a failed attempt goes: DEAD (now), or back to waiting until a backoff time.
+
+    The values are a stored task's, whatever they hold: the delay saturates at ``horizon``
+    (a backoff of 2**63 ms from an older version retries a horizon from now instead of
+    raising OverflowError). ``retry_after``, when given, replaces the backoff.
+    """
+    if fatal or not attempts_left(attempt, max_attempts, retry_base):
+        return TaskState.DEAD, now
+    delay = (
+        retry_after
+        if retry_after is not None
+        else stored_backoff(
+            attempt - retry_base, backoff_initial_ms, backoff_max_ms, horizon=horizon, rng=rng
+        )
+    )
+    run_at = retry_time(now, delay, horizon=horizon)
+    return (TaskState.READY if run_at <= now else TaskState.SCHEDULED), run_at

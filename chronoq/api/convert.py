@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,21 +17,11 @@ from chronoq.models import (
     Schedule,
     ScheduleSpec,
     Task,
+    TaskDefaults,
     TaskSpec,
     TaskState,
 )
 from chronoq.recurrence import CatchUp, Cron, Every, Rule
-
-
-@dataclass(frozen=True, kw_only=True)
-class SpecDefaults:
-    """Server defaults for TaskSpec fields a client leaves unset."""
-
-    max_attempts: int = 3
-    backoff_initial: timedelta = timedelta(seconds=1)
-    backoff_max: timedelta = timedelta(minutes=5)
-    lease_timeout: timedelta = timedelta(seconds=30)
-    misfire_grace: timedelta = timedelta(seconds=60)
 
 
 def to_timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -93,7 +82,7 @@ def misfire_policy_from_pb(value: int) -> MisfirePolicy:
 
 
 def _execution_fields(
-    pb: tasks_pb2.TaskSpec | schedules_pb2.ScheduleSpec, defaults: SpecDefaults
+    pb: tasks_pb2.TaskSpec | schedules_pb2.ScheduleSpec, defaults: TaskDefaults
 ) -> dict[str, Any]:
     """Retry policy and lease timeout of a task or schedule spec, server defaults if unset."""
     retry = pb.retry
@@ -120,7 +109,7 @@ def _execution_fields(
 
 
 def spec_from_pb(
-    pb: tasks_pb2.TaskSpec, now: datetime, defaults: SpecDefaults, limits: Limits | None = None
+    pb: tasks_pb2.TaskSpec, now: datetime, defaults: TaskDefaults, limits: Limits | None = None
 ) -> TaskSpec:
     """Build a TaskSpec; ``delay`` is measured from the node's ``now`` (and must be within the
     horizon of ``limits``, so adding it cannot overflow)."""
@@ -147,25 +136,6 @@ def spec_from_pb(
             if pb.HasField("misfire_grace")
             else defaults.misfire_grace
         ),
-    )
-
-
-def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
-    return tasks_pb2.TaskSpec(
-        namespace=spec.namespace,
-        queue=spec.queue,
-        run_at=to_timestamp(spec.run_at),
-        payload=spec.payload,
-        idempotency_key=spec.idempotency_key or "",
-        retry=tasks_pb2.RetryPolicy(
-            max_attempts=spec.max_attempts,
-            backoff_initial=to_duration(spec.backoff_initial),
-            backoff_max=to_duration(spec.backoff_max),
-        ),
-        lease_timeout=to_duration(spec.lease_timeout),
-        priority=spec.priority,
-        misfire_policy=state_policy_to_pb(spec.misfire_policy),
-        misfire_grace=to_duration(spec.misfire_grace),
     )
 
 
@@ -301,7 +271,7 @@ def catch_up_from_pb(value: int) -> CatchUp:
 
 
 def schedule_spec_from_pb(
-    pb: schedules_pb2.ScheduleSpec, now: datetime, defaults: SpecDefaults
+    pb: schedules_pb2.ScheduleSpec, now: datetime, defaults: TaskDefaults
 ) -> ScheduleSpec:
     """Build a ScheduleSpec; ``Limits.check_schedule`` checks it before anything is written."""
     which = pb.WhichOneof("rule")

@@ -29,10 +29,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.client import Client, NewTask
 from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
 from chronoq.coordinator.view import PrefixView
+from chronoq.local.cluster import ClusterSpec, LocalCluster
 from chronoq.store import Store
 
 

@@ -13,7 +13,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,30 +21,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of, partition_of
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of
+from chronoq.diagnostics.task_rows import NAMESPACE, QUEUE, copy_rows, task_rows
 from chronoq.limits import Limits
-from chronoq.models import DEFAULT_NAMESPACE, TaskState
 from chronoq.store import Store
 from chronoq.store.sql import q
-
-QUEUE = "bench"
-NAMESPACE = DEFAULT_NAMESPACE
-#: Every benchmark task carries this payload: ~100 B, as in PERFORMANCE.md.
-PAYLOAD = b"x" * 100
-
-# Server defaults of a TaskSpec (chronoq.api.convert.SpecDefaults), in the store's units.
-_MAX_ATTEMPTS = 3
-_BACKOFF_INITIAL_MS = 1_000
-_BACKOFF_MAX_MS = 300_000
-_LEASE_TIMEOUT_MS = 30_000
-_MISFIRE_GRACE_MS = 60_000
-
-#: Columns a COPY load fills (chronoq/store/migrations/0001_tasks.sql); the rest take defaults.
-COPY_COLUMNS = (
-    "id", "namespace", "queue", "partition", "bucket", "run_at", "state", "payload",
-    "max_attempts", "backoff_initial_ms", "backoff_max_ms", "lease_timeout_ms",
-    "misfire_grace_ms", "created_at",
-)
 
 
 class BenchError(RuntimeError):
@@ -113,28 +94,6 @@ async def server_settings(dsn: str) -> dict[str, str]:
 # ------------------------------------------------------------------------ bulk loads
 
 
-def task_rows(
-    count: int,
-    first: datetime,
-    spread: timedelta,
-    *,
-    now: datetime,
-    partitions: int = DEFAULT_PARTITIONS,
-    bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
-) -> Iterator[tuple[Any, ...]]:
-    """``count`` SCHEDULED task rows (``COPY_COLUMNS``) with run_at evenly over [first, +spread)."""
-    step = spread / count if count else timedelta(0)
-    for i in range(count):
-        task_id = uuid.uuid4()
-        run_at = first + step * i
-        yield (
-            task_id, NAMESPACE, QUEUE, partition_of(task_id.bytes, partitions),
-            bucket_of(run_at, bucket_seconds), run_at, int(TaskState.SCHEDULED), PAYLOAD,
-            _MAX_ATTEMPTS, _BACKOFF_INITIAL_MS, _BACKOFF_MAX_MS, _LEASE_TIMEOUT_MS,
-            _MISFIRE_GRACE_MS, now,
-        )
-
-
 async def copy_tasks(
     dsn: str,
     count: int,
@@ -163,25 +122,6 @@ async def copy_tasks(
     finally:
         await conn.close()
     return time.perf_counter() - started
-
-
-async def copy_rows(
-    conn: asyncpg.Connection,
-    rows: Iterator[tuple[Any, ...]],
-    count: int,
-    *,
-    columns: Sequence[str] = COPY_COLUMNS,
-    progress: Callable[[int], None] | None = None,
-    chunk: int = 50_000,
-) -> None:
-    """COPY the first ``count`` of ``rows`` into ``tasks``, one transaction per ``chunk``."""
-    done = 0
-    while done < count:
-        records = [next(rows) for _ in range(min(chunk, count - done))]
-        await conn.copy_records_to_table("tasks", records=records, columns=columns)
-        done += len(records)
-        if progress is not None:
-            progress(len(records))
 
 
 # ------------------------------------------------------------------------ ceilings

@@ -41,9 +41,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from chronoq import stats
 from chronoq.bench.raw import (
-    PAYLOAD,
-    QUEUE,
     BenchError,
     Databases,
     RawCeilings,
@@ -54,9 +53,11 @@ from chronoq.bench.raw import (
 from chronoq.client import Client, NewTask, TaskContext, Worker
 from chronoq.clock import ManualClock
 from chronoq.config import NodeSettings
+from chronoq.diagnostics.task_rows import PAYLOAD, QUEUE
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.node import Node
 from chronoq.redact import split_password
+from chronoq.signals import on_stop_signals
 
 PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss")
 LAYOUTS = ("in-process", "processes")
@@ -651,11 +652,8 @@ async def _fetch_lateness(dsn: str) -> list[float]:
 
 
 def _percentile(samples: Sequence[float], p: float) -> float:
-    """Nearest rank, as ``LatenessWindow.percentile`` computes it; 0 when empty."""
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
+    """``chronoq.stats.percentile``, as ``LatenessWindow.percentile`` reports it; 0 when empty."""
+    return stats.percentile(samples, p) or 0.0
 
 
 def _memory_kib(pid: int) -> tuple[int, int]:
@@ -855,8 +853,7 @@ def _say(*words: object) -> None:
 def _on_stop(stop: Callable[[], None]) -> None:
     """Call ``stop`` on SIGTERM or SIGINT, or when stdin closes (the benchmark went away)."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
+    on_stop_signals(stop, loop=loop)
     fd = sys.stdin.fileno()
 
     def readable() -> None:

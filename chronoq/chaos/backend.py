@@ -1,7 +1,7 @@
 """The local backend: a ``LocalCluster`` whose nodes reach etcd and PostgreSQL through
 blackhole proxies, so each node can be cut off alone.
 
-Each node gets one proxy per etcd member and one to PostgreSQL (through the runner's
+Each node gets one proxy per etcd member and one to PostgreSQL (through the cluster's
 ``node_args`` hook); the harness itself, the observer and the workers talk to the servers
 directly. A clock jump restarts the node with ``--clock-offset-ms``. Everything is stopped by
 PID in ``stop()``.
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chronoq.chaos.faults import ALL_KINDS, FaultKind
 from chronoq.chaos.proxy import Blackhole, ProxyHub
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
+from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 CLOCK_FLAG = "--clock-offset-ms"
 

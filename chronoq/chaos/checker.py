@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chronoq import stats
 from chronoq.chaos.history import (
     ACCEPTED,
     AMBIGUOUS,
@@ -520,15 +521,6 @@ def check_fencing(history: History, v: Verdict) -> int:
 # ---------------------------------------------------------------------- figures
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]), None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
-
-
 def fire_lateness(history: History) -> list[tuple[int, float]]:
     """(run_at, seconds late) of every task an owner fired."""
     skew = skewed_tokens(history)
@@ -584,11 +576,11 @@ def _figures(
         "max_failover_gap_s": max(failover) if failover else None,
         "max_execution_gap_s": max(stretches) if stretches else None,
         "execution_gap_by_fault_kind": dict(sorted(exec_by_kind.items())),
-        "fire_lateness_p50_s": percentile(late, 50),
-        "fire_lateness_p99_s": percentile(late, 99),
+        "fire_lateness_p50_s": stats.percentile(late, 50),
+        "fire_lateness_p99_s": stats.percentile(late, 99),
         "fire_lateness_max_s": max(late) if late else None,
-        "run_lateness_p50_s": percentile(exec_late, 50),
-        "run_lateness_p99_s": percentile(exec_late, 99),
+        "run_lateness_p50_s": stats.percentile(exec_late, 50),
+        "run_lateness_p99_s": stats.percentile(exec_late, 99),
         "tokens_unverified": unverified,
         "violations": len(v.violations),
     }

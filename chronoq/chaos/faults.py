@@ -44,7 +44,6 @@ class FaultKind(enum.StrEnum):
 
 
 ALL_KINDS = tuple(FaultKind)
-WORKER_KINDS = frozenset({FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER})
 #: Former names, still accepted on the command line (histories keep the name they ran with).
 ALIASES = {"pause-node": FaultKind.FREEZE_NODE_PAST_TTL}
 #: A freeze shorter than the lease TTL, as a fraction of it: keepalives go every third of the

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from chronoq.chaos.workload import LEASE_TIMEOUT, Submitter, plan_tasks
 from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
 from chronoq.coordinator.view import PrefixView
 from chronoq.models import TaskState
+from chronoq.signals import stop_signals_interrupt
 
 log = logging.getLogger("chronoq.chaos")
 
@@ -51,7 +51,6 @@ DEFAULT_FAULTS = (
     FaultKind.CUT_NODE_ETCD, FaultKind.CUT_NODE_POSTGRES, FaultKind.CLOCK_JUMP,
     FaultKind.ROLLING_RESTART,
 )
-REAP_INTERVAL_S = 1.0  # NodeSettings.reap_interval's default
 MAX_CLOCK_OFFSET_MS = 500  # NodeSettings.max_clock_offset's default
 
 
@@ -97,7 +96,7 @@ def make_backend(opts: ChaosOptions, workdir: Path) -> Backend:
 
         return DockerBackend(**opts.docker_services)
     from chronoq.chaos.backend import LocalBackend
-    from chronoq.chaos.runner import ClusterSpec
+    from chronoq.local.cluster import ClusterSpec
 
     spec = ClusterSpec(
         nodes=opts.nodes, etcd_members=opts.etcd_members, partitions=opts.partitions,
@@ -199,16 +198,10 @@ def run(opts: ChaosOptions, console: Console | None = None) -> int:
     """Run, check and report; the exit status: 0 when every check passed, 1 otherwise."""
     console = console or Console()
 
-    def interrupted(signum: int, _frame: object) -> None:
-        # SIGTERM would end the process at once; as KeyboardInterrupt it unwinds through
-        # collect()'s finally, which stops every server and node it started.
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupted)
-    try:
+    # As KeyboardInterrupt, SIGTERM unwinds through collect()'s finally, which stops every
+    # server and node it started.
+    with stop_signals_interrupt():
         history = asyncio.run(collect(opts, console))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     verdict = judge(history, opts.out, console, plot=opts.plot)
     return 0 if verdict.ok else 1
 

@@ -1,7 +1,8 @@
 """Chaos worker processes: the chronoq Worker with a handler that writes the ledger.
 
 Run as ``python -m chronoq.chaos.worker --target T --ledger FILE --worker-id w0.1``. The
-handler's behaviour comes from the task's JSON payload, decided by the workload's seed:
+handler's behaviour comes from the task's JSON payload, decided by the workload's seed, and is
+the demo's (``chronoq.client.demo.scripted_failure``):
 ``{"sleep_ms": 120, "fail_attempts": 1, "fatal": false}`` sleeps, then fails while
 ``attempt <= fail_attempts`` (attempt-based, so a retry after a fault behaves the same), or
 fails fatally. Workers are separate processes so the harness can SIGKILL or SIGSTOP them
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -26,30 +26,26 @@ from pathlib import Path
 from chronoq.chaos.history import ERROR, FATAL, OK, STOPPED, to_us
 from chronoq.chaos.ledger import SUFFIX, LedgerWriter, open_executions
 from chronoq.client import Client, FatalTaskError, Handler, TaskContext, Worker
+from chronoq.client.demo import DemoPayload, scripted_failure
 
 QUEUE = "chaos"
 
 
-class PlannedFailure(Exception):
-    """The handler fails on purpose (the workload planned a retry)."""
-
-
 def make_handler(ledger: LedgerWriter) -> Handler:
     async def handle(ctx: TaskContext) -> None:
-        spec = json.loads(ctx.payload or b"{}")
+        spec = DemoPayload.decode(ctx.payload)
         ledger.start(ctx.id, ctx.attempt, to_us(ctx.run_at), ctx.idempotency_key)
         try:
-            await asyncio.sleep(float(spec.get("sleep_ms", 0)) / 1000)
+            await asyncio.sleep(spec.sleep_ms / 1000)
         except asyncio.CancelledError:
             ledger.end(ctx.id, ctx.attempt, STOPPED)
             raise
-        if spec.get("fatal"):
-            ledger.end(ctx.id, ctx.attempt, FATAL)
-            raise FatalTaskError("planned fatal failure")
-        if ctx.attempt <= int(spec.get("fail_attempts", 0)):
-            ledger.end(ctx.id, ctx.attempt, ERROR)
-            raise PlannedFailure(f"planned failure of attempt {ctx.attempt}")
-        ledger.end(ctx.id, ctx.attempt, OK)
+        failure = scripted_failure(spec, ctx.attempt)
+        if failure is None:
+            ledger.end(ctx.id, ctx.attempt, OK)
+            return
+        ledger.end(ctx.id, ctx.attempt, FATAL if isinstance(failure, FatalTaskError) else ERROR)
+        raise failure
 
     return handle
 

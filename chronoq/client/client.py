@@ -17,9 +17,10 @@ import grpc
 from chronoq import errors
 from chronoq.api import convert
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
-from chronoq.client.pool import NodePool, NodeStubs, channel_options
+from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.models import (
     DEFAULT_NAMESPACE,
+    TASK_DEFAULTS,
     AckOutcome,
     HeartbeatOutcome,
     Lease,
@@ -34,19 +35,6 @@ from chronoq.targets import node_targets
 from chronoq.tls import channel_credentials
 
 log = logging.getLogger("chronoq.client")
-
-_ERRORS: dict[grpc.StatusCode, type[errors.RemoteError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
-    grpc.StatusCode.OUT_OF_RANGE: errors.BadRequest,
-    grpc.StatusCode.NOT_FOUND: errors.NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: errors.PreconditionFailed,
-    grpc.StatusCode.FAILED_PRECONDITION: errors.PreconditionFailed,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
-    grpc.StatusCode.UNAUTHENTICATED: errors.AccessDenied,
-    grpc.StatusCode.PERMISSION_DENIED: errors.AccessDenied,
-    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
-}
 
 #: Deadline of an ack, heartbeat, failure report or release: one indexed statement; a node
 #: that takes longer is in trouble, and the call is better retried on another node.
@@ -76,8 +64,8 @@ class NewTask:
     backoff_initial: timedelta | None = None
     backoff_max: timedelta | None = None
     lease_timeout: timedelta | None = None
-    priority: int = 0
-    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_LATE
+    priority: int = TASK_DEFAULTS.priority
+    misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
     misfire_grace: timedelta | None = None
 
     def to_pb(self, namespace: str) -> tasks_pb2.TaskSpec:
@@ -90,7 +78,7 @@ class NewTask:
             misfire_policy=convert.state_policy_to_pb(self.misfire_policy),
         )
         if self.run_at is not None and self.delay is not None:
-            raise errors.BadRequest("set run_at or delay, not both", "INVALID_ARGUMENT")
+            raise errors.BadRequest("set run_at or delay, not both")
         if self.run_at is not None:
             pb.run_at.FromDatetime(self.run_at)
         elif self.delay is not None:
@@ -99,7 +87,7 @@ class NewTask:
             pb.delay.FromTimedelta(timedelta(0))
         if self.max_attempts is not None:
             if self.max_attempts < 0:
-                raise errors.BadRequest("max_attempts: must be >= 1", "INVALID_ARGUMENT")
+                raise errors.BadRequest("max_attempts: must be >= 1")
             pb.retry.max_attempts = self.max_attempts
         if self.backoff_initial is not None:
             pb.retry.backoff_initial.FromTimedelta(self.backoff_initial)
@@ -159,7 +147,7 @@ class ClusterStatus:
 def translate(exc: grpc.aio.AioRpcError) -> errors.RemoteError:
     """A gRPC error as the chronoq error of its status code."""
     code = exc.code()
-    cls = _ERRORS.get(code, errors.RemoteError)
+    cls = errors.remote_error_class(code.name)
     return cls(f"{code.name}: {exc.details() or 'no details'}", code.name)
 
 
@@ -205,19 +193,10 @@ class Client:
         if channel is not None:
             self._pool = NodePool([(target, channel)])
             return
-        options = channel_options()
         secure = tls or tls_ca or tls_cert or tls_key
         credentials = channel_credentials(tls_ca, tls_cert, tls_key) if secure else None
         self._pool = NodePool(
-            [
-                (
-                    address,
-                    grpc.aio.secure_channel(address, credentials, options=options)
-                    if credentials is not None
-                    else grpc.aio.insecure_channel(address, options=options),
-                )
-                for address in node_targets(target)
-            ]
+            [(address, open_channel(address, credentials)) for address in node_targets(target)]
         )
 
     @property
@@ -383,13 +362,13 @@ class Client:
         start_at: datetime | None = None,
         catch_up: CatchUp = CatchUp.LATEST,
         payload: bytes = b"",
-        priority: int = 0,
+        priority: int = TASK_DEFAULTS.priority,
         max_attempts: int | None = None,
         lease_timeout: timedelta | None = None,
     ) -> Schedule:
         """A recurring schedule: ``cron`` (5 fields, in ``timezone``) or ``every`` (interval)."""
         if (cron is None) == (every is None):
-            raise errors.BadRequest("set exactly one of cron and every", "INVALID_ARGUMENT")
+            raise errors.BadRequest("set exactly one of cron and every")
         pb = schedules_pb2.ScheduleSpec(
             namespace=self.namespace,
             name=name,

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from chronoq import stats
 from chronoq.client.worker import FatalTaskError, Handler, TaskContext
 from chronoq.models import Task, TaskState
 
@@ -76,16 +76,29 @@ def _int(value: object, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+def scripted_failure(spec: DemoPayload, attempt: int) -> Exception | None:
+    """The exception ``attempt`` of a task with payload ``spec`` raises; None when it succeeds.
+
+    The one definition of the scripted outcome, shared by the demo handler and the chaos
+    workers: ``fatal`` fails every attempt without retrying, attempts 1..``fail_attempts``
+    fail and are retried, later attempts succeed.
+    """
+    if spec.fatal:
+        return FatalTaskError(f"demo task {spec.n}: fatal on purpose")
+    if attempt <= spec.fail_attempts:
+        return DemoRetryableError(
+            f"demo task {spec.n}: failing attempt {attempt} of {spec.fail_attempts} on purpose"
+        )
+    return None
+
+
 async def demo_handler(ctx: TaskContext) -> None:
     """Sleep ``sleep_ms``, then fail or succeed as the payload says (see the module doc)."""
     spec = DemoPayload.decode(ctx.payload)
     await asyncio.sleep(spec.sleep_ms / 1000)
-    if spec.fatal:
-        raise FatalTaskError(f"demo task {spec.n}: fatal on purpose")
-    if ctx.attempt <= spec.fail_attempts:
-        raise DemoRetryableError(
-            f"demo task {spec.n}: failing attempt {ctx.attempt} of {spec.fail_attempts} on purpose"
-        )
+    failure = scripted_failure(spec, ctx.attempt)
+    if failure is not None:
+        raise failure
 
 
 HANDLERS: dict[str, Handler] = {DEMO_QUEUE: demo_handler}
@@ -162,8 +175,5 @@ def summarize(tasks: Iterable[Task]) -> DemoSummary:
 
 
 def percentile(ordered: list[timedelta], q: float) -> timedelta | None:
-    """Nearest-rank percentile of an ascending list; None when it is empty."""
-    if not ordered:
-        return None
-    rank = math.ceil(round(q * len(ordered), 9))  # round: 0.99 * 100 is 99.00000000000001
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
+    """The ``q``-th quantile (0..1) of ``ordered``, as ``chronoq.stats`` defines it."""
+    return stats.percentile(ordered, q * 100)

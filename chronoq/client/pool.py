@@ -59,6 +59,16 @@ def channel_options() -> list[tuple[str, int | str]]:
     ]
 
 
+def open_channel(
+    address: str, credentials: grpc.ChannelCredentials | None = None
+) -> grpc.aio.Channel:
+    """A client channel to one node with ``channel_options``: TLS when ``credentials`` is set."""
+    options = channel_options()
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options)
+    return grpc.aio.insecure_channel(address, options=options)
+
+
 @dataclass(frozen=True)
 class NodeStubs:
     """The service stubs of one node's channel."""

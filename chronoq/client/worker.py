@@ -18,7 +18,6 @@ import contextlib
 import inspect
 import logging
 import os
-import signal
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +26,9 @@ from typing import Any
 
 from chronoq import errors
 from chronoq.client.client import Client
+from chronoq.client.pacing import pacer
 from chronoq.models import Lease, Task
+from chronoq.signals import on_stop_signals
 
 log = logging.getLogger("chronoq.worker")
 
@@ -137,7 +138,11 @@ class _Outage:
 
 
 class Worker:
-    """Runs ``handlers`` (queue → callable) against one node."""
+    """Runs ``handlers`` (queue → callable) against one node.
+
+    ``rates`` (queue → handler starts per second in this process) paces queues whose
+    downstream has a limit, e.g. ``Worker(client, handlers, rates={"emails": 50})``.
+    """
 
     def __init__(
         self,
@@ -150,13 +155,20 @@ class Worker:
         stop_grace: timedelta = timedelta(seconds=10),
         ack_batch: int = 200,
         ack_delay: timedelta = timedelta(milliseconds=2),
+        rates: Mapping[str, float] | None = None,
     ) -> None:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
         if concurrency < 1:
             raise errors.ConfigError("concurrency must be >= 1")
+        unknown = sorted(set(rates or {}) - set(handlers))
+        if unknown:
+            raise errors.ConfigError(f"rates name queues without a handler: {', '.join(unknown)}")
         self.client = client
         self.handlers = dict(handlers)
+        # Handler starts per second per process, per queue: a claimed task waits for its turn
+        # (its lease is heartbeated meanwhile), so a slow downstream sees at most this rate.
+        self._pacers = {queue: pacer(rate) for queue, rate in (rates or {}).items()}
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.claim_wait = claim_wait
@@ -180,9 +192,8 @@ class Worker:
         self._slot_free.set()
 
     def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop)
+        """Stop on SIGINT and SIGTERM (call inside the running loop)."""
+        on_stop_signals(self.stop)
 
     async def run(self) -> WorkerStats:
         """Work until ``stop()``; returns the counts of what happened."""
@@ -243,6 +254,9 @@ class Worker:
         lease = Lease(ctx.id, ctx.attempt)
         try:
             handler = self.handlers[ctx.queue]
+            paced = self._pacers.get(ctx.queue)
+            if paced is not None:
+                await paced.wait()
             if inspect.iscoroutinefunction(handler):
                 await handler(ctx)
             else:

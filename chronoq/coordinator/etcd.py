@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import aetcd
 import aetcd.exceptions
 
 from chronoq.coordinator.etcd_tls import EtcdClient
-from chronoq.coordinator.ring import DEFAULT_EPSILON
+from chronoq.coordinator.settings import ClusterSettings as ClusterSettings
+from chronoq.coordinator.settings import EtcdSettings as EtcdSettings
 from chronoq.errors import ConfigError, CoordinatorUnavailable
 from chronoq.targets import first_host, grpc_target, host_port
 from chronoq.tls import channel_credentials
@@ -31,31 +31,6 @@ KEEPALIVE_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class EtcdSettings:
-    """How to reach etcd. ``endpoints`` are ``host:port`` strings (loopback in tests)."""
-
-    endpoints: Sequence[str]
-    cluster: str = "default"  # the chronoq cluster name: the key prefix
-    timeout: float = 2.0
-    username: str | None = None  # etcd auth: both or neither
-    password: str | None = None
-    ca_cert: str | None = None  # PEM paths: TLS to etcd, trusting this CA (https endpoints)
-    cert_key: str | None = None  # with cert_cert: a client certificate (--client-cert-auth)
-    cert_cert: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterSettings:
-    etcd: EtcdSettings
-    lease_ttl: int = 5
-    epsilon: float = DEFAULT_EPSILON
-    load_horizon_buckets: int = 5  # "the coming minutes" that make a partition's load
-    load_interval: float = 2.0
-    stats_interval: float = 1.0
-    reconcile_interval: float = 1.0
 
 
 def _target(endpoints: Sequence[str]) -> tuple[str, int]:

@@ -34,9 +34,9 @@ from chronoq.clock import Clock
 from chronoq.coordinator import ring
 from chronoq.coordinator.etcd import ClusterSettings, Keys, connect, translated
 from chronoq.coordinator.lease import NodeLease
+from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import StoreUnavailable
-from chronoq.node.ownership import ClusterView, MemberView
 from chronoq.store import Store
 from chronoq.supervision import Loop, Supervisor
 
@@ -102,7 +102,6 @@ class EtcdOwnership:
         self.gate = asyncio.Lock()  # held by owner writes; a release waits for the one in flight
         self.on_acquired: Callable[[set[int]], None] = lambda _p: None
         self.on_released: Callable[[set[int]], None] = lambda _p: None
-        self.handoffs = 0
         self._wake = asyncio.Event()
         self._loops: list[Loop] = []
         self._stopping = False
@@ -391,7 +390,6 @@ class EtcdOwnership:
             await self._delete_key(p, self.tokens.get(p, 0))
             self.states.pop(p, None)
             self.tokens.pop(p, None)
-            self.handoffs += 1
 
         # Concurrent, like claims: a node handing off dozens of partitions (drain, SIGTERM,
         # store cut off) is one etcd round trip away from its successors, not dozens.

@@ -17,15 +17,15 @@ from typing import Any
 
 import asyncpg
 
-from chronoq.bench.raw import COPY_COLUMNS, copy_rows, task_rows
-from chronoq.bench.scan import (
+from chronoq.buckets import bucket_of
+from chronoq.diagnostics.scans import (
     Explained,
     explain_analyze,
     fire_limit,
     strategies,
     strategy_session,
 )
-from chronoq.buckets import bucket_of
+from chronoq.diagnostics.task_rows import COPY_COLUMNS, copy_rows, task_rows
 from chronoq.models import DEFAULT_NAMESPACE, TaskState
 from chronoq.store.store import known
 
@@ -90,10 +90,11 @@ class Firing:
 
 async def firing_since(conn: asyncpg.Connection, since: datetime) -> Firing:
     row = await conn.fetchrow(
+        # percentile_disc is the nearest-rank percentile of chronoq.stats: the same p99.
         "SELECT count(*) AS n,"
-        " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM fired_at - run_at))"
+        " percentile_disc(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM fired_at - run_at))"
         "   AS p50,"
-        " percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM fired_at - run_at))"
+        " percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM fired_at - run_at))"
         "   AS p99"
         " FROM tasks WHERE namespace = $1 AND state > 0 AND fire_token IS NOT NULL"
         "   AND fired_at > $2",

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
 import tempfile
 import time
 import uuid
@@ -35,12 +34,13 @@ import asyncpg
 from aiohttp import web
 
 from chronoq import errors
-from chronoq.bench.scan import Explained
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.client import Client, ClusterStatus, TaskContext, Worker
 from chronoq.coordinator.etcd import EtcdSettings
 from chronoq.coordinator.vclock import EtcdClock
+from chronoq.diagnostics.scans import Explained
 from chronoq.lab import guard, probes
+from chronoq.local.cluster import ClusterSpec, LocalCluster
+from chronoq.signals import deferred_stop_signals, stop_event
 
 log = logging.getLogger("chronoq.lab")
 
@@ -686,16 +686,8 @@ def run(settings: LabSettings, announce: Callable[[str], None] = print) -> None:
         cluster = LocalCluster(workdir.resolve(), spec)
         announce(f"starting etcd, PostgreSQL and {settings.nodes} nodes in {workdir} …")
         # Signals during the start would leave half a cluster behind: defer them.
-        stop_requested: list[int] = []
-        previous = {
-            sig: signal.signal(sig, lambda s, _f: stop_requested.append(s))
-            for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        try:
+        with deferred_stop_signals() as stop_requested:
             cluster.start()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         stack.callback(cluster.stop)
         if not stop_requested:
             asyncio.run(_serve(cluster, settings, announce))
@@ -705,10 +697,7 @@ async def _serve(
     cluster: LocalCluster, settings: LabSettings, announce: Callable[[str], None]
 ) -> None:
     lab = Lab(cluster, host=settings.host, port=settings.port, concurrency=settings.concurrency)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await lab.start()
     except OSError as exc:  # the port is taken

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from chronoq.clock import Clock, OffsetClock, SystemClock
-from chronoq.node.ownership import Ownership
+from chronoq.coordinator.protocols import Ownership
 from chronoq.store import Store
 from chronoq.supervision import Loop, Supervisor
 

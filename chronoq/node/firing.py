@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
+from chronoq.coordinator.protocols import Ownership
 from chronoq.node.lateness import LatenessWindow
 from chronoq.node.metrics import NodeMetrics
-from chronoq.node.ownership import Ownership
 from chronoq.store import FireResult, Store
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
+from chronoq.coordinator.protocols import Ownership
 from chronoq.models import TaskState
-from chronoq.node.ownership import Ownership
 from chronoq.store import Store
 from chronoq.supervision import Loop, Supervisor
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from chronoq import stats
+
 
 class LatenessWindow:
     """The last ``size`` lateness samples in seconds, for percentiles in status and the lab."""
@@ -21,9 +23,5 @@ class LatenessWindow:
             self.max = max(self.max, s)
 
     def percentile(self, p: float) -> float:
-        """The ``p``-th percentile (0..100) of the window; 0 when empty."""
-        if not self._samples:
-            return 0.0
-        ordered = sorted(self._samples)
-        index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-        return ordered[index]
+        """The ``p``-th percentile (0..100, ``chronoq.stats``) of the window; 0 when empty."""
+        return stats.percentile(self._samples, p) or 0.0

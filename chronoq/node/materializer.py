@@ -6,7 +6,7 @@ import logging
 from datetime import timedelta
 
 from chronoq.clock import Clock
-from chronoq.node.ownership import Ownership
+from chronoq.coordinator.protocols import Ownership
 from chronoq.store.schedules import Materialized, Schedules
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 

@@ -22,6 +22,9 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
+from chronoq.coordinator.local import LocalOwnership
+from chronoq.coordinator.ownership import EtcdOwnership
+from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
 from chronoq.models import Task, TaskState
@@ -32,7 +35,6 @@ from chronoq.node.housekeeping import DepthPoller, HealthWatch, Retention, Store
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
-from chronoq.node.ownership import LocalOwnership, Ownership
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
@@ -80,8 +82,6 @@ def default_ownership(node: Node, store: Store) -> Ownership:
     s = node.settings
     if s.cluster is None:
         return LocalOwnership(store, s.node_id, node.address)
-    from chronoq.coordinator.ownership import EtcdOwnership
-
     ownership = EtcdOwnership(
         store,
         s.node_id,

@@ -7,8 +7,8 @@ import random
 from collections.abc import Callable
 
 from chronoq.clock import Clock
+from chronoq.coordinator.protocols import Ownership
 from chronoq.models import Task
-from chronoq.node.ownership import Ownership
 from chronoq.store import Store
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 

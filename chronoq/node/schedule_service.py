@@ -11,8 +11,14 @@ from chronoq.api.v1 import schedules_pb2, schedules_pb2_grpc
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.errors import InvalidArgument
-from chronoq.limits import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, MAX_PAGE_TOKEN, check_range, check_text
-from chronoq.models import check_name
+from chronoq.limits import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    MAX_PAGE_TOKEN,
+    check_name,
+    check_range,
+    check_text,
+)
 from chronoq.node.status import translated
 from chronoq.store.schedules import Schedules
 

@@ -22,6 +22,7 @@ from chronoq.api.v1 import (
 from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
+from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import InvalidArgument, QuotaExceeded, StaleLease, TaskNotFound
 from chronoq.limits import (
     DEFAULT_PAGE_SIZE,
@@ -37,16 +38,16 @@ from chronoq.limits import (
     MAX_TASK_ID,
     MAX_WORKER_ID,
     check_count,
+    check_name,
     check_range,
     check_rate,
     check_text,
     failure_message,
 )
-from chronoq.models import Lease, TaskSpec, TaskState, check_name
+from chronoq.models import Lease, LeaseMiss, TaskSpec, TaskState
 from chronoq.node.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.firing import Firer
 from chronoq.node.metrics import NodeMetrics
-from chronoq.node.ownership import Ownership
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
 from chronoq.ratelimit import Quotas
@@ -322,7 +323,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         (outcome,) = await self._store.complete(namespace, [lease], self._clock.now())
         self._metrics.completed.inc(int(outcome.ok))
         if not outcome.ok:
-            if outcome.error.startswith("no task"):
+            if outcome.reason is LeaseMiss.NO_TASK:
                 raise TaskNotFound(lease.task_id, namespace)
             raise StaleLease(lease.task_id, lease.lease_token, outcome.error)
         return convert.task_to_pb(await self._store.get(lease.task_id, namespace))

@@ -1,4 +1,4 @@
-"""Domain errors → gRPC status codes, in one table.
+"""Domain errors → gRPC status codes, as each error class declares (``grpc_code``).
 
 No call answers UNKNOWN: an exception that is not a ``ChronoqError`` is a bug of the node (or a
 request that validation should have refused). It is logged once with its traceback under a
@@ -20,26 +20,6 @@ from chronoq import errors
 
 log = logging.getLogger("chronoq.node")
 
-STATUS_OF: dict[type[errors.ChronoqError], grpc.StatusCode] = {
-    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.TaskNotFound: grpc.StatusCode.NOT_FOUND,
-    errors.ScheduleNotFound: grpc.StatusCode.NOT_FOUND,
-    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-    errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.NamespaceCapReached: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.ScheduleQuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.TooManyLongPolls: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.StaleLease: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.InvalidTransition: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.FenceRejected: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
-    errors.CoordinatorUnavailable: grpc.StatusCode.UNAVAILABLE,
-    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-    errors.NamespaceDenied: grpc.StatusCode.PERMISSION_DENIED,
-}
-
-
 #: Driver errors that may reach a servicer, by what they most likely mean. A data exception
 #: (SQLSTATE class 22: a value out of a column's range, a character the encoding cannot hold)
 #: comes from a request value that validation let through.
@@ -52,10 +32,8 @@ FOREIGN_STATUS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
 
 
 def code_for(exc: errors.ChronoqError) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    return grpc.StatusCode.INTERNAL
+    """The status a call that failed with ``exc`` ends with: what its class declares."""
+    return grpc.StatusCode[type(exc).grpc_code]
 
 
 R = TypeVar("R")

@@ -1,5 +1,6 @@
 """The PostgreSQL task store."""
 
-from chronoq.store.store import FireResult, Store
+from chronoq.store.rows import Fence, FireResult
+from chronoq.store.store import Store
 
-__all__ = ["FireResult", "Store"]
+__all__ = ["Fence", "FireResult", "Store"]

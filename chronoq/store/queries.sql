@@ -66,10 +66,11 @@ SET state = CASE WHEN t.misfire_policy = 1
                       THEN 'skipped by misfire policy: fired later than its grace period'
                       ELSE t.last_error END
 
--- name: insert_task_ids
--- Answers with the ids it inserted only: a conflict on (namespace, idempotency_key) inserts
--- nothing and the caller looks the first task up.
-INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
+-- fragment: insert_tasks
+-- New tasks from column arrays ($1..$16, created at $17). A conflict on (namespace,
+-- idempotency_key) inserts nothing: the statements answer with the rows they inserted only,
+-- and the caller looks the first task of a repeated key up.
+INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
                    fired_by)
@@ -86,13 +87,20 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
           idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
           misfire_policy, misfire_grace_ms)
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id;
+
+-- name: insert_task_ids
+{{insert_tasks}}
+RETURNING t.id;
+
+-- name: insert_tasks
+{{insert_tasks}}
+RETURNING {{task_row}};
 
 -- name: task_ids_by_idempotency_key
 SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
 
--- name: tasks_by_id
-SELECT {{task_row}} FROM tasks t WHERE t.id = ANY($1::uuid[]);
+-- name: tasks_by_idempotency_key
+SELECT {{task_row}} FROM tasks t WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[]);
 
 -- name: get_task
 SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2;

@@ -20,13 +20,15 @@ from chronoq.errors import (
     ScheduleNotFound,
     ScheduleQuotaExceeded,
 )
-from chronoq.models import Schedule, ScheduleSpec, TaskSpec, check_name
+from chronoq.limits import check_name
+from chronoq.models import Schedule, ScheduleSpec, TaskSpec
 from chronoq.ratelimit import schedule_rate
 from chronoq.recurrence import CatchUp, Cron, Every, Rule, check, due, next_fire
 from chronoq.saturating import ms_to_delta
 from chronoq.store.quarantine import POISON, isolate, reason
+from chronoq.store.rows import known
 from chronoq.store.sql import q
-from chronoq.store.store import Store, known
+from chronoq.store.store import Store
 
 log = logging.getLogger("chronoq.store")
 _MS = timedelta(milliseconds=1)

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.lab.server import Lab
+from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.timeout(150)
 

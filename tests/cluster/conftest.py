@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.local.cluster import ClusterSpec, LocalCluster
 from tests.conftest import create_test_database
 
 ClusterFactory = Callable[..., LocalCluster]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from chronoq.chaos.runner import LocalCluster
 from chronoq.client import Client, NewTask
 from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
 from chronoq.coordinator.view import PrefixView
+from chronoq.local.cluster import LocalCluster
 from chronoq.models import TaskState
 from chronoq.store import Store
 from tests.cluster.conftest import ClusterFactory

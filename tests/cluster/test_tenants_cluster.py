@@ -17,9 +17,9 @@ import pytest
 
 from chronoq.api import convert
 from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
-from chronoq.chaos.runner import LocalCluster
 from chronoq.client import Client
 from chronoq.limits import MAX_LEASES_PER_CALL
+from chronoq.local.cluster import LocalCluster
 from chronoq.store import Store
 from tests.cluster.conftest import ClusterFactory
 

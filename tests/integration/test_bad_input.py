@@ -108,7 +108,7 @@ async def test_rejected_batch_inserts_nothing(stubs, store: Store) -> None:  # t
 
 
 async def test_payload_limit_is_configurable(make_node: NodeFactory) -> None:
-    from chronoq.models import Limits
+    from chronoq.limits import Limits
 
     node = await make_node(limits=Limits(max_payload_bytes=1024))
     client = Client(node.address)

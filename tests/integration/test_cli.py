@@ -184,6 +184,13 @@ async def test_submit_at_key_count_and_env(address: str, client: Client) -> None
     assert len(ids) == len(set(ids)) == 2500
     assert (await client.get(ids[-1])).idempotency_key == "b-2499"
 
+    # --rate paces the batches: 30 tasks at 20/s go as a batch of 20, then one of 10 a second
+    # later, as the tasks' own creation times show.
+    paced = ok(await cli("submit", "paced", "--count", "30", "--rate", "20",
+                         "--address", address)).split()
+    created = sorted([(await client.get(i)).created_at for i in paced])  # type: ignore[type-var]
+    assert len(paced) == 30 and created[-1] - created[0] >= timedelta(seconds=0.9)
+
     env = {"CHRONOQ_ADDRESS": address, "CHRONOQ_SUBMIT_MAX_ATTEMPTS": "7",
            "CHRONOQ_SUBMIT_IN": "10m", "CHRONOQ_SUBMIT_MISFIRE": "skip"}
     via_env = ok(await cli("submit", "envq", "--misfire-grace", "5s", env=env)).strip()

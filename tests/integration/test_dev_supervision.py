@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from chronoq.chaos.runner import health_of
 from chronoq.client import Client
+from chronoq.local.cluster import health_of
 from chronoq.models import TaskState
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,9 +12,9 @@ import pytest
 from chronoq.buckets import bucket_of
 from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
+from chronoq.coordinator.local import LocalOwnership
 from chronoq.errors import StoreUnavailable
 from chronoq.models import MisfirePolicy, TaskSpec, TaskState
-from chronoq.node.ownership import LocalOwnership
 from chronoq.store import Store
 from chronoq.store.sql import q
 from chronoq.store.store import IDLE_IN_TRANSACTION_TIMEOUT_MS, _translated

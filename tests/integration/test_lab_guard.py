@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from chronoq.chaos.runner import ClusterSpec, LocalCluster
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.lab.guard import SECRET_HEADER
 from chronoq.lab.server import Lab
+from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

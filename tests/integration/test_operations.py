@@ -217,20 +217,22 @@ async def test_queue_dispatch_limit_holds_across_nodes(make_node: NodeFactory) -
 async def test_submit_quota_refuses_with_resource_exhausted(make_node: NodeFactory) -> None:
     from chronoq import errors
 
-    node = await make_node(submit_quota=10.0, submit_quota_burst=20.0)
+    # A slow rate: on a loaded machine the 20-task submit and the next call can take over
+    # 100 ms, which at 10/s would already refill a token and let the next submit through.
+    node = await make_node(submit_quota=2.0, submit_quota_burst=20.0)
     client = Client(node.address)
     other = Client(node.address, namespace="other")
     try:
         await client.submit_many([NewTask(queue="q") for _ in range(20)])
         with pytest.raises(
-            errors.ResourceExhausted, match="exceeded its submit quota of 10 tasks/s"
+            errors.ResourceExhausted, match="exceeded its submit quota of 2 tasks/s"
         ):
             await client.submit("q")
         assert (await other.submit("q")).created  # quotas are per namespace
         with pytest.raises(errors.ResourceExhausted, match="larger than the burst"):
             await other.submit_many([NewTask(queue="q") for _ in range(21)])
-        await asyncio.sleep(0.25)
-        assert (await client.submit("q")).created  # refilled at 10/s
+        await asyncio.sleep(0.6)
+        assert (await client.submit("q")).created  # refilled at 2/s
     finally:
         await client.close()
         await other.close()

@@ -24,8 +24,8 @@ import pytest
 
 from chronoq.buckets import bucket_of
 from chronoq.clock import ManualClock
+from chronoq.coordinator.local import LocalOwnership
 from chronoq.models import Lease, TaskSpec, TaskState
-from chronoq.node.ownership import LocalOwnership
 from chronoq.store import Store
 from chronoq.store.schedules import Schedules
 from chronoq.store.sql import q

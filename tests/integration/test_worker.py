@@ -204,3 +204,45 @@ async def test_graceful_stop_releases_unfinished_tasks(live: tuple[Node, Client]
     assert again.attempt == 2
     failed = await client.fail(Lease(again.id, 2), "x")
     assert failed.state is TaskState.DEAD  # now its single counted attempt is used
+
+
+async def test_a_queue_rate_paces_handler_starts(live: tuple[Node, Client]) -> None:
+    """rates={"slow": 5}: 15 due tasks start over about 2 s, not at once; an unpaced queue of
+    the same worker is not held back."""
+    _, client = live
+    starts: dict[str, list[float]] = {"slow": [], "fast": []}
+    loop = asyncio.get_running_loop()
+
+    async def handler(ctx: TaskContext) -> None:
+        starts[ctx.queue].append(loop.time())
+
+    await client.submit_many([NewTask(queue="slow") for _ in range(15)])
+    await client.submit_many([NewTask(queue="fast") for _ in range(15)])
+    worker = Worker(client, {"slow": handler, "fast": handler}, concurrency=40, rates={"slow": 5})
+    run = asyncio.create_task(worker.run())
+    await until(lambda: _counted(starts, 30), timeout=20)
+    worker.stop()
+    await run
+    slow, fast = sorted(starts["slow"]), sorted(starts["fast"])
+    # 5 a second: the 15th start comes at least 2 windows of 1 s after the first.
+    assert slow[-1] - slow[0] >= 1.9
+    assert fast[-1] - fast[0] < slow[-1] - slow[0]
+    # Never more than 5 starts in any 1-second window.
+    assert all(b - a >= 0.99 for a, b in zip(slow, slow[5:], strict=False))
+
+
+async def _counted(starts: dict[str, list[float]], n: int) -> bool:
+    return sum(len(v) for v in starts.values()) >= n
+
+
+async def test_rates_must_name_served_queues_and_be_positive() -> None:
+    from chronoq import errors
+
+    client = Client("127.0.0.1:1")
+    try:
+        with pytest.raises(errors.ConfigError, match="without a handler: nope"):
+            Worker(client, {"a": lambda ctx: None}, rates={"nope": 1})
+        with pytest.raises(errors.ConfigError, match="finite number above 0"):
+            Worker(client, {"a": lambda ctx: None}, rates={"a": 0})
+    finally:
+        await client.close()

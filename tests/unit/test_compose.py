@@ -465,7 +465,7 @@ def test_dockerfile_non_root_chronoq_entrypoint_and_health_check() -> None:
             for source in [s for s in rest.split()[:-1] if not s.startswith("--")]:
                 assert (ROOT / source).exists(), f"COPY {source}: no such file"
                 assert not _ignored(source, patterns), f"COPY {source}: .dockerignore drops it"
-    for kept in ("pyproject.toml", "README.md", "chronoq/cli.py", "docker/healthcheck.py"):
+    for kept in ("pyproject.toml", "README.md", "chronoq/cli/__init__.py", "docker/healthcheck.py"):
         assert not _ignored(kept, patterns), kept
     for dropped in (".venv/bin/python", "tests/unit/test_compose.py", ".git/HEAD"):
         assert _ignored(dropped, patterns), dropped

@@ -23,13 +23,13 @@ from chronoq.limits import (
     check_text,
     failure_message,
 )
-from chronoq.models import ScheduleSpec, TaskSpec
+from chronoq.models import ScheduleSpec, TaskDefaults, TaskSpec
 from chronoq.recurrence import CatchUp, Cron, Every
 from chronoq.recurrence import check as check_rule
 
 NOW = datetime(2030, 1, 1, 12, tzinfo=UTC)
 LIMITS = Limits()
-DEFAULTS = convert.SpecDefaults()
+DEFAULTS = TaskDefaults()
 
 
 def refused(field: str) -> pytest.RaisesContext[InvalidArgument]:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoq.retry import attempts_left, backoff, retry_time, stored_backoff
+from chronoq.models import TaskState
+from chronoq.retry import after_failure, attempts_left, backoff, retry_time, stored_backoff
 
 ms = st.integers(min_value=0, max_value=10_000_000).map(lambda v: timedelta(milliseconds=v))
 
@@ -96,3 +97,76 @@ def test_a_huge_backoff_retries_a_horizon_from_now_instead_of_overflowing() -> N
     assert retry_time(now, delay, horizon=horizon) == now + delay
     end = datetime(9999, 12, 31, tzinfo=UTC)
     assert retry_time(end, horizon, horizon=horizon) == datetime.max.replace(tzinfo=UTC)
+
+
+instants = st.datetimes(timezones=st.just(UTC))
+small = st.integers(min_value=-5, max_value=200)
+
+
+@given(
+    small, small, small, bigint, bigint, instants, horizons, st.booleans(), st.integers(0, 2**32)
+)
+def test_after_failure_never_raises_and_waits_within_the_horizon(
+    attempt: int,
+    max_attempts: int,
+    retry_base: int,
+    initial_ms: int,
+    max_ms: int,
+    now: datetime,
+    horizon: timedelta,
+    fatal: bool,
+    seed: int,
+) -> None:
+    """Whatever a stored row holds, a failed attempt goes DEAD now (fatal, or out of
+    attempts) or waits at most a horizon: READY exactly when its retry time has come."""
+    state, run_at = after_failure(
+        attempt=attempt,
+        max_attempts=max_attempts,
+        retry_base=retry_base,
+        backoff_initial_ms=initial_ms,
+        backoff_max_ms=max_ms,
+        now=now,
+        horizon=horizon,
+        fatal=fatal,
+        rng=random.Random(seed),
+    )
+    if fatal or not attempts_left(attempt, max_attempts, retry_base):
+        assert (state, run_at) == (TaskState.DEAD, now)
+        return
+    assert now <= run_at
+    assert run_at - now <= horizon
+    assert state is (TaskState.READY if run_at <= now else TaskState.SCHEDULED)
+
+
+@given(small, st.integers(1, 200), instants, st.timedeltas(), horizons)
+def test_after_failure_waits_retry_after_instead_of_the_backoff(
+    attempt: int, max_attempts: int, now: datetime, retry_after: timedelta, horizon: timedelta
+) -> None:
+    state, run_at = after_failure(
+        attempt=attempt,
+        max_attempts=max_attempts + attempt,  # attempts left
+        retry_base=0,
+        backoff_initial_ms=1000,
+        backoff_max_ms=60_000,
+        now=now,
+        horizon=horizon,
+        retry_after=retry_after,
+    )
+    assert run_at == retry_time(now, retry_after, horizon=horizon)
+    assert state is not TaskState.DEAD
+
+
+def test_after_failure_backs_off_from_the_attempts_since_the_retry_base() -> None:
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    common = {
+        "max_attempts": 10,
+        "backoff_initial_ms": 1000,
+        "backoff_max_ms": 3_600_000,
+        "now": now,
+        "horizon": timedelta(days=1),
+    }
+    # Third attempt since a requeue at attempt 5: 4 s of backoff, halved at most by jitter.
+    state, run_at = after_failure(attempt=8, retry_base=5, rng=random.Random(3), **common)
+    assert state is TaskState.SCHEDULED
+    assert timedelta(seconds=2) <= run_at - now <= timedelta(seconds=4)
+    assert after_failure(attempt=15, retry_base=5, **common) == (TaskState.DEAD, now)

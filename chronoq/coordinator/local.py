@@ -1,69 +1,12 @@
-"""What a node may fire: its owned partitions with their fencing tokens.
-
-A single node takes every partition with a locally bumped token (``LocalOwnership``); the
-etcd-coordinated cluster supplies the same interface from its ownership keys. Firing code
-asks ``owned()`` before each statement and never caches the answer.
-"""
+"""Single-node ownership: one node owns every partition, fenced by a locally bumped token."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
 
+from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.store import Store
-
-
-@dataclass(frozen=True)
-class MemberView:
-    node_id: str
-    address: str
-    stats: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    """What a node knows of the cluster, for status: members and partition owners."""
-
-    cluster: str
-    members: list[MemberView]
-    owners: dict[int, tuple[str, int]]  # partition → (node id, fencing token)
-
-
-class Ownership(Protocol):
-    """A view of the partitions this node currently owns: partition → fencing token.
-
-    Owner writes hold ``gate`` while they run, so a release can wait for the one in flight.
-    """
-
-    gate: asyncio.Lock
-
-    def owned(self) -> Mapping[int, int]: ...
-
-    def describe(self) -> ClusterView: ...
-
-    def expected(self) -> set[int]:
-        """The partitions this node should own now (empty while draining)."""
-        ...
-
-    async def drain(self) -> set[int]:
-        """Give up every partition and take no more; returns those released."""
-        ...
-
-    async def suspend(self, reason: str = "store unreachable") -> None:
-        """Release every partition until ``resume``: the store is out of reach (or the
-        node's clock is off), so the partitions are better fired by others."""
-        ...
-
-    async def resume(self) -> None: ...
-
-    @property
-    def suspended(self) -> bool: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
 
 
 class LocalOwnership:

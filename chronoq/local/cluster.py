@@ -1,8 +1,9 @@
 """A real local cluster as processes: etcd, PostgreSQL and N scheduler nodes on loopback.
 
-Used by ``chronoq dev --nodes N``, the multi-node tests and the chaos harness. Each node is a
-``chronoq node`` process of its own, so tests can SIGKILL, SIGSTOP or SIGTERM it like an
-operator (or a crash) would. Everything started here is stopped by ``stop()``, by PID.
+Used by ``chronoq dev --nodes N``, the lab, the failover benchmark, the multi-node tests and the
+chaos harness. Each node is a ``chronoq node`` process of its own, so tests can SIGKILL, SIGSTOP
+or SIGTERM it like an operator (or a crash) would. Everything started here is stopped by
+``stop()``, by PID.
 """
 
 from __future__ import annotations

@@ -1,0 +1,214 @@
+"""``chronoq bench throughput|failover|scan``: benchmarks that report numbers.
+
+Options left unset take the benchmark's own defaults; each benchmark is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from chronoq.cli.common import LeaseTtlOpt, TickMsOpt, env, fail, given, reported
+
+bench_app = typer.Typer(help="Benchmarks (numbers, not pass/fail).", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``chronoq bench`` to ``app``."""
+    app.add_typer(bench_app, name="bench")
+
+
+def _opt(name: str, help: str | None = None, **kwargs: Any) -> Any:
+    return typer.Option(envvar=env(f"BENCH_{name}"), help=help, **kwargs)
+
+
+DataDirOpt = Annotated[
+    Path | None,
+    _opt(
+        "DATA_DIR",
+        "Embedded PostgreSQL data directory [default: a temporary one].",
+        file_okay=False,
+    ),
+]
+DsnOpt = Annotated[str | None, _opt("DSN", "Use this PostgreSQL instead of an embedded one.")]
+JsonOutOpt = Annotated[Path | None, _opt("JSON_OUT", "Also write results here.", dir_okay=False)]
+PartitionsOpt = Annotated[int | None, _opt("PARTITIONS", min=1)]
+NodesOpt = Annotated[
+    int | None, _opt("NODES", "Nodes of the local cluster (failover: at least 2).", min=1, max=16)
+]
+
+
+@bench_app.command("throughput")
+def bench_throughput(
+    tasks: Annotated[int | None, _opt("TASKS", "Tasks to fire and run.", min=1)] = None,
+    workers: Annotated[int | None, _opt("WORKERS", min=1)] = None,
+    concurrency: Annotated[int | None, _opt("CONCURRENCY", min=1)] = None,
+    data_dir: DataDirOpt = None,
+    dsn: DsnOpt = None,
+    due_rate: Annotated[int | None, _opt("DUE_RATE", "Tasks coming due per second.", min=1)] = None,
+    json_out: JsonOutOpt = None,
+    pending_sizes: Annotated[
+        str | None,
+        _opt(
+            "PENDING_SIZES",
+            "Comma-separated pending-task counts for the node memory phase (10k, 1M allowed).",
+        ),
+    ] = None,
+    lateness_seconds: Annotated[
+        float | None,
+        _opt("LATENESS_SECONDS", "How long tasks keep coming due in the lateness phase.", min=0.1),
+    ] = None,
+    submitters: Annotated[
+        str | None, _opt("SUBMITTERS", "Comma-separated counts of concurrent submitters.")
+    ] = None,
+    layouts: Annotated[
+        str | None, _opt("LAYOUTS", "Worker layouts end to end: in-process, processes.")
+    ] = None,
+    phases: Annotated[
+        str | None, _opt("PHASES", "Phases to run: raw, submit, fire, e2e, lateness, rss.")
+    ] = None,
+    rss_settle_seconds: Annotated[
+        float | None,
+        _opt("RSS_SETTLE_SECONDS", "How long a node fires before its memory is read.", min=0.0),
+    ] = None,
+) -> None:
+    """Measure submit, firing and claim throughput, and firing cost against pending-set size.
+
+    Example: chronoq bench throughput --tasks 50000 --workers 8 --json-out bench.json
+    """
+    try:
+        module = importlib.import_module("chronoq.bench.throughput")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("chronoq.bench", "chronoq.bench.throughput"):
+            raise
+        fail("the throughput benchmark (chronoq.bench.throughput) is not part of this install")
+    with reported():
+        try:
+            module.main(
+                **given(
+                    tasks=tasks,
+                    workers=workers,
+                    concurrency=concurrency,
+                    data_dir=data_dir,
+                    dsn=dsn,
+                    due_rate=due_rate,
+                    json_out=json_out,
+                    pending_sizes=pending_sizes,
+                    lateness_seconds=lateness_seconds,
+                    submitters=submitters,
+                    layouts=layouts,
+                    phases=phases,
+                    rss_settle_seconds=rss_settle_seconds,
+                )
+            )
+        except ValueError as exc:  # a malformed list option
+            fail(str(exc), 2)
+
+
+@bench_app.command("failover")
+def bench_failover(
+    trials: Annotated[
+        int | None, _opt("TRIALS", "Trials of each kind (SIGKILL, SIGTERM).", min=1, max=100)
+    ] = None,
+    nodes: NodesOpt = None,
+    partitions: PartitionsOpt = None,
+    lease_ttl: LeaseTtlOpt = None,
+    tick_ms: TickMsOpt = None,
+    data_dir: Annotated[
+        Path | None,
+        _opt(
+            "DATA_DIR",
+            "Where etcd, PostgreSQL and node logs live [default: a temporary dir].",
+            file_okay=False,
+        ),
+    ] = None,
+    json_out: JsonOutOpt = None,
+) -> None:
+    """Failover (SIGKILL → partitions re-owned → first fire) and graceful handoff (SIGTERM)
+    times on a real local cluster, over repeated trials: min / median / max.
+
+    Example: chronoq bench failover --trials 5 --lease-ttl 2
+    """
+    from chronoq.bench.failover import main as failover_main
+
+    if nodes is not None and nodes < 2:
+        raise typer.BadParameter("a failover needs 2 nodes or more", param_hint="--nodes")
+    with reported():
+        failover_main(
+            **given(
+                trials=trials,
+                nodes=nodes,
+                partitions=partitions,
+                lease_ttl=lease_ttl,
+                tick_ms=tick_ms,
+                data_dir=data_dir,
+                json_out=json_out,
+            )
+        )
+
+
+@bench_app.command("scan")
+def bench_scan(
+    sizes: Annotated[
+        str | None,
+        _opt(
+            "SIZES",
+            "Comma-separated pending sizes (100k, 1m, 10m); each also gets a "
+            "fired history of the same size.",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        _opt("REPEATS", "Timed runs per strategy (fewer when one is slow).", min=1, max=100),
+    ] = None,
+    partitions: PartitionsOpt = None,
+    nodes: NodesOpt = None,
+    order: Annotated[
+        str | None,
+        _opt(
+            "ORDER",
+            "Heap order of the load: scattered (submission order, as in "
+            "service) or sorted (run_at order, which flatters run_at indexes).",
+        ),
+    ] = None,
+    data_dir: DataDirOpt = None,
+    dsn: Annotated[
+        str | None, _opt("DSN", "Use this PostgreSQL (a role that may CREATE DATABASE) instead.")
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        _opt("OUT_DIR", "Where scan.json, scan-plans.txt and scan.png go.", file_okay=False),
+    ] = None,
+) -> None:
+    """Bucketed scans against full-table and run_at-index scans, as pending load grows:
+    rows examined, buffers and ms per tick, with EXPLAIN evidence and a log-log plot.
+
+    Example: chronoq bench scan --sizes 100k,1m,10m --out-dir bench-scan
+    """
+    import asyncpg
+
+    from chronoq.bench.raw import BenchError
+    from chronoq.bench.scan import main as scan_main
+    from chronoq.embedded.postgres import EmbeddedPostgresError
+
+    with reported():
+        try:
+            scan_main(
+                **given(
+                    sizes=sizes,
+                    repeats=repeats,
+                    partitions=partitions,
+                    nodes=nodes,
+                    order=order,
+                    data_dir=data_dir,
+                    dsn=dsn,
+                    out_dir=out_dir,
+                )
+            )
+        except ValueError as exc:  # a malformed --sizes, or nodes > partitions
+            fail(str(exc), 2)
+        except (BenchError, EmbeddedPostgresError, asyncpg.PostgresError, OSError) as exc:
+            fail(f"bench scan: {exc}")

@@ -1,0 +1,434 @@
+"""Node commands: ``chronoq node`` (run one), ``chronoq node drain`` and ``chronoq config``.
+
+The options become a ``NodeOptions`` and ``settings_from`` turns it into the node's settings;
+what is not set takes the library's default. Server code is imported when a node runs, so the
+client commands never load it.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import timedelta
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.cli.common import (
+    DEFAULT_ADDRESS,
+    AddressOpt,
+    BucketSecondsOpt,
+    HostOpt,
+    LeaseTtlOpt,
+    PartitionsOpt,
+    PortOpt,
+    TickMsOpt,
+    call,
+    env,
+    err,
+    fail,
+    out,
+    reported,
+    run,
+    text_opt,
+)
+from chronoq.models import DEFAULT_NAMESPACE
+from chronoq.redact import MASK, mask_dsn
+from chronoq.signals import stop_event
+from chronoq.targets import split_addresses
+
+if TYPE_CHECKING:
+    from chronoq.config import NodeSettings
+    from chronoq.node.node import Node
+
+node_app = typer.Typer(
+    help="Run a scheduler node (or `chronoq node drain` one).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``chronoq node`` and ``chronoq config`` to ``app``."""
+    app.command(
+        "config", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+    )(config_command)
+    app.add_typer(node_app, name="node")
+
+
+# Auth and TLS of `chronoq node` (server side) and of its etcd; see chronoq.auth, chronoq.tls.
+TlsCertOpt = Annotated[
+    str | None,
+    text_opt("--tls-cert", "TLS_CERT", "Serve the gRPC API over TLS with this certificate chain."),
+]
+TlsKeyOpt = Annotated[
+    str | None, text_opt("--tls-key", "TLS_KEY", "The private key of --tls-cert.")
+]
+TlsClientCaOpt = Annotated[
+    str | None,
+    text_opt(
+        "--tls-client-ca", "TLS_CLIENT_CA", "Mutual TLS: require client certificates of this CA."
+    ),
+]
+AuthTokensOpt = Annotated[
+    str | None,
+    text_opt(
+        "--auth-tokens",
+        "AUTH_TOKENS",
+        'Require bearer tokens: a TOML file, [tokens] "tok" = ["namespace", ...] ("*": all).',
+        metavar="FILE",
+    ),
+]
+EtcdUserOpt = Annotated[
+    str | None, text_opt("--etcd-user", "ETCD_USER", "etcd user name (etcd auth).", metavar="NAME")
+]
+EtcdPasswordOpt = Annotated[
+    str | None,
+    text_opt(
+        "--etcd-password",
+        "ETCD_PASSWORD",
+        "etcd password (prefer the environment variable).",
+        metavar="PASSWORD",
+    ),
+]
+EtcdCaOpt = Annotated[
+    str | None, text_opt("--etcd-ca", "ETCD_CA", "TLS to etcd, trusting this CA.")
+]
+EtcdCertOpt = Annotated[
+    str | None,
+    text_opt("--etcd-cert", "ETCD_CERT", "Client certificate for etcd (--client-cert-auth)."),
+]
+EtcdKeyOpt = Annotated[
+    str | None, text_opt("--etcd-key", "ETCD_KEY", "The private key of --etcd-cert.")
+]
+
+
+class Switch(enum.StrEnum):
+    on = "on"
+    off = "off"
+
+
+def _int_opt(flag: str, name: str, help: str, *, min: int = 0) -> Any:
+    return typer.Option(flag, envvar=env(name), min=min, help=help)
+
+
+def _float_opt(flag: str, name: str, help: str, *, min: float = 0) -> Any:
+    return typer.Option(flag, envvar=env(name), min=min, help=help)
+
+
+@node_app.command("drain")
+def node_drain(address: AddressOpt = DEFAULT_ADDRESS) -> None:
+    """Hand a node's partitions to the others and take no more; it keeps serving the API,
+    so workers finish what they hold. Stop it afterwards.
+
+    Example: chronoq node drain --address 127.0.0.1:7071
+    """
+    if len(split_addresses(address)) != 1:
+        raise typer.BadParameter(
+            "drain one node at a time: give its address only", param_hint="--address"
+        )
+    released = call(address, DEFAULT_NAMESPACE, lambda c: c.drain())
+    out.print(f"drained {address}: released {len(released)} partitions")
+
+
+@node_app.callback()
+def node(
+    ctx: typer.Context,
+    dsn: Annotated[
+        str | None,
+        typer.Option("--dsn", envvar=env("DSN"), help="PostgreSQL DSN of the task store."),
+    ] = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    node_id: Annotated[
+        str | None,
+        typer.Option(
+            "--node-id", envvar=env("NODE_ID"), help="Stable node name [default: random]."
+        ),
+    ] = None,
+    partitions: PartitionsOpt = DEFAULT_PARTITIONS,
+    bucket_seconds: BucketSecondsOpt = DEFAULT_BUCKET_SECONDS,
+    tick_ms: TickMsOpt = None,
+    max_payload_bytes: Annotated[
+        int | None,
+        _int_opt("--max-payload-bytes", "MAX_PAYLOAD_BYTES", "Largest payload a submit may carry."),
+    ] = None,
+    horizon_days: Annotated[
+        int | None,
+        _int_opt("--horizon-days", "HORIZON_DAYS", "How far ahead a task may be scheduled.", min=1),
+    ] = None,
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            "--etcd",
+            envvar=env("ETCD"),
+            metavar="HOST:PORT,...",
+            help="etcd endpoints: join a cluster [default: own every partition alone].",
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", envvar=env("CLUSTER"), help="Cluster name in etcd."),
+    ] = None,
+    lease_ttl: LeaseTtlOpt = None,
+    virtual_clock: Annotated[
+        bool,
+        typer.Option(
+            "--virtual-clock",
+            envvar=env("VIRTUAL_CLOCK"),
+            help="Fire by the cluster's shared virtual clock in etcd (tests, the lab).",
+        ),
+    ] = False,
+    clock_offset_ms: Annotated[
+        int,
+        typer.Option(
+            "--clock-offset-ms",
+            envvar=env("CLOCK_OFFSET_MS"),
+            hidden=True,
+            help="Run the node's clock this far ahead (or behind): the chaos "
+            "harness's clock-jump fault.",
+        ),
+    ] = 0,
+    max_clock_offset_ms: Annotated[
+        int | None,
+        _int_opt(
+            "--max-clock-offset-ms",
+            "MAX_CLOCK_OFFSET_MS",
+            "With --etcd: off by more than this from PostgreSQL's clock, the node hands "
+            "its partitions off and reports NOT_SERVING until its clock is right (0: never "
+            "checked).",
+        ),
+    ] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    tls_client_ca: TlsClientCaOpt = None,
+    auth_tokens: AuthTokensOpt = None,
+    etcd_user: EtcdUserOpt = None,
+    etcd_password: EtcdPasswordOpt = None,
+    etcd_ca: EtcdCaOpt = None,
+    etcd_cert: EtcdCertOpt = None,
+    etcd_key: EtcdKeyOpt = None,
+    metrics_host: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-host",
+            envvar=env("METRICS_HOST"),
+            help="Address of the Prometheus /metrics endpoint.",
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        _int_opt(
+            "--metrics-port",
+            "METRICS_PORT",
+            "Serve Prometheus metrics on this port [default: off].",
+        ),
+    ] = None,
+    retention_days: Annotated[
+        float | None,
+        _float_opt(
+            "--retention-days",
+            "RETENTION_DAYS",
+            "Keep SUCCEEDED/CANCELLED/SKIPPED tasks this long (0: forever).",
+        ),
+    ] = None,
+    dead_retention_days: Annotated[
+        float | None,
+        _float_opt(
+            "--dead-retention-days",
+            "DEAD_RETENTION_DAYS",
+            "Keep DEAD tasks (the DLQ) this long (0: forever).",
+        ),
+    ] = None,
+    submit_quota: Annotated[
+        float | None,
+        _float_opt(
+            "--submit-quota",
+            "SUBMIT_QUOTA",
+            "Submits per second per namespace on this node "
+            "(RESOURCE_EXHAUSTED above) [default: unlimited].",
+        ),
+    ] = None,
+    submit_quota_burst: Annotated[
+        float | None,
+        _float_opt(
+            "--submit-quota-burst",
+            "SUBMIT_QUOTA_BURST",
+            "Burst of the submit quota [default: 1 s worth].",
+            min=1,
+        ),
+    ] = None,
+    long_polls_per_namespace: Annotated[
+        int | None,
+        _int_opt(
+            "--long-polls-per-namespace",
+            "LONG_POLLS_PER_NAMESPACE",
+            "Long-polling claims one namespace may hold open on this node (RESOURCE_EXHAUSTED "
+            "above).",
+            min=1,
+        ),
+    ] = None,
+    long_polls_per_node: Annotated[
+        int | None,
+        _int_opt(
+            "--long-polls-per-node",
+            "LONG_POLLS_PER_NODE",
+            "Long-polling claims this node holds open, all namespaces together.",
+            min=1,
+        ),
+    ] = None,
+    ready_notices: Annotated[
+        Switch | None,
+        typer.Option(
+            "--ready-notices",
+            envvar=env("READY_NOTICES"),
+            help="on: tell the other nodes through PostgreSQL NOTIFY which queues have new "
+            "ready tasks (the default); off: they find them by polling.",
+        ),
+    ] = None,
+    schedules_per_namespace: Annotated[
+        int | None,
+        _int_opt(
+            "--schedules-per-namespace",
+            "SCHEDULES_PER_NAMESPACE",
+            "Schedules one namespace may hold.",
+            min=1,
+        ),
+    ] = None,
+    queue_limits_per_namespace: Annotated[
+        int | None,
+        _int_opt(
+            "--queue-limits-per-namespace",
+            "QUEUE_LIMITS_PER_NAMESPACE",
+            "Queue dispatch limits one namespace may set.",
+            min=1,
+        ),
+    ] = None,
+    show_config: Annotated[
+        bool,
+        typer.Option(
+            "--show-config",
+            help="Print the effective settings, where each "
+            "came from (flag, env, file, default), and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Run a scheduler node on an external PostgreSQL (and etcd), until Ctrl-C or SIGTERM.
+
+    Settings come from flags, then CHRONOQ_* variables, then the [node] table of the file
+    given by --config (CHRONOQ_CONFIG), then defaults.
+
+    Example: chronoq node --dsn postgresql://chronoq@db:5432/chronoq --etcd etcd:2379
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if show_config:
+        _print_sources(ctx)
+        return
+    if dsn is None:
+        raise typer.BadParameter(
+            "a PostgreSQL DSN is needed (or CHRONOQ_DSN, or dsn in the [node] table of --config)",
+            param_hint="--dsn",
+        )
+    if virtual_clock and not etcd:
+        raise typer.BadParameter(
+            "the virtual clock lives in etcd: give --etcd too", param_hint="--virtual-clock"
+        )
+    _serve(ctx.params, virtual_clock=virtual_clock, clock_offset_ms=clock_offset_ms)
+
+
+def _serve(params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int) -> None:
+    from chronoq.node.settings_from import NodeOptions, settings_from
+
+    given = {k: v for k, v in params.items() if k in NodeOptions.names()}
+    if given["ready_notices"] is not None:
+        given["ready_notices"] = given["ready_notices"] is Switch.on
+    options = NodeOptions(**given)
+    if options.etcd is None and any(options.etcd_access.values()):
+        raise typer.BadParameter("etcd credentials and TLS need --etcd too", param_hint="--etcd-*")
+    with reported():
+        settings = settings_from(options)
+    offset = timedelta(milliseconds=clock_offset_ms)
+    run(_run_node(settings, virtual_clock=virtual_clock, clock_offset=offset))
+
+
+async def _run_node(
+    settings: NodeSettings, *, virtual_clock: bool, clock_offset: timedelta
+) -> None:
+    from chronoq.node.serve import serve
+
+    def started(node: Node) -> None:
+        out.print(f"node {settings.node_id} serving on {node.address} (Ctrl-C to stop)")
+
+    try:
+        await serve(
+            settings,
+            stop_event(),
+            virtual_clock=virtual_clock,
+            clock_offset=clock_offset,
+            started=started,
+            stopping=lambda: err.print("stopping …"),
+        )
+    except (RuntimeError, OSError) as exc:  # grpc bind failures are RuntimeErrors
+        fail(f"node could not start on {settings.host}:{settings.port}: {exc}")
+
+
+# ---------------------------------------------------------------------- config
+
+
+def config_command(ctx: typer.Context) -> None:
+    """Show the effective settings of a node and where each came from (flag, CHRONOQ_*
+    variable, the --config file, or the default). Extra arguments are node flags.
+
+    Example: chronoq --config chronoq.toml config --port 7071
+    """
+    root = ctx.find_root()
+    node_cmd = root.command.commands["node"]  # type: ignore[attr-defined]
+    sub = node_cmd.make_context("node", [*ctx.args, "--show-config"], parent=root)
+    with sub:
+        node_cmd.invoke(sub)
+
+
+_SOURCE_NAMES = {
+    "COMMANDLINE": "flag",
+    "ENVIRONMENT": "env",
+    "DEFAULT_MAP": "file",
+    "DEFAULT": "default",
+    "PROMPT": "prompt",
+}
+#: Settings whose whole value is a secret, shown as ``MASK``: ``*password`` and these (any
+#: other has the passwords of its DSN or URLs masked by ``mask_dsn``; paths stay readable).
+_SECRET = frozenset({"token"})
+
+
+def _print_sources(ctx: typer.Context) -> None:
+    """The effective value of every option of a command, and where it came from."""
+    from chronoq.node.settings_from import shown_defaults
+
+    defaults = shown_defaults()
+    table = Table(title=f"chronoq {ctx.info_name}: effective settings", title_justify="left")
+    for column in ("setting", "value", "from"):
+        table.add_column(column)
+    for param in ctx.command.params:
+        name = param.name or ""
+        if name in ("show_config", "help") or param.param_type_name != "option":
+            continue
+        value = ctx.params.get(name)
+        if value is None:
+            value = defaults.get(name)
+        source = ctx.get_parameter_source(name)
+        origin = _SOURCE_NAMES.get(source.name if source else "DEFAULT", "default")
+        if origin == "env" and param.envvar:
+            origin = f"env {param.envvar}"
+        shown = "-" if value is None else _redact(name, str(value))
+        table.add_row(param.opts[0], escape(shown), origin)
+    out.print(table)
+
+
+def _redact(name: str, value: str) -> str:
+    """A setting's value fit to print: secrets masked wherever they sit."""
+    if name in _SECRET or name.endswith("password"):
+        return MASK
+    return mask_dsn(value)

@@ -1,0 +1,169 @@
+"""The one-command tour behind ``chronoq demo``: a local cluster, timed tasks, workers, retries.
+
+It runs on a fresh database of the embedded stack, dropped at the end. What it prints is the
+caller's: progress and the outcome come back through ``announce``, ``on_counts`` and the
+returned ``DemoRun``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from chronoq.client import Client, MemberStatus, NewTask, Worker
+from chronoq.client.demo import DEMO_QUEUE, DemoPayload, DemoSummary, demo_payloads, handlers_for
+from chronoq.client.demo import summarize as summarize_tasks
+from chronoq.devstack import DevStack, DevStackSettings
+from chronoq.durations import format_duration
+from chronoq.models import TaskState
+
+DEFAULT_DATA_DIR = Path(".chronoq")
+"""Where the local stack keeps its data unless told otherwise (``chronoq dev`` and ``demo``)."""
+SUBMIT_BATCH = 1000
+"""Tasks per SubmitBatch call."""
+DEMO_MAX_ATTEMPTS = 3
+DEMO_BACKOFF_INITIAL = timedelta(milliseconds=200)
+DEMO_BACKOFF_MAX = timedelta(seconds=2)
+FINISH_GRACE = timedelta(seconds=60)
+"""How long after the last run_at the tasks may take to finish."""
+WATCH_INTERVAL = 0.25
+"""Seconds between two counts of the tasks by state."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What to run: ``tasks`` spread over ``over`` on ``nodes`` nodes, served by ``workers``."""
+
+    tasks: int = 3000
+    over: timedelta = timedelta(seconds=60)
+    workers: int = 4
+    concurrency: int = 50
+    fail_rate: float = 0.05
+    data_dir: Path = DEFAULT_DATA_DIR
+    seed: int = 0
+    nodes: int = 3
+
+    @property
+    def deadline(self) -> float:
+        """Seconds the run may take before it counts as unfinished."""
+        return (self.over + FINISH_GRACE).total_seconds()
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """What became of a demo run."""
+
+    summary: DemoSummary
+    payloads: list[DemoPayload]
+    members: list[MemberStatus]
+    wall_seconds: float
+    finished: bool  # every task terminal before the deadline and no stop
+
+    @property
+    def expected_dead(self) -> tuple[int, int]:
+        """Tasks meant to die: (fatal, out of attempts)."""
+        fatal = sum(p.fatal for p in self.payloads)
+        exhausted = sum(not p.fatal and p.fail_attempts >= DEMO_MAX_ATTEMPTS for p in self.payloads)
+        return fatal, exhausted
+
+
+async def run_demo(
+    opts: DemoOptions,
+    stop: asyncio.Event,
+    *,
+    announce: Callable[[str], None],
+    on_counts: Callable[[dict[TaskState, int]], None],
+) -> DemoRun:
+    """Run the demo until every task is terminal, the deadline passes or ``stop`` is set."""
+    database = f"demo_{datetime.now(UTC):%Y%m%d_%H%M%S}_{os.getpid()}"
+    settings = DevStackSettings(
+        data_dir=opts.data_dir, port=0, database=database, drop_database=True, nodes=opts.nodes
+    )
+    what = "a node" if opts.nodes == 1 else f"etcd and {opts.nodes} nodes"
+    announce(f"starting {what} on the embedded stack in {opts.data_dir} (database {database}) …")
+    async with DevStack(settings) as stack:
+        announce(
+            f"nodes on {', '.join(stack.addresses)}; submitting {opts.tasks} tasks over "
+            f"{format_duration(opts.over)} to {opts.workers} workers"
+        )
+        started = time.monotonic()
+        payloads = demo_payloads(opts.tasks, fail_rate=opts.fail_rate, seed=opts.seed)
+        async with Client(stack.address, timeout=60) as client:
+            await _submit(client, payloads, opts.over)
+            async with _workers(stack.addresses, opts):
+                finished = await _watch(stack, opts, stop, on_counts)
+            summary = summarize_tasks([t async for t in client.iter_tasks(queue=DEMO_QUEUE)])
+            members = (await client.status(bucket_horizon=0)).members
+        wall = time.monotonic() - started
+    return DemoRun(summary, payloads, members, wall, finished)
+
+
+async def _submit(client: Client, payloads: list[DemoPayload], over: timedelta) -> None:
+    now = datetime.now(UTC)
+    specs = [
+        NewTask(
+            queue=DEMO_QUEUE,
+            run_at=now + over * (i + 1) / len(payloads),
+            payload=p.encode(),
+            idempotency_key=f"demo-{p.n}",
+            max_attempts=DEMO_MAX_ATTEMPTS,
+            backoff_initial=DEMO_BACKOFF_INITIAL,
+            backoff_max=DEMO_BACKOFF_MAX,
+        )
+        for i, p in enumerate(payloads)
+    ]
+    for start in range(0, len(specs), SUBMIT_BATCH):
+        await client.submit_ids(specs[start : start + SUBMIT_BATCH])
+
+
+@contextlib.asynccontextmanager
+async def _workers(addresses: list[str], opts: DemoOptions) -> AsyncIterator[list[Worker]]:
+    """Workers spread over the nodes: any node serves any task."""
+    async with contextlib.AsyncExitStack() as resources:
+        workers = []
+        for i in range(opts.workers):
+            address = addresses[i % len(addresses)]
+            client = await resources.enter_async_context(Client(address, timeout=30))
+            workers.append(
+                Worker(
+                    client,
+                    handlers_for([DEMO_QUEUE]),
+                    concurrency=opts.concurrency,
+                    worker_id=f"demo-worker-{i + 1}",
+                )
+            )
+        runs = [
+            asyncio.create_task(w.run(), name=f"demo-worker-{i + 1}") for i, w in enumerate(workers)
+        ]
+        try:
+            yield workers
+        finally:
+            for w in workers:
+                w.stop()
+            await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def _watch(
+    stack: DevStack,
+    opts: DemoOptions,
+    stop: asyncio.Event,
+    on_counts: Callable[[dict[TaskState, int]], None],
+) -> bool:
+    """Report counts until every task is terminal (True), or the deadline or a stop (False)."""
+    deadline = time.monotonic() + opts.deadline
+    while True:
+        counts = await stack.store.count_by_state()
+        on_counts(counts)
+        if sum(n for s, n in counts.items() if s.terminal) >= opts.tasks:
+            return True
+        if stop.is_set() or time.monotonic() >= deadline:
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(WATCH_INTERVAL):
+                await stop.wait()

@@ -1,0 +1,1 @@
+"""Looking inside a store: bulk task rows and the plans of the firing scan (lab, benchmarks)."""

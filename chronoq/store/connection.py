@@ -1,0 +1,203 @@
+"""The store's connection to PostgreSQL: the pool, its liveness settings, and the one place
+where driver and network errors become ``StoreUnavailable``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any, Self
+
+import asyncpg
+
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.errors import StoreUnavailable
+from chronoq.limits import Limits
+from chronoq.saturating import LONGEST, clamp, ms_of
+from chronoq.store.migrations import migrate
+from chronoq.store.sql import q
+
+# The driver's and the network's ways of saying "PostgreSQL cannot answer now": an outage,
+# not a bad statement.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # password, pg_hba, TLS
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.InternalClientError,  # a connection left mid-protocol by a crash
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cancelled query
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,  # see _LIVENESS
+    TimeoutError,  # command_timeout: the server or the network stopped answering
+)
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except UNAVAILABLE as exc:
+        raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+# The server notices a vanished client (a node cut off or killed) within seconds and ends
+# its transaction, so the fence locks of an in-flight owner statement do not outlive it.
+# Keepalives cover a dead peer; a peer that is alive but silent (a node cut off between the
+# statement and the COMMIT of a reap, behind a proxy or a partition) holds its FOR SHARE
+# locks on the fences until the idle-in-transaction timeout, and the successor's fence write
+# waits that long: keep it under the time a successor needs to take over (0.6 x lease TTL).
+# chronoq never idles in a transaction beyond a few ms of Python between two statements.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 1000
+_LIVENESS = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "client_connection_check_interval": "2000",
+    "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
+}
+
+
+# A listening connection sends nothing: keepalives and the server's connection check are
+# what notice a lost one (no idle-transaction timeout: it never opens a transaction).
+_LISTEN_LIVENESS = {k: v for k, v in _LIVENESS.items() if "transaction" not in k}
+#: Seconds a pool waits for its busy connections when closing, before it terminates them.
+CLOSE_TIMEOUT_S = 10
+#: Seconds to open a listening connection, and to close one.
+LISTEN_CONNECT_TIMEOUT_S = 10
+LISTEN_CLOSE_TIMEOUT_S = 5
+
+
+async def _no_reset(conn: Any) -> None:
+    """The store leaves no session state behind (no LISTEN, cursors or held locks)."""
+
+
+class Listener:
+    """A listening connection; ``closed`` once it is lost (the caller opens a new one)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.is_closed()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._conn.close(), LISTEN_CLOSE_TIMEOUT_S)
+        if not self._conn.is_closed():
+            self._conn.terminate()
+
+
+class Connected:
+    """A pool on one PostgreSQL database and the settings every statement of the store uses;
+    the base of the store's role classes."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+        limits: Limits | None = None,
+        dsn: str | None = None,
+    ) -> None:
+        self.pool = pool
+        self.partitions = partitions
+        self.bucket_seconds = bucket_seconds
+        self.dsn = dsn  # for connections outside the pool (listening for notices)
+        # Stored durations are saturated at these bounds wherever they meet a time.
+        self.limits = limits or Limits()
+        self.horizon: timedelta = clamp(self.limits.horizon, timedelta(0), LONGEST)
+        self.lease_bounds_ms = (
+            ms_of(self.limits.min_lease_timeout),
+            max(ms_of(self.limits.min_lease_timeout), ms_of(self.limits.max_lease_timeout)),
+        )
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+        min_size: int = 2,
+        max_size: int = 10,
+        migrate: bool = True,
+        command_timeout: float = 15.0,
+        limits: Limits | None = None,
+    ) -> Self:
+        """Open a pool on ``dsn`` and, by default, apply pending migrations.
+
+        Statements give up after ``command_timeout`` (then ``StoreUnavailable``), so a node
+        cut off from PostgreSQL notices within seconds instead of hanging.
+        """
+        with _translated():
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                command_timeout=command_timeout,
+                server_settings={"application_name": "chronoq", "timezone": "UTC", **_LIVENESS},
+                reset=_no_reset,  # no session state to reset: saves a statement per call
+            )
+        store = cls(
+            pool, partitions=partitions, bucket_seconds=bucket_seconds, limits=limits, dsn=dsn
+        )
+        if migrate:
+            await store.migrate()
+        return store
+
+    async def migrate(self) -> list[int]:
+        """Apply the migrations not yet applied, each in its own transaction; returns them."""
+        async with self.connection() as conn:
+            return await migrate(conn)
+
+    async def close(self) -> None:
+        """Close the pool; connections still busy after 10 s are terminated."""
+        try:
+            await asyncio.wait_for(self.pool.close(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            self.pool.terminate()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """A pooled connection whose driver and network errors come out as StoreUnavailable
+        (every statement of the store and its companions goes through here)."""
+        with _translated():
+            async with self.pool.acquire() as conn:
+                yield conn
+
+    async def probe(self, timeout: float = 2.0) -> bool:
+        """Whether PostgreSQL answers a trivial query within ``timeout`` seconds."""
+        try:
+            async with self.connection() as conn:
+                await conn.fetchval("SELECT 1", timeout=timeout)
+        except StoreUnavailable:
+            return False
+        return True
+
+    async def announce(self, channel: str, payloads: Sequence[str]) -> None:
+        """NOTIFY ``channel`` once per payload, in one statement."""
+        if payloads:
+            async with self.connection() as conn:
+                await conn.execute(q("announce"), channel, list(payloads))
+
+    async def listen(self, channel: str, on_notice: Callable[[str], None]) -> Listener:
+        """A connection of its own (outside the pool) that LISTENs on ``channel`` and passes
+        each notice's payload to ``on_notice``."""
+        if self.dsn is None:
+            raise StoreUnavailable("no DSN to open a listening connection with")
+        with _translated():
+            conn = await asyncpg.connect(
+                self.dsn,
+                timeout=LISTEN_CONNECT_TIMEOUT_S,
+                server_settings={"application_name": "chronoq-listen", **_LISTEN_LIVENESS},
+            )
+            try:
+                await conn.add_listener(channel, lambda _c, _pid, _ch, payload: on_notice(payload))
+            except BaseException:
+                await conn.close()
+                raise
+        return Listener(conn)

@@ -1,0 +1,119 @@
+"""Operator statements: requeue of dead tasks, queue limits, retention, counts and depths."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+
+from chronoq.buckets import bucket_of
+from chronoq.errors import InvalidArgument, NamespaceCapReached
+from chronoq.models import Task, TaskState
+from chronoq.store.connection import Connected
+from chronoq.store.rows import known, parse_task_id, task_of
+from chronoq.store.sql import q
+
+
+class _Abort(InvalidArgument):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            "ids", f"task {task_id} is not DEAD (or does not exist); nothing was requeued"
+        )
+
+
+class OperatorStatements(Connected):
+    """The statements of operators and of the node's status and housekeeping: requeue,
+    queue limits, purge, counts."""
+
+    async def requeue(self, namespace: str, ids: Sequence[str], now: datetime) -> list[Task]:
+        """DEAD → READY now, with a fresh attempt budget. All or none."""
+        if not ids:
+            raise InvalidArgument("ids", "name at least one dead task")
+        parsed = [parse_task_id(i) for i in ids]
+        async with self.connection() as conn, conn.transaction():
+            rows = await conn.fetch(
+                q("requeue_dead"), parsed, namespace, now, bucket_of(now, self.bucket_seconds)
+            )
+            if len(rows) != len(set(parsed)):
+                done = {str(r["id"]) for r in rows}
+                bad = next(i for i in ids if str(parse_task_id(i)) not in done)
+                raise _Abort(bad)
+        return [task_of(r) for r in rows]
+
+    async def ready_counts(
+        self, keys: Sequence[tuple[str, str]], caps: Sequence[int]
+    ) -> dict[tuple[str, str], int]:
+        """READY tasks per (namespace, queue) of ``keys``, each counted up to its cap."""
+        if not keys:
+            return {}
+        async with self.connection() as conn:
+            rows = await conn.fetch(
+                q("ready_counts"), [k[0] for k in keys], [k[1] for k in keys], list(caps)
+            )
+        return {(r["namespace"], r["queue"]): r["n"] for r in rows}
+
+    async def pending_by_bucket(
+        self, partitions: Sequence[int], first: int, last: int
+    ) -> dict[tuple[int, int], int]:
+        """Pending (SCHEDULED) tasks per (partition, bucket) over ``first..last``."""
+        async with self.connection() as conn:
+            rows = await conn.fetch(q("pending_by_bucket"), list(partitions), first, last)
+        return {(r["partition"], r["bucket"]): r["pending"] for r in rows}
+
+    async def queue_depth(
+        self, partitions: Sequence[int], first: int, last: int
+    ) -> dict[tuple[str, str, str], int]:
+        """(namespace, queue, state name) → tasks: READY and RUNNING, and SCHEDULED in the
+        buckets ``first..last`` of ``partitions``."""
+        async with self.connection() as conn:
+            rows = await conn.fetch(q("queue_depth"), list(partitions), first, last)
+        return {(r["namespace"], r["queue"], TaskState(r["state"]).name): r["n"] for r in rows}
+
+    async def purge_finished(
+        self, partitions: Sequence[int], states: Sequence[TaskState], before: datetime, batch: int
+    ) -> int:
+        """Delete up to ``batch`` tasks in ``states`` that finished before ``before``."""
+        if not partitions:
+            return 0
+        async with self.connection() as conn:
+            status = await conn.execute(
+                q("purge_finished"), list(partitions), [int(s) for s in states], before, batch
+            )
+        return int(status.split()[-1])
+
+    async def set_queue_limit(
+        self,
+        namespace: str,
+        queue: str,
+        rate: float,
+        burst: float,
+        now: datetime,
+        *,
+        cap: int,
+    ) -> None:
+        """Limit dispatch of a queue to ``rate`` tasks/s across the cluster; rate 0 removes it.
+
+        A namespace holds at most ``cap`` limits (``NamespaceCapReached`` for one more);
+        changing or removing one is always allowed.
+        """
+        async with self.connection() as conn:
+            if rate <= 0:
+                await conn.execute(q("delete_queue_limit"), namespace, queue)
+                return
+            row = await conn.fetchrow(q("set_queue_limit"), namespace, queue, rate, burst, now, cap)
+        if row is None:
+            raise NamespaceCapReached(namespace, "queue limits", cap)
+
+    async def queue_limits(self) -> dict[tuple[str, str], tuple[float, float]]:
+        async with self.connection() as conn:
+            rows = await conn.fetch(q("queue_limits"))
+        return {(r["namespace"], r["queue"]): (r["rate"], r["burst"]) for r in rows}
+
+    async def count_by_state(self) -> dict[TaskState, int]:
+        """Exact counts per state: a full scan, for tests, demos and small tables only."""
+        async with self.connection() as conn:
+            rows = await conn.fetch(q("count_by_state"))
+        counts: Counter[TaskState] = Counter()
+        for r in rows:  # a state no version knows counts as DEAD, as a task reads
+            counts[known(TaskState, r["state"], TaskState.DEAD)] += r["n"]
+        return dict(counts)

@@ -1,0 +1,473 @@
+"""Client and worker statements: submit, get, cancel, list; claim, heartbeat, complete,
+fail, release. Each state change is one conditional UPDATE whose rows decide who won."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import asyncpg
+
+from chronoq.buckets import bucket_of, partition_of
+from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
+from chronoq.models import (
+    AckOutcome,
+    HeartbeatOutcome,
+    Lease,
+    LeaseMiss,
+    Page,
+    SubmitOutcome,
+    Task,
+    TaskSpec,
+    TaskState,
+)
+from chronoq.store.connection import Connected
+from chronoq.store.quarantine import POISON, reason
+from chronoq.store.rows import known, parse_task_id, retry_decision, task_of, whole_ms
+from chronoq.store.sql import q
+from chronoq.timeslice import Timeslice, converted
+
+log = logging.getLogger("chronoq.store")
+
+_ZERO_UUID = uuid.UUID(int=0)
+#: Bytes a page of a listing holds at most (unless one task alone is larger): it fits in the
+#: 4 MiB a gRPC client accepts by default, and eight concurrent listings of 256 KiB payloads
+#: hold tens of megabytes on a node, not gigabytes.
+PAGE_BYTES = 3 * 1024 * 1024
+#: What a listed task costs besides its strings: ids, times, numbers and framing.
+ROW_BYTES = 256
+#: Specs turned into insert columns between two yields to the event loop (a few ms).
+COLUMN_SLICE = 200
+#: Bounds of ``list_tasks``' page size.
+MAX_PAGE_SIZE = 1000
+#: Characters of a worker's error message that are stored.
+MAX_ERROR = 4000
+
+R = TypeVar("R")
+
+
+def _matched(
+    ids: Sequence[uuid.UUID],
+    specs: Sequence[TaskSpec],
+    inserted: Mapping[uuid.UUID, R],
+    existing: Mapping[tuple[str, str], R],
+) -> list[tuple[R, bool]]:
+    """Per spec, what the insert made of it and whether it was created: its own new row,
+    or the first task of its (namespace, idempotency_key)."""
+    out: list[tuple[R, bool]] = []
+    for task_id, s in zip(ids, specs, strict=True):
+        if task_id in inserted:
+            out.append((inserted[task_id], True))
+        else:
+            assert s.idempotency_key is not None
+            out.append((existing[(s.namespace, s.idempotency_key)], False))
+    return out
+
+
+def _conflicting_keys(
+    ids: Sequence[uuid.UUID], specs: Sequence[TaskSpec], inserted: Mapping[uuid.UUID, Any]
+) -> dict[str, list[str]]:
+    """Per namespace, the idempotency keys of the specs the insert skipped."""
+    missing: dict[str, list[str]] = {}
+    for task_id, s in zip(ids, specs, strict=True):
+        if task_id not in inserted and s.idempotency_key is not None:
+            missing.setdefault(s.namespace, []).append(s.idempotency_key)
+    return missing
+
+
+def _lease_columns(leases: Sequence[Lease]) -> tuple[list[uuid.UUID], list[int]]:
+    return [parse_task_id(lease.task_id) for lease in leases], [
+        lease.lease_token for lease in leases
+    ]
+
+
+async def _completed_by(
+    conn: asyncpg.Connection, namespace: str, leases: Sequence[Lease], ok: set[str]
+) -> set[str]:
+    """The tasks among the misses that are SUCCEEDED by the very attempt of their lease."""
+    missed = [lease for lease in leases if lease.task_id not in ok]
+    if not missed:
+        return set()
+    ids, tokens = _lease_columns(missed)
+    rows = await conn.fetch(q("completed_by"), namespace, ids, tokens)
+    return {str(r["id"]) for r in rows}
+
+
+async def _explain_misses(
+    conn: asyncpg.Connection, namespace: str, leases: Sequence[Lease], ok: set[str]
+) -> dict[str, tuple[LeaseMiss, str]]:
+    """Why each lease not in ``ok`` missed, as a reason and in words."""
+    missed = [lease for lease in leases if lease.task_id not in ok]
+    if not missed:
+        return {}
+    rows = await conn.fetch(
+        q("lease_states"), namespace, [parse_task_id(m.task_id) for m in missed]
+    )
+    found = {str(r["id"]): r for r in rows}
+    out: dict[str, tuple[LeaseMiss, str]] = {}
+    for m in missed:
+        r = found.get(m.task_id)
+        if r is None:
+            out[m.task_id] = (LeaseMiss.NO_TASK, f"no task {m.task_id} in namespace {namespace!r}")
+            continue
+        state = known(TaskState, r["state"], TaskState.DEAD)
+        if state is TaskState.CANCELLED:
+            out[m.task_id] = (LeaseMiss.CANCELLED, "the task was cancelled")
+        elif state is not TaskState.RUNNING:
+            out[m.task_id] = (LeaseMiss.NOT_RUNNING, f"the task is {state.name}, not RUNNING")
+        else:
+            out[m.task_id] = (
+                LeaseMiss.STALE,
+                f"lease token {m.lease_token} is stale; the current attempt is {r['attempt']}",
+            )
+    return out
+
+
+def _check_lease(row: Any, lease: Lease, namespace: str) -> None:
+    if row is None:
+        raise TaskNotFound(lease.task_id, namespace)
+    state = known(TaskState, row["state"], TaskState.DEAD)
+    if state is not TaskState.RUNNING:
+        raise StaleLease(lease.task_id, lease.lease_token, f"the task is {state.name}, not RUNNING")
+    if row["attempt"] != lease.lease_token:
+        raise StaleLease(
+            lease.task_id, lease.lease_token, f"the current attempt is {row['attempt']}"
+        )
+
+
+class TaskStatements(Connected):
+    """The statements of clients (submit, get, cancel, list) and workers (claim, heartbeat,
+    complete, fail, release)."""
+
+    # ---------------------------------------------------------------- clients
+
+    def _insert_columns(
+        self, specs: Sequence[TaskSpec], now: datetime
+    ) -> tuple[list[uuid.UUID], list[list[Any]]]:
+        """New ids and the column arrays of ``insert_tasks``; due tasks start READY."""
+        raw = os.urandom(16 * len(specs))  # one syscall for the whole batch
+        ids = [uuid.UUID(bytes=raw[i : i + 16], version=4) for i in range(0, len(raw), 16)]
+        cols: list[list[Any]] = [[] for _ in range(16)]
+        ready, scheduled = int(TaskState.READY), int(TaskState.SCHEDULED)
+        for task_id, s in zip(ids, specs, strict=True):
+            row = (
+                task_id,
+                s.namespace,
+                s.queue,
+                partition_of(task_id.bytes, self.partitions),
+                bucket_of(s.run_at, self.bucket_seconds),
+                s.run_at,
+                ready if s.run_at <= now else scheduled,
+                s.priority,
+                s.payload,
+                s.idempotency_key,
+                s.max_attempts,
+                whole_ms(s.backoff_initial),
+                whole_ms(s.backoff_max),
+                whole_ms(s.lease_timeout),
+                int(s.misfire_policy),
+                whole_ms(s.misfire_grace),
+            )
+            for col, value in zip(cols, row, strict=True):
+                col.append(value)
+        return ids, cols
+
+    async def _insert_columns_sliced(
+        self, specs: Sequence[TaskSpec], now: datetime
+    ) -> tuple[list[uuid.UUID], list[list[Any]]]:
+        """``_insert_columns`` a slice at a time, yielding between slices: a full batch takes
+        a tenth of a second, which the event loop must not spend in one go."""
+        ids: list[uuid.UUID] = []
+        cols: list[list[Any]] = []
+        timeslice = Timeslice()
+        for start in range(0, len(specs), COLUMN_SLICE):
+            part_ids, part_cols = self._insert_columns(specs[start : start + COLUMN_SLICE], now)
+            ids += part_ids
+            if not cols:
+                cols = part_cols
+            else:
+                for col, part in zip(cols, part_cols, strict=True):
+                    col.extend(part)
+            await timeslice.pause_if_due()
+        return ids, cols
+
+    async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
+        """Insert tasks durably; a repeated (namespace, idempotency_key) returns the first task.
+
+        A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
+        The insert answers with the rows it created; only the first tasks of repeated keys
+        are read afterwards.
+        """
+        if not specs:
+            return []
+        ids, cols = await self._insert_columns_sliced(specs, now)
+        async with self.connection() as conn:
+            inserted = {r["id"]: r for r in await conn.fetch(q("insert_tasks"), *cols, now)}
+            existing: dict[tuple[str, str], Any] = {}
+            for ns, keys in _conflicting_keys(ids, specs, inserted).items():
+                for r in await conn.fetch(q("tasks_by_idempotency_key"), ns, keys):
+                    existing[(ns, r["idempotency_key"])] = r
+        matched = _matched(ids, specs, inserted, existing)
+        tasks = await converted([row for row, _created in matched], task_of)
+        return [
+            SubmitOutcome(task, created)
+            for task, (_row, created) in zip(tasks, matched, strict=True)
+        ]
+
+    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> list[tuple[str, bool]]:
+        """``submit`` that answers only (task id, created) per spec: no rows sent back."""
+        if not specs:
+            return []
+        ids, cols = await self._insert_columns_sliced(specs, now)
+        async with self.connection() as conn:
+            rows = await conn.fetch(q("insert_task_ids"), *cols, now)
+            inserted = {r["id"]: r["id"] for r in rows}
+            existing: dict[tuple[str, str], uuid.UUID] = {}
+            for ns, keys in _conflicting_keys(ids, specs, inserted).items():
+                for r in await conn.fetch(q("task_ids_by_idempotency_key"), ns, keys):
+                    existing[(ns, r["idempotency_key"])] = r["id"]
+        return [(str(i), created) for i, created in _matched(ids, specs, inserted, existing)]
+
+    async def get(self, task_id: str, namespace: str) -> Task:
+        async with self.connection() as conn:
+            row = await conn.fetchrow(q("get_task"), parse_task_id(task_id), namespace)
+        if row is None:
+            raise TaskNotFound(task_id, namespace)
+        return task_of(row)
+
+    async def cancel(self, task_id: str, namespace: str, now: datetime) -> Task:
+        """SCHEDULED, READY or RUNNING → CANCELLED. A running worker learns it by heartbeat."""
+        async with self.connection() as conn:
+            row = await conn.fetchrow(q("cancel"), parse_task_id(task_id), namespace, now)
+        if row is not None:
+            return task_of(row)
+        current = await self.get(task_id, namespace)
+        raise InvalidTransition(task_id, current.state.name, "cancel")
+
+    async def list_tasks(
+        self,
+        namespace: str,
+        *,
+        queue: str | None = None,
+        state: TaskState | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+        max_bytes: int = PAGE_BYTES,
+    ) -> Page:
+        """A page of tasks ordered by id; pass ``next_token`` back for the next page.
+
+        The page ends early rather than pass ``max_bytes`` (it always holds one task), so a page
+        of large payloads costs the node megabytes, not ``page_size`` times the payload limit."""
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 1 and {MAX_PAGE_SIZE}")
+        after = _ZERO_UUID
+        if page_token:
+            try:
+                after = uuid.UUID(page_token)
+            except ValueError:
+                raise InvalidArgument("page_token", "is not a token from a previous page") from None
+        query = q("list_tasks") if state is None else q("list_tasks_in_state")
+        async with self.connection() as conn:
+            rows = await conn.fetch(
+                query,
+                namespace,
+                None if state is None else int(state),
+                queue,
+                after,
+                page_size,
+                max_bytes,
+                ROW_BYTES,
+            )
+        tasks = await converted(rows, task_of)
+        candidates = rows[0]["page_rows"] if rows else 0
+        more = candidates == page_size or len(rows) < candidates
+        return Page(tasks, tasks[-1].id if more else "")
+
+    # ---------------------------------------------------------------- workers
+
+    async def claim(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        max_tasks: int,
+        now: datetime,
+        *,
+        limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+    ) -> list[Task]:
+        """READY → RUNNING for up to ``max_tasks``; each gets attempt + 1 as its lease token.
+
+        Queues in ``limited`` have a cluster-wide dispatch limit: tokens are taken from their
+        bucket first, and the ones a claim did not use are given back.
+        """
+        async with self.connection() as conn:
+            caps = []
+            for queue in queues:
+                cap = max_tasks
+                if (namespace, queue) in limited:
+                    granted = await conn.fetchval(
+                        q("take_tokens"), namespace, queue, max_tasks, now
+                    )
+                    cap = max_tasks if granted is None else granted
+                caps.append(cap)
+            if not any(caps):
+                return []
+            rows = await self._claim_rows(conn, namespace, queues, max_tasks, worker_id, now, caps)
+            for queue, cap in zip(queues, caps, strict=True):
+                if (namespace, queue) in limited:
+                    used = sum(1 for r in rows if r["queue"] == queue)
+                    if cap > used:
+                        await conn.execute(q("return_tokens"), namespace, queue, cap - used)
+        tasks = await converted(rows, task_of)
+        tasks.sort(key=lambda t: (-t.priority, t.run_at))
+        return tasks
+
+    async def _claim_rows(
+        self,
+        conn: Any,
+        namespace: str,
+        queues: Sequence[str],
+        max_tasks: int,
+        worker_id: str,
+        now: datetime,
+        caps: list[int],
+    ) -> list[Any]:
+        """The claim statement. Its lease arithmetic saturates, so only a READY row whose
+        attempt counter is at its end (no next lease token fits) can fail it: such rows of
+        the claimed queues are quarantined, and the claim runs once more for everyone else."""
+        args = (namespace, list(queues), max_tasks, worker_id, now, caps, *self.lease_bounds_ms)
+        try:
+            return list(await conn.fetch(q("claim"), *args))
+        except POISON as exc:
+            why = reason(f"its attempt counter is at its end, no claim can take it: {exc}")
+            dead = await conn.fetch(q("quarantine_unclaimable"), namespace, list(queues), now, why)
+            if not dead:
+                raise
+            log.warning(
+                "quarantined %d unclaimable task(s) of %r: %s",
+                len(dead),
+                namespace,
+                ", ".join(str(r["id"]) for r in dead),
+            )
+            return list(await conn.fetch(q("claim"), *args))
+
+    async def heartbeat(
+        self, namespace: str, leases: Sequence[Lease], now: datetime
+    ) -> list[HeartbeatOutcome]:
+        """Extend the leases whose token is current; say why for the others."""
+        ids, tokens = _lease_columns(leases)
+        async with self.connection() as conn:
+            ok = {
+                str(r["id"])
+                for r in await conn.fetch(
+                    q("heartbeat"), namespace, ids, tokens, now, *self.lease_bounds_ms
+                )
+            }
+            misses = await _explain_misses(conn, namespace, leases, ok)
+        out = []
+        for lease in leases:
+            if lease.task_id in ok:
+                out.append(HeartbeatOutcome(lease.task_id, ok=True))
+            else:
+                miss, why = misses[lease.task_id]
+                out.append(
+                    HeartbeatOutcome(
+                        lease.task_id,
+                        ok=False,
+                        cancelled=miss is LeaseMiss.CANCELLED,
+                        error=why,
+                        reason=miss,
+                    )
+                )
+        return out
+
+    async def complete(
+        self, namespace: str, leases: Sequence[Lease], now: datetime
+    ) -> list[AckOutcome]:
+        """RUNNING → SUCCEEDED for each lease whose token is current.
+
+        Safe to repeat: a lease whose attempt already completed the task (an ack sent again
+        because its answer was lost, maybe through another node) is answered ok again.
+        """
+        ids, tokens = _lease_columns(leases)
+        async with self.connection() as conn:
+            ok = {
+                str(r["id"]) for r in await conn.fetch(q("complete"), namespace, ids, tokens, now)
+            }
+            # Read after the update, so a repeat that raced the first ack sees its commit.
+            ok |= await _completed_by(conn, namespace, leases, ok)
+            misses = await _explain_misses(conn, namespace, leases, ok)
+        out = []
+        for lease in leases:
+            if lease.task_id in ok:
+                out.append(AckOutcome(lease.task_id, True))
+            else:
+                miss, why = misses[lease.task_id]
+                out.append(AckOutcome(lease.task_id, False, why, reason=miss))
+        return out
+
+    async def fail(
+        self,
+        namespace: str,
+        lease: Lease,
+        error: str,
+        now: datetime,
+        *,
+        fatal: bool = False,
+        retry_after: timedelta | None = None,
+        rng: random.Random | None = None,
+    ) -> Task:
+        """RUNNING → SCHEDULED after a backoff (READY if due now), or DEAD if out of attempts."""
+        task_id = parse_task_id(lease.task_id)
+        async with self.connection() as conn, conn.transaction():
+            row = await conn.fetchrow(q("lock_running"), task_id, namespace)
+            _check_lease(row, lease, namespace)
+            assert row is not None
+            state, run_at = self.after_failure(
+                row, now, fatal=fatal, retry_after=retry_after, rng=rng
+            )
+            rows = await conn.fetch(
+                q("retry_running"),
+                [task_id],
+                [lease.lease_token],
+                [int(state)],
+                [run_at],
+                [bucket_of(run_at, self.bucket_seconds)],
+                [error[:MAX_ERROR]],
+                now,
+            )
+        return task_of(rows[0])
+
+    async def release(self, namespace: str, lease: Lease) -> Task:
+        """RUNNING → READY without using up an attempt (a worker stopping gracefully)."""
+        async with self.connection() as conn:
+            row = await conn.fetchrow(
+                q("release"), parse_task_id(lease.task_id), namespace, lease.lease_token
+            )
+            if row is None:
+                current = await conn.fetchrow(
+                    q("get_task"), parse_task_id(lease.task_id), namespace
+                )
+                _check_lease(current, lease, namespace)
+        assert row is not None
+        return task_of(row)
+
+    def after_failure(
+        self,
+        row: Any,
+        now: datetime,
+        *,
+        fatal: bool = False,
+        retry_after: timedelta | None = None,
+        rng: random.Random | None = None,
+    ) -> tuple[TaskState, datetime]:
+        """Where a failed attempt of the stored ``row`` goes (``retry.after_failure``, with
+        this store's horizon): DEAD, or back to waiting until a backoff time."""
+        return retry_decision(
+            row, now, horizon=self.horizon, fatal=fatal, retry_after=retry_after, rng=rng
+        )

@@ -1,0 +1,130 @@
+"""The migrated schema, and the state numbers its indexes and the named queries use."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from chronoq.models import TaskState
+from chronoq.store import Store
+from chronoq.store.migrations import pending
+from chronoq.store.sql import migrations, queries
+
+pytestmark = pytest.mark.timeout(60)
+
+S = TaskState
+
+# The columns of `tasks` after every migration, in order, with their types: the row mapping
+# (`rows._task`) and the insert statements read and write these.
+TASK_COLUMNS = [
+    ("id", "uuid"),
+    ("namespace", "text"),
+    ("queue", "text"),
+    ("partition", "smallint"),
+    ("bucket", "bigint"),
+    ("run_at", "timestamp with time zone"),
+    ("state", "smallint"),
+    ("priority", "integer"),
+    ("payload", "bytea"),
+    ("idempotency_key", "text"),
+    ("attempt", "integer"),
+    ("max_attempts", "integer"),
+    ("retry_base", "integer"),
+    ("backoff_initial_ms", "bigint"),
+    ("backoff_max_ms", "bigint"),
+    ("lease_timeout_ms", "bigint"),
+    ("misfire_policy", "smallint"),
+    ("misfire_grace_ms", "bigint"),
+    ("lease_until", "timestamp with time zone"),
+    ("worker_id", "text"),
+    ("last_error", "text"),
+    ("created_at", "timestamp with time zone"),
+    ("fired_at", "timestamp with time zone"),
+    ("finished_at", "timestamp with time zone"),
+    ("fired_by", "text"),
+    ("fire_token", "bigint"),
+]
+
+# The rows each partial index of `tasks` holds, by the state its predicate names.
+INDEX_STATES = {"tasks_due": S.SCHEDULED, "tasks_ready": S.READY, "tasks_leases": S.RUNNING}
+
+# The states each named query compares with or writes, by name: a renumbered TaskState, or a
+# query that names the wrong number, shows up here.
+QUERY_STATES = {
+    "cancel": {S.SCHEDULED, S.READY, S.RUNNING, S.CANCELLED},
+    "claim": {S.READY, S.RUNNING},
+    "complete": {S.RUNNING, S.SUCCEEDED},
+    "completed_by": {S.SUCCEEDED},
+    "due_task_ids": {S.SCHEDULED},
+    "expired_leases": {S.RUNNING},
+    "fire_due": {S.SCHEDULED, S.READY, S.SKIPPED},
+    "fire_ids": {S.SCHEDULED, S.READY, S.SKIPPED},
+    "heartbeat": {S.RUNNING},
+    "insert_task_ids": {S.READY},
+    "insert_tasks": {S.READY},
+    "pending_by_bucket": {S.SCHEDULED},
+    "quarantine_tasks": {S.DEAD},
+    "quarantine_unclaimable": {S.READY, S.DEAD},
+    "queue_depth": {S.SCHEDULED, S.READY, S.RUNNING},
+    "ready_counts": {S.READY},
+    "release": {S.RUNNING, S.READY},
+    "requeue_dead": {S.DEAD, S.READY},
+    "retry_running": {S.RUNNING, S.READY, S.DEAD},
+}
+
+_STATE_NUMBER = re.compile(
+    r"\bstate\s*(?:=|<>|!=)\s*(\d+)\b"  # state = 1
+    r"|\bstate\s+(?:NOT\s+)?IN\s*\(([\d,\s]+)\)"  # state IN (0, 1, 2)
+    r"|\bTHEN\s+(\d+)\s+ELSE\s+(\d+)\b",  # SET state = CASE ... THEN 6 ELSE 1 END
+    re.IGNORECASE,
+)
+
+
+def state_numbers(sql: str) -> set[int]:
+    found: set[int] = set()
+    for match in _STATE_NUMBER.finditer(sql):
+        for group in match.groups():
+            if group:
+                found |= {int(n) for n in group.split(",")}
+    return found
+
+
+def test_named_queries_use_the_numbers_of_the_states_they_mean() -> None:
+    used = {name: state_numbers(sql) for name, sql in queries().items()}
+    assert {name: numbers for name, numbers in used.items() if numbers} == {
+        name: {int(s) for s in states} for name, states in QUERY_STATES.items()
+    }
+
+
+def test_migrations_use_state_numbers_of_task_state() -> None:
+    for version, name, sql in migrations():
+        assert state_numbers(sql) <= {int(s) for s in TaskState}, (version, name)
+
+
+async def test_migrated_schema_has_the_expected_tasks_table(store: Store) -> None:
+    async with store.connection() as conn:
+        assert await pending(conn) == []
+        columns = await conn.fetch(
+            "SELECT column_name, data_type FROM information_schema.columns"
+            " WHERE table_name = 'tasks' ORDER BY ordinal_position"
+        )
+        indexes = await conn.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'tasks'"
+        )
+    assert [(c["column_name"], c["data_type"]) for c in columns] == TASK_COLUMNS
+    predicates = {
+        i["indexname"]: i["indexdef"].partition(" WHERE ")[2]
+        for i in indexes
+        if i["indexname"] in INDEX_STATES
+    }
+    assert predicates == {name: f"(state = {int(s)})" for name, s in INDEX_STATES.items()}
+
+
+async def test_a_fresh_database_has_every_migration_pending(store: Store) -> None:
+    async with store.connection() as conn, conn.transaction():
+        await conn.execute("CREATE SCHEMA fresh")
+        await conn.execute("SET LOCAL search_path TO fresh")
+        assert await pending(conn) == [version for version, _n, _s in migrations()]
+        await conn.execute("RESET search_path")
+        assert await pending(conn) == []
