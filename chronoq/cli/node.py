@@ -110,11 +110,8 @@ class Switch(enum.StrEnum):
     off = "off"
 
 
-def _int_opt(flag: str, name: str, help: str, *, min: int = 0) -> Any:
-    return typer.Option(flag, envvar=env(name), min=min, help=help)
-
-
-def _float_opt(flag: str, name: str, help: str, *, min: float = 0) -> Any:
+def _num_opt(flag: str, name: str, help: str, *, min: float = 0) -> Any:
+    """A number option with a lower bound and its environment variable."""
     return typer.Option(flag, envvar=env(name), min=min, help=help)
 
 
@@ -153,11 +150,11 @@ def node(
     tick_ms: TickMsOpt = None,
     max_payload_bytes: Annotated[
         int | None,
-        _int_opt("--max-payload-bytes", "MAX_PAYLOAD_BYTES", "Largest payload a submit may carry."),
+        _num_opt("--max-payload-bytes", "MAX_PAYLOAD_BYTES", "Largest payload a submit may carry."),
     ] = None,
     horizon_days: Annotated[
         int | None,
-        _int_opt("--horizon-days", "HORIZON_DAYS", "How far ahead a task may be scheduled.", min=1),
+        _num_opt("--horizon-days", "HORIZON_DAYS", "How far ahead a task may be scheduled.", min=1),
     ] = None,
     etcd: Annotated[
         str | None,
@@ -193,7 +190,7 @@ def node(
     ] = 0,
     max_clock_offset_ms: Annotated[
         int | None,
-        _int_opt(
+        _num_opt(
             "--max-clock-offset-ms",
             "MAX_CLOCK_OFFSET_MS",
             "With --etcd: off by more than this from PostgreSQL's clock, the node hands "
@@ -220,7 +217,7 @@ def node(
     ] = None,
     metrics_port: Annotated[
         int | None,
-        _int_opt(
+        _num_opt(
             "--metrics-port",
             "METRICS_PORT",
             "Serve Prometheus metrics on this port [default: off].",
@@ -228,7 +225,7 @@ def node(
     ] = None,
     retention_days: Annotated[
         float | None,
-        _float_opt(
+        _num_opt(
             "--retention-days",
             "RETENTION_DAYS",
             "Keep SUCCEEDED/CANCELLED/SKIPPED tasks this long (0: forever).",
@@ -236,7 +233,7 @@ def node(
     ] = None,
     dead_retention_days: Annotated[
         float | None,
-        _float_opt(
+        _num_opt(
             "--dead-retention-days",
             "DEAD_RETENTION_DAYS",
             "Keep DEAD tasks (the DLQ) this long (0: forever).",
@@ -244,7 +241,7 @@ def node(
     ] = None,
     submit_quota: Annotated[
         float | None,
-        _float_opt(
+        _num_opt(
             "--submit-quota",
             "SUBMIT_QUOTA",
             "Submits per second per namespace on this node "
@@ -253,7 +250,7 @@ def node(
     ] = None,
     submit_quota_burst: Annotated[
         float | None,
-        _float_opt(
+        _num_opt(
             "--submit-quota-burst",
             "SUBMIT_QUOTA_BURST",
             "Burst of the submit quota [default: 1 s worth].",
@@ -262,7 +259,7 @@ def node(
     ] = None,
     long_polls_per_namespace: Annotated[
         int | None,
-        _int_opt(
+        _num_opt(
             "--long-polls-per-namespace",
             "LONG_POLLS_PER_NAMESPACE",
             "Long-polling claims one namespace may hold open on this node (RESOURCE_EXHAUSTED "
@@ -272,7 +269,7 @@ def node(
     ] = None,
     long_polls_per_node: Annotated[
         int | None,
-        _int_opt(
+        _num_opt(
             "--long-polls-per-node",
             "LONG_POLLS_PER_NODE",
             "Long-polling claims this node holds open, all namespaces together.",
@@ -290,7 +287,7 @@ def node(
     ] = None,
     schedules_per_namespace: Annotated[
         int | None,
-        _int_opt(
+        _num_opt(
             "--schedules-per-namespace",
             "SCHEDULES_PER_NAMESPACE",
             "Schedules one namespace may hold.",
@@ -299,7 +296,7 @@ def node(
     ] = None,
     queue_limits_per_namespace: Annotated[
         int | None,
-        _int_opt(
+        _num_opt(
             "--queue-limits-per-namespace",
             "QUEUE_LIMITS_PER_NAMESPACE",
             "Queue dispatch limits one namespace may set.",

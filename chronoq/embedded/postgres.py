@@ -36,6 +36,9 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
+from chronoq.embedded import processes
+from chronoq.embedded.processes import clear_stale_locks, lock_holder
+
 with warnings.catch_warnings():
     # Importing the package runs platformdirs, which warns when XDG_RUNTIME_DIR is unset (CI).
     warnings.simplefilter("ignore")
@@ -96,95 +99,10 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (a zombie holds no resources)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return raw.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
 def _signal(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to ``pid``, ignoring a process that is already gone."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-def _server_pids(data_dir: Path, bin_dir: Path = _BIN) -> list[int]:
-    """PIDs of the postgres processes (postmaster and children) running on ``data_dir``.
-
-    The postmaster chdirs into its data directory and its forked children inherit that, so the
-    cwd link also finds orphaned backends of a killed postmaster, which still hold the shared
-    memory segment and make a new postmaster refuse to start.
-    """
-    binary = os.path.realpath(bin_dir / "postgres")
-    target = os.path.realpath(data_dir)
-    pids: list[int] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{name}/cwd") != target:
-                continue
-            if os.readlink(f"/proc/{name}/exe") != binary:
-                continue
-        except OSError:
-            continue
-        pids.append(int(name))
-    return pids
-
-
-def _process_name(pid: int) -> str | None:
-    """The command name of a live, non-zombie ``pid`` (readable for any user's process)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    name, _, rest = raw.partition(" (")[2].rpartition(")")
-    return name if rest.split()[0] not in ("Z", "X") else None
-
-
-def lock_holder(lock_file: Path, data_dir: Path) -> int | None:
-    """The PID of the postgres process that still holds ``lock_file``, or None if stale.
-
-    ``lock_file`` is ``postmaster.pid`` or a socket's ``.s.PGSQL.<port>.lock``; both start
-    with the postmaster's PID. It is held when that PID is a live postgres process on
-    ``data_dir``; a dead PID, a zombie, or a PID reused by another program (seen after a
-    crash in containers, where PIDs are small) holds nothing. When the process's working
-    directory cannot be read (another user's), a live ``postgres`` is taken to hold it.
-    """
-    try:
-        pid = abs(int(lock_file.read_text().splitlines()[0]))
-    except (OSError, ValueError, IndexError):
-        return None
-    if pid == 0 or _process_name(pid) != "postgres":
-        return None
-    try:
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return pid
-    return pid if cwd == os.path.realpath(data_dir) else None
-
-
-def clear_stale_locks(data_dir: Path, socket_dir: Path | None = None) -> list[Path]:
-    """Remove the lock files of a dead postmaster on ``data_dir``; return what was removed.
-
-    postgres refuses to start while a lock file names a PID that looks alive to it (any
-    process, or our own unreaped child), so a crash followed by PID reuse would otherwise
-    need an operator to delete the files by hand. Only files that no live postgres on
-    ``data_dir`` holds are removed.
-    """
-    candidates = [data_dir / "postmaster.pid"]
-    if socket_dir is not None and socket_dir.is_dir():
-        candidates += sorted(socket_dir.glob(".s.PGSQL.*.lock"))
-    removed = []
-    for lock_file in candidates:
-        if lock_file.exists() and lock_holder(lock_file, data_dir) is None:
-            with contextlib.suppress(FileNotFoundError):
-                lock_file.unlink()
-                removed.append(lock_file)
-    return removed
 
 
 # A pg_hba.conf line (not a comment) whose method is trust.
@@ -350,7 +268,7 @@ class EmbeddedPostgres:
         """The postmaster's PID while it runs (also while SIGSTOPped), else None."""
         if self._proc is not None and self._proc.poll() is None:
             return self._proc.pid
-        if self._adopted_pid is not None and _alive(self._adopted_pid):
+        if self._adopted_pid is not None and processes.alive(self._adopted_pid):
             return self._adopted_pid
         return None
 
@@ -383,7 +301,7 @@ class EmbeddedPostgres:
 
         For chaos tests that kill a single backend, and to check that nothing is left over.
         """
-        return _server_pids(self._data_dir, self._bin)
+        return processes.server_pids(self._data_dir, self._bin)
 
     def dsn_for(self, database: str, *, password: bool = True) -> str:
         """DSN of ``database`` on this server as user ``postgres``, with its password unless
@@ -593,7 +511,7 @@ class EmbeddedPostgres:
             port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else None
         except (OSError, ValueError, IndexError):
             return False
-        if pid not in _server_pids(self._data_dir, self._bin):
+        if pid not in self.server_pids():
             return False  # stale file from a crash; postgres removes it itself
         if port != self._port:
             raise EmbeddedPostgresError(
@@ -606,7 +524,7 @@ class EmbeddedPostgres:
     def _kill_orphans(self, timeout: float = 10.0) -> None:
         """SIGKILL leftover postgres processes on our data directory; wait until they are gone."""
         deadline = time.monotonic() + timeout
-        while pids := [p for p in _server_pids(self._data_dir, self._bin) if p != self.pid]:
+        while pids := [p for p in self.server_pids() if p != self.pid]:
             for p in pids:
                 _signal(p, signal.SIGKILL)
             if time.monotonic() >= deadline:
@@ -812,7 +730,7 @@ class EmbeddedPostgres:
                 return False
             return True
         deadline = time.monotonic() + timeout
-        while _alive(pid):
+        while processes.alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)

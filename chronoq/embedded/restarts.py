@@ -6,6 +6,9 @@ Pure: the caller passes monotonic instants in, so the policy is tested without w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
+
+from chronoq.retry import backoff
 
 #: First restart delay after a crash, in seconds.
 RESTART_INITIAL_S = 0.5
@@ -38,4 +41,9 @@ class RestartBackoff:
         if self.last_start is not None and now - self.last_start >= self.stable:
             self.failures = 0
         self.failures += 1
-        return min(self.maximum, self.initial * 2.0 ** min(self.failures - 1, 64))
+        return backoff(
+            self.failures,
+            initial=timedelta(seconds=self.initial),
+            maximum=timedelta(seconds=self.maximum),
+            jitter=0.0,
+        ).total_seconds()

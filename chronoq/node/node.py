@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 import grpc
@@ -62,6 +63,7 @@ def max_request_bytes(max_batch: int) -> int:
     at its limit plus ``REQUEST_PAYLOAD_BYTES`` of payloads (27 MB with the defaults). A larger
     message is refused (RESOURCE_EXHAUSTED) before it is parsed."""
     return max_batch * SPEC_BYTES + REQUEST_PAYLOAD_BYTES
+
 
 SERVICE_NAMES = (
     tasks_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
@@ -206,8 +208,10 @@ class Node:
             on_purged=self.metrics.purged.inc,
         )
         self.depth = DepthPoller(self.store, self.clock)
-        if s.cluster is not None and s.max_clock_offset is not None and follows_wall_clock(
-            self.clock
+        if (
+            s.cluster is not None
+            and s.max_clock_offset is not None
+            and follows_wall_clock(self.clock)
         ):
             self.clock_check = ClockCheck(
                 self.store, self.clock, self.ownership, max_offset=s.max_clock_offset
@@ -224,8 +228,11 @@ class Node:
         )
         firer = self.firer
         grace = (
-            s.store_grace.total_seconds() if s.store_grace is not None
-            else 0.6 * s.cluster.lease_ttl if s.cluster is not None else 6.0
+            s.store_grace.total_seconds()
+            if s.store_grace is not None
+            else 0.6 * s.cluster.lease_ttl
+            if s.cluster is not None
+            else 6.0
         )
         self.store_watch = StoreWatch(
             self.store,
@@ -361,7 +368,11 @@ class Node:
     def _requeued(self, tasks: list[Task]) -> None:
         self.metrics.reaped.inc(len(tasks))
         self.metrics.dead.inc(sum(1 for t in tasks if t.state is TaskState.DEAD))
-        self.notifier.notify({(t.namespace, t.queue) for t in tasks})
+        # Only tasks ready now wake anyone (one waiter each): a retry with a backoff is
+        # announced when it fires, a dead task never.
+        self.notifier.notify(
+            Counter((t.namespace, t.queue) for t in tasks if t.state is TaskState.READY)
+        )
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop firing first (no owner write after this returns), then the server, then the pool."""

@@ -120,8 +120,11 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         now = self._clock.now()
         outcomes = await self._store.submit(await self._checked(specs, now), now)
         self._metrics.submitted.inc(sum(1 for o in outcomes if o.created))
+        # One wake-up per task that became ready now (a repeated key made nothing new).
         self._notifier.notify(
-            {(o.task.namespace, o.task.queue) for o in outcomes if o.task.state is TaskState.READY}
+            (o.task.namespace, o.task.queue)
+            for o in outcomes
+            if o.created and o.task.state is TaskState.READY
         )
         return outcomes
 
@@ -153,7 +156,11 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             specs = await self._checked(list(request.tasks), now)
             accepted = await self._store.submit_ids(specs, now)
             self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
-            self._notifier.notify({(s.namespace, s.queue) for s in specs if s.run_at <= now})
+            self._notifier.notify(
+                (s.namespace, s.queue)
+                for s, (_i, created) in zip(specs, accepted, strict=True)
+                if created and s.run_at <= now
+            )
             return tasks_pb2.SubmitBatchResponse(
                 ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
             )
@@ -256,7 +263,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         tasks = await self._store.requeue(
             convert.namespace_of(request.namespace), ids, self._clock.now()
         )
-        self._notifier.notify({(t.namespace, t.queue) for t in tasks})
+        self._notifier.notify((t.namespace, t.queue) for t in tasks)
         return tasks_pb2.RequeueResponse(tasks=await converted(tasks, convert.task_to_pb))
 
 
@@ -399,9 +406,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         width = self._settings.bucket_seconds
         horizon = request.bucket_horizon or 10
         if horizon > MAX_STATUS_BUCKETS:
-            raise InvalidArgument(
-                "bucket_horizon", f"must be at most {MAX_STATUS_BUCKETS} buckets"
-            )
+            raise InvalidArgument("bucket_horizon", f"must be at most {MAX_STATUS_BUCKETS} buckets")
         first = bucket_of(now, width)
         counts = await self._store.pending_by_bucket(
             list(range(self._settings.partitions)), first - 1, first + horizon - 1

@@ -19,8 +19,6 @@ from chronoq.store.quarantine import QUARANTINED
 
 log = logging.getLogger("chronoq.store")
 
-_MS = timedelta(milliseconds=1)
-
 
 @dataclass(frozen=True)
 class Fence:
@@ -58,11 +56,6 @@ def parse_task_id(task_id: str) -> uuid.UUID:
         return uuid.UUID(task_id)
     except (ValueError, AttributeError, TypeError):
         raise InvalidArgument("id", f"{task_id!r} is not a task id (a UUID)") from None
-
-
-def whole_ms(d: timedelta) -> int:
-    """A duration in whole milliseconds, as the tables store it."""
-    return d // _MS
 
 
 E = TypeVar("E", bound=enum.IntEnum)

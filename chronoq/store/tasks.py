@@ -15,6 +15,7 @@ import asyncpg
 
 from chronoq.buckets import bucket_of, partition_of
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
+from chronoq.limits import MAX_ERROR_MESSAGE, MAX_PAGE_SIZE
 from chronoq.models import (
     AckOutcome,
     HeartbeatOutcome,
@@ -26,9 +27,10 @@ from chronoq.models import (
     TaskSpec,
     TaskState,
 )
+from chronoq.saturating import ms_of
 from chronoq.store.connection import Connected
 from chronoq.store.quarantine import POISON, reason
-from chronoq.store.rows import known, parse_task_id, retry_decision, task_of, whole_ms
+from chronoq.store.rows import known, parse_task_id, retry_decision, task_of
 from chronoq.store.sql import q
 from chronoq.timeslice import Timeslice, converted
 
@@ -43,10 +45,6 @@ PAGE_BYTES = 3 * 1024 * 1024
 ROW_BYTES = 256
 #: Specs turned into insert columns between two yields to the event loop (a few ms).
 COLUMN_SLICE = 200
-#: Bounds of ``list_tasks``' page size.
-MAX_PAGE_SIZE = 1000
-#: Characters of a worker's error message that are stored.
-MAX_ERROR = 4000
 
 R = TypeVar("R")
 
@@ -167,11 +165,11 @@ class TaskStatements(Connected):
                 s.payload,
                 s.idempotency_key,
                 s.max_attempts,
-                whole_ms(s.backoff_initial),
-                whole_ms(s.backoff_max),
-                whole_ms(s.lease_timeout),
+                ms_of(s.backoff_initial),
+                ms_of(s.backoff_max),
+                ms_of(s.lease_timeout),
                 int(s.misfire_policy),
-                whole_ms(s.misfire_grace),
+                ms_of(s.misfire_grace),
             )
             for col, value in zip(cols, row, strict=True):
                 col.append(value)
@@ -438,7 +436,7 @@ class TaskStatements(Connected):
                 [int(state)],
                 [run_at],
                 [bucket_of(run_at, self.bucket_seconds)],
-                [error[:MAX_ERROR]],
+                [error[:MAX_ERROR_MESSAGE]],
                 now,
             )
         return task_of(rows[0])

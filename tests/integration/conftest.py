@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from chronoq.client import Client
 from chronoq.clock import Clock, ManualClock
 from chronoq.config import NodeSettings
+from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.node import Node
 from chronoq.store import Store
 
@@ -78,3 +80,15 @@ async def client(node: Node) -> AsyncIterator[Client]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL server of the test's own, for tests that stop, kill or crash it (the
+    session's server in tests/conftest.py is shared by every test)."""
+    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

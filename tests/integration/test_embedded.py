@@ -29,16 +29,6 @@ from chronoq.embedded.postgres import (
 
 
 @pytest.fixture
-def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
 def etcd1(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
     cluster = EmbeddedEtcd(tmp_path / "etcd", durable=False)
     try:

@@ -20,16 +20,6 @@ from chronoq.embedded.postgres import EmbeddedPostgres, clear_stale_locks, lock_
 
 
 @pytest.fixture
-def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
 def stranger() -> Iterator[int]:
     """A live process that is not postgres: what a reused PID points at."""
     proc = subprocess.Popen(["sleep", "120"])
