@@ -21,9 +21,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY chronoq ./chronoq
 # First the base install (client SDK and client commands), then the extras the other roles
-# need: server (node), dev (embedded servers), lab, bench and chaos.
+# need: server (node), dev (embedded servers), lab, console, bench, chaos and tracing (OTLP).
 RUN /opt/chronoq/bin/pip install . \
-    && /opt/chronoq/bin/pip install '.[dev,lab,bench,chaos]' \
+    && /opt/chronoq/bin/pip install '.[dev,lab,console,bench,chaos,tracing]' \
     && /opt/chronoq/bin/chronoq --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

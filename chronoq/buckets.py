@@ -11,6 +11,8 @@ import hashlib
 from datetime import UTC, datetime, timedelta
 
 DEFAULT_PARTITIONS = 256
+#: Partitions are stored as a smallint.
+MAX_PARTITIONS = 32767
 DEFAULT_BUCKET_SECONDS = 60
 
 

@@ -10,11 +10,16 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, MAX_PARTITIONS
 from chronoq.coordinator.settings import ClusterSettings
 from chronoq.errors import ConfigError
 from chronoq.limits import Limits
 from chronoq.models import TaskDefaults
+
+#: The longest timing-wheel horizon: past a minute the tick costs no more than the wheel.
+MAX_WHEEL_HORIZON = timedelta(seconds=60)
+#: The most tasks a timing wheel may hold (a few hundred megabytes at this bound).
+MAX_WHEEL_CAPACITY = 1_000_000
 
 #: Long-polling claims one namespace may hold open on a node at once (more: RESOURCE_EXHAUSTED).
 DEFAULT_LONG_POLLS_PER_NAMESPACE = 256
@@ -27,6 +32,11 @@ DEFAULT_SCHEDULES_PER_NAMESPACE = 1000
 DEFAULT_QUEUE_LIMITS_PER_NAMESPACE = 100
 
 
+#: How often a node's firing loop runs: the upper bound of a task's wait behind its instant
+#: when nothing fires it sooner.
+DEFAULT_TICK = timedelta(milliseconds=100)
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodeSettings:
     """Everything a node needs to run."""
@@ -37,7 +47,7 @@ class NodeSettings:
     node_id: str = field(default_factory=lambda: f"node-{uuid.uuid4().hex[:8]}")
     partitions: int = DEFAULT_PARTITIONS
     bucket_seconds: int = DEFAULT_BUCKET_SECONDS
-    tick: timedelta = timedelta(milliseconds=100)
+    tick: timedelta = DEFAULT_TICK
     fire_batch: int = 5000  # rows per firing statement, spread over the owned partitions
     fire_rounds: int = 20  # statements per tick at most, before yielding to the next tick
     reap_interval: timedelta = timedelta(seconds=1)
@@ -54,6 +64,11 @@ class NodeSettings:
     # task fired on one node wakes the long-polls of all at once (claim_poll is then only a
     # slow fallback). False: the claim_poll re-check is the only path between nodes.
     ready_notices: bool = True
+    # Owners keep the tasks due within this horizon in a timing wheel (at most wheel_capacity)
+    # and fire each at its instant; the tick fires the rest. 0: the tick alone (firing up to a
+    # tick late).
+    wheel_horizon: timedelta = timedelta(seconds=2)
+    wheel_capacity: int = 100_000
     schedule_interval: timedelta = timedelta(seconds=1)  # how often owners materialise schedules
     schedule_lookahead: timedelta = timedelta(seconds=60)  # occurrences created this far ahead
     max_batch: int = 10_000  # tasks per SubmitBatch
@@ -83,14 +98,22 @@ class NodeSettings:
     queue_limits_per_namespace: int = DEFAULT_QUEUE_LIMITS_PER_NAMESPACE
 
     def __post_init__(self) -> None:
-        if not 1 <= self.partitions <= 32767:
-            raise ConfigError(f"partitions must be between 1 and 32767, got {self.partitions}")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ConfigError(
+                f"partitions must be between 1 and {MAX_PARTITIONS}, got {self.partitions}"
+            )
         if self.bucket_seconds < 1:
             raise ConfigError("bucket_seconds must be >= 1")
         if not timedelta(milliseconds=1) <= self.tick <= timedelta(seconds=60):
             raise ConfigError(f"tick must be between 1 ms and 60 s, got {self.tick}")
         if self.fire_batch < 1:
             raise ConfigError("fire_batch must be >= 1")
+        if not timedelta(0) <= self.wheel_horizon <= MAX_WHEEL_HORIZON:
+            raise ConfigError(
+                f"wheel_horizon must be between 0 and {MAX_WHEEL_HORIZON}, got {self.wheel_horizon}"
+            )
+        if not 1 <= self.wheel_capacity <= MAX_WHEEL_CAPACITY:
+            raise ConfigError(f"wheel_capacity must be between 1 and {MAX_WHEEL_CAPACITY}")
         if self.schedules_per_namespace < 1 or self.queue_limits_per_namespace < 1:
             raise ConfigError("schedules_per_namespace and queue_limits_per_namespace must be >= 1")
         if self.long_polls_per_namespace < 1 or self.long_polls_per_node < 1:

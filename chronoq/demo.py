@@ -48,6 +48,7 @@ class DemoOptions:
     data_dir: Path = DEFAULT_DATA_DIR
     seed: int = 0
     nodes: int = 3
+    pg_members: int = 1  # >1: a replicated PostgreSQL under Patroni
 
     @property
     def deadline(self) -> float:
@@ -83,7 +84,12 @@ async def run_demo(
     """Run the demo until every task is terminal, the deadline passes or ``stop`` is set."""
     database = f"demo_{datetime.now(UTC):%Y%m%d_%H%M%S}_{os.getpid()}"
     settings = DevStackSettings(
-        data_dir=opts.data_dir, port=0, database=database, drop_database=True, nodes=opts.nodes
+        data_dir=opts.data_dir,
+        port=0,
+        database=database,
+        drop_database=True,
+        nodes=opts.nodes,
+        pg_members=opts.pg_members,
     )
     what = "a node" if opts.nodes == 1 else f"etcd and {opts.nodes} nodes"
     announce(f"starting {what} on the embedded stack in {opts.data_dir} (database {database}) …")

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.config import NodeSettings
+from chronoq.embedded.etcd import EmbeddedEtcd, EmbeddedEtcdError
+from chronoq.embedded.ha import PatroniCluster, PatroniError, check_members
 from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronoq.embedded.supervisor import Child, Supervisor, finish_in_thread
 from chronoq.errors import ChronoqError, ConfigError
@@ -71,15 +73,28 @@ class DevStackSettings:
     lease_ttl: int = 5
     node_overrides: dict[str, Any] = field(default_factory=dict)  # one in-process node only
     restart: bool = True  # restart a crashed PostgreSQL, etcd member or node process
+    pg_members: int = 1  # >1: a replicated PostgreSQL under Patroni (see chronoq.embedded.ha)
 
     @property
     def clustered(self) -> bool:
         """Node processes on an embedded etcd (several nodes, or an etcd asked for)."""
-        return self.nodes > 1 or self.etcd_members > 1
+        return self.nodes > 1 or self.etcd_members > 1 or self.replicated
+
+    @property
+    def replicated(self) -> bool:
+        """PostgreSQL members under Patroni, whose leader lock lives in the stack's etcd."""
+        return self.pg_members > 1
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.etcd_members < 1:
             raise ConfigError("the dev stack needs at least one node and one etcd member")
+        if self.replicated:
+            try:
+                check_members(self.pg_members)
+            except ValueError as exc:
+                raise ConfigError(f"--pg-members: {exc}") from None
+            if self.pg_port is not None:
+                raise ConfigError("--pg-port: each PostgreSQL member picks its own port")
         if self.clustered and self.node_overrides:
             raise ConfigError("node_overrides apply to a single in-process node only")
         if self.clustered and self.host != "127.0.0.1":
@@ -103,10 +118,14 @@ class DevStack:
         self._created_database = False
         self._postgres_started = False
         self.supervisor: Supervisor | None = None
+        self.ha: PatroniCluster | None = None  # with pg_members > 1, in place of ``postgres``
+        self._ha_etcd: EmbeddedEtcd | None = None
 
     @property
     def dsn(self) -> str:
-        """DSN of the stack's database."""
+        """DSN of the stack's database (multi-host, to the primary, when replicated)."""
+        if self.ha is not None:
+            return self.ha.dsn_for(self.settings.database)
         return self.postgres.dsn_for(self.settings.database)
 
     @property
@@ -136,10 +155,15 @@ class DevStack:
         """Start PostgreSQL, create the database if it is missing, start the node(s)."""
         try:
             try:
-                await finish_in_thread(self._start_postgres)
-                await finish_in_thread(self._ensure_database)
+                if self.settings.replicated:
+                    await finish_in_thread(self._start_ha)
+                else:
+                    await finish_in_thread(self._start_postgres)
+                    await finish_in_thread(self._ensure_database)
             except EmbeddedPostgresError as exc:
                 raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
+            except (PatroniError, EmbeddedEtcdError) as exc:
+                raise DevStackError(f"replicated PostgreSQL: {exc}") from exc
             if self.settings.clustered:
                 await self._start_cluster()
             else:
@@ -161,6 +185,7 @@ class DevStack:
             with contextlib.suppress(ChronoqError, OSError):
                 await node.stop(grace=1.0)
         await self._stop_cluster()
+        await asyncio.to_thread(self._stop_ha)
         if self.settings.drop_database and self._created_database:
             self._created_database = False
             try:
@@ -191,6 +216,7 @@ class DevStack:
                 "data_dir": str(pg.data_dir),
                 "log": str(pg.log_file),
             },
+            "postgres_members": self.ha.state() if self.ha is not None else [],
             "etcd": [],
             "nodes": [
                 {
@@ -231,9 +257,11 @@ class DevStack:
 
     def _supervise(self) -> None:
         """Watch PostgreSQL and the cluster's processes (an in-process node needs no watcher)."""
-        children = [
-            Child("PostgreSQL", pid=lambda: self.postgres.pid, start=self._restart_postgres)
-        ]
+        children = (
+            self.ha.children()
+            if self.ha is not None
+            else [Child("PostgreSQL", pid=lambda: self.postgres.pid, start=self._restart_postgres)]
+        )
         if self.cluster is not None:
             children += self.cluster.children()
         self.write_state()
@@ -260,6 +288,47 @@ class DevStack:
     def _start_postgres(self) -> None:
         self.postgres.start(60.0)
         self._postgres_started = True
+
+    def _start_ha(self) -> None:
+        """etcd first (Patroni keeps its leader lock there), then the members, then the
+        database; the data is kept in ``data_dir/postgres-ha`` across runs."""
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self._ha_etcd = EmbeddedEtcd(
+            Path(tempfile.mkdtemp(prefix="ha-etcd-", dir=s.data_dir)),
+            members=s.etcd_members,
+            durable=False,
+        )
+        self._ha_etcd.start()
+        self.ha = PatroniCluster(
+            s.data_dir / "postgres-ha",
+            self._ha_etcd.endpoints,
+            members=s.pg_members,
+            durable=True,
+            scope="chronoq-dev",  # the same across runs: members find their cluster again
+        )
+        self.ha.start()
+        self._created_database = not self.ha.run_sql(
+            "SELECT 1 FROM pg_database WHERE datname = "
+            + "'" + s.database.replace("'", "''") + "'"
+        ).strip()  # fmt: skip
+        if not self._created_database and s.drop_database:
+            raise DevStackError(f"database {s.database!r} already exists; it would be dropped")
+        self.ha.ensure_database(s.database)
+
+    def _stop_ha(self) -> None:
+        ha, self.ha = self.ha, None
+        if ha is not None:
+            if self.settings.drop_database and self._created_database:
+                self._created_database = False
+                with contextlib.suppress(PatroniError):
+                    name = self.settings.database.replace('"', '""')
+                    ha.run_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            ha.stop()
+        etcd, self._ha_etcd = self._ha_etcd, None
+        if etcd is not None:
+            etcd.stop()
+            shutil.rmtree(etcd.members[0].data_dir.parent, ignore_errors=True)
 
     def _ensure_database(self) -> None:
         name = self.settings.database
@@ -314,7 +383,13 @@ class DevStack:
             base_port=s.port,
             extra_node_args=("--bucket-seconds", str(s.bucket_seconds)),
         )
-        self.cluster = LocalCluster(workdir, spec, postgres=self.postgres, dsn=self.dsn)
+        self.cluster = LocalCluster(
+            workdir,
+            spec,
+            postgres=None if self.ha is not None else self.postgres,
+            etcd=self._ha_etcd,  # the replicated store's; None: the cluster starts its own
+            dsn=self.dsn,
+        )
         try:
             await finish_in_thread(self.cluster.start)
         except (OSError, RuntimeError) as exc:  # a node exited or never served (log tail in it)

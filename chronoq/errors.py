@@ -57,6 +57,11 @@ class InvalidArgument(ChronoqError):
         super().__init__(message)
 
 
+class PayloadNotJSON(InvalidArgument):
+    """A payload cannot be encoded as JSON, or a JSON payload does not decode; ``field`` says
+    where in the value (``payload['when']``). Raised by the client: nothing was sent."""
+
+
 class TaskNotFound(ChronoqError):
     """No task with this id in this namespace."""
 

@@ -41,6 +41,14 @@ MAX_PAGE_TOKEN = 256
 MAX_ERROR_MESSAGE = 4000
 MAX_CRON = 256
 MAX_TIMEZONE = 64
+#: A payload's content type: a MIME type ``type/subtype``, parameters allowed
+#: (``text/plain; charset=utf-8``), at most this many characters. Anything else is refused:
+#: a worker in any language must be able to switch on it.
+MAX_CONTENT_TYPE = 128
+_MIME_TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*"
+_CONTENT_TYPE = re.compile(
+    rf"{_MIME_TOKEN}/{_MIME_TOKEN}(\s*;\s*{_MIME_TOKEN}=(?:{_MIME_TOKEN}|\"[^\"\\\x00-\x1f]*\"))*"
+)
 
 # ---------------------------------------------------------------- numbers
 
@@ -92,6 +100,7 @@ class Limits:
         check_name("queue", spec.queue)
         self.check_time("run_at", spec.run_at, now)
         self.check_payload(spec.payload)
+        check_content_type(spec.content_type)
         if spec.idempotency_key is not None:
             check_text("idempotency_key", spec.idempotency_key, MAX_IDEMPOTENCY_KEY)
         self._check_execution(
@@ -186,6 +195,20 @@ def check_name(field: str, value: str) -> str:
         raise InvalidArgument(field, f"is {len(value)} characters long; the limit is {MAX_NAME}")
     if _NAME.fullmatch(value) is None:
         raise InvalidArgument(field, f"{shown(value)} has characters outside {NAME_CHARACTERS}")
+    return value
+
+
+def check_content_type(value: str, field: str = "content_type") -> str:
+    """A MIME type such as ``application/json``: at most ``MAX_CONTENT_TYPE`` characters of
+    ``type/subtype`` with optional ``; name=value`` parameters."""
+    if len(value) > MAX_CONTENT_TYPE:
+        raise InvalidArgument(
+            field, f"is {len(value)} characters long; the limit is {MAX_CONTENT_TYPE}"
+        )
+    if _CONTENT_TYPE.fullmatch(value) is None:
+        raise InvalidArgument(
+            field, f"{shown(value)} is not a MIME type like application/json (type/subtype)"
+        )
     return value
 
 

@@ -34,6 +34,11 @@ class MisfirePolicy(enum.IntEnum):
 
 DEFAULT_NAMESPACE = "default"
 
+#: A payload of raw bytes: what a task holds unless its submitter says otherwise.
+OCTET_STREAM = "application/octet-stream"
+#: A payload of JSON text (UTF-8), which SDKs decode for handlers.
+APPLICATION_JSON = "application/json"
+
 
 @dataclass(frozen=True, kw_only=True)
 class TaskDefaults:
@@ -69,6 +74,9 @@ class TaskSpec:
     priority: int = TASK_DEFAULTS.priority
     misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
     misfire_grace: timedelta = TASK_DEFAULTS.misfire_grace
+    content_type: str = OCTET_STREAM  # what ``payload`` holds, as a MIME type
+    # W3C trace context (chronoq.tracecontext.Carrier): sorted (key, value) pairs; () untraced
+    trace_context: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +109,8 @@ class Task:
     finished_at: datetime | None = None
     fired_by: str | None = None  # the node that fired it, and under which fencing token
     fire_token: int | None = None
+    content_type: str = OCTET_STREAM  # what ``payload`` holds, as a MIME type
+    trace_context: tuple[tuple[str, str], ...] = ()  # as submitted
 
     @property
     def lease_token(self) -> int:

@@ -11,6 +11,8 @@ measures, from the signal:
   ``fired_at`` and ``fired_by``).
 
 The node is started again before the next trial. Results print as min / median / max.
+
+With ``pg_members`` > 1 the store fails over instead (``chronoq.bench.store_failover``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from chronoq.bench import store_failover
+from chronoq.bench.store_failover import StoreFailoverReport
 from chronoq.client import Client, NewTask
 from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
 from chronoq.coordinator.view import PrefixView
@@ -63,8 +67,20 @@ def main(
     tick_ms: int = 50,
     data_dir: Path | None = None,
     json_out: Path | None = None,
-) -> FailoverReport:
+    pg_members: int = 1,
+) -> FailoverReport | StoreFailoverReport:
     """Run the trials on a fresh local cluster and print the table."""
+    if pg_members > 1:
+        return store_failover.main(
+            trials=trials,
+            pg_members=pg_members,
+            nodes=nodes,
+            partitions=partitions,
+            lease_ttl=lease_ttl,
+            tick_ms=tick_ms,
+            data_dir=data_dir,
+            json_out=json_out,
+        )
     console = Console()
     workdir = data_dir or Path(tempfile.mkdtemp(prefix="cqfailover-"))
     spec = ClusterSpec(

@@ -155,13 +155,15 @@ class RawCeilings:
 
 
 def _insert_columns(batch: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    """``insert_task_ids`` parameters $1..$16 from COPY-shaped rows, as the store makes them."""
-    cols: list[list[Any]] = [[] for _ in range(16)]
+    """``insert_task_ids`` parameters $1..$18 from COPY-shaped rows, as the store makes them
+    (content type and trace context NULL: bytes, untraced)."""
+    cols: list[list[Any]] = [[] for _ in range(18)]
     for r in batch:
         (task_id, namespace, queue, partition, bucket, run_at, state, payload, max_attempts,
          backoff_initial, backoff_max, lease_timeout, misfire_grace, _created) = r
         row = (task_id, namespace, queue, partition, bucket, run_at, state, 0, payload, None,
-               max_attempts, backoff_initial, backoff_max, lease_timeout, 0, misfire_grace)
+               max_attempts, backoff_initial, backoff_max, lease_timeout, 0, misfire_grace, None,
+               None)
         for col, value in zip(cols, row, strict=True):
             col.append(value)
     return cols

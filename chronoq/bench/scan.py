@@ -82,6 +82,8 @@ HISTORY_COLUMNS = (*COPY_COLUMNS, "fired_at", "fired_by", "fire_token", "finishe
 ORDERS = ("scattered", "sorted")
 #: Stop repeating a strategy once its timed runs took this long (at least one run each).
 TIME_BUDGET_S = 8.0
+#: The pending size the design is built for; ``arithmetic`` scales the largest run to it.
+TARGET_PENDING = 100_000_000
 
 # ------------------------------------------------------------------------ results
 
@@ -176,6 +178,7 @@ def main(
     dsn: str | None = None,
     out_dir: Path = Path("bench-scan"),
     console: Console | None = None,
+    only: str | None = None,
 ) -> ScanReport:
     """Load each size, measure every strategy, print the table, write JSON, plans and a plot.
 
@@ -192,12 +195,15 @@ def main(
             DATABASE); each size gets a fresh database there, dropped afterwards.
         out_dir: Receives ``scan.json``, ``scan-plans.txt`` and ``scan.png``.
         console: Where to print (stdout by default).
+        only: Comma-separated strategy keys to measure (default all), e.g. ``a,b2,c,c2,c3``
+            to leave out (b), whose tick walks the whole history (minutes at 20M).
     """
     counts = parse_sizes(sizes)
     if repeats < 1 or partitions < 1 or not 1 <= nodes <= partitions:
         raise ValueError("need repeats >= 1, partitions >= 1 and 1 <= nodes <= partitions")
     if order not in ORDERS:
         raise ValueError(f"--order: choose from {', '.join(ORDERS)}, got {order!r}")
+    keys = _strategy_keys(only)
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     out_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -213,7 +219,7 @@ def main(
             stack.callback(server.stop)
             admin_dsn = server.dsn
         report = asyncio.run(
-            _run(counts, admin_dsn, repeats, partitions, nodes, order, out_dir, console)
+            _run(counts, admin_dsn, repeats, partitions, nodes, order, out_dir, console, keys)
         )
     console.print(render(report))
     console.print(arithmetic(report))
@@ -223,7 +229,7 @@ def main(
 
 async def _run(
     counts: Sequence[int], admin_dsn: str, repeats: int, partitions: int, nodes: int,
-    order: str, out_dir: Path, console: Console,
+    order: str, out_dir: Path, console: Console, keys: frozenset[str] | None = None,
 ) -> ScanReport:
     report = ScanReport(
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -248,7 +254,7 @@ async def _run(
                     f"indexes {load.index_s:.1f} s, VACUUM ANALYZE {load.vacuum_s:.1f} s); "
                     f"table {load.table_mb:.0f} MB, indexes {load.indexes_mb:.0f} MB"
                 )
-                for m in await _measure_all(dsn, count, now, report, plans, console):
+                for m in await _measure_all(dsn, count, now, report, plans, console, keys):
                     report.measurements.append(m)
     report.outputs["plans"] = str(plans_path)
     json_path = out_dir / "scan.json"
@@ -416,8 +422,20 @@ def _advance(progress: Progress, task: TaskID) -> Callable[[int], None]:
 # ------------------------------------------------------------------------ measuring
 
 
+def _strategy_keys(only: str | None) -> frozenset[str] | None:
+    """The strategies ``only`` names (None: all); ValueError for a key no strategy has."""
+    if only is None:
+        return None
+    keys = frozenset(k.strip() for k in only.split(",") if k.strip())
+    known = {s.key for s in strategies()}
+    if not keys or keys - known:
+        raise ValueError(f"only: choose from {', '.join(sorted(known))}, got {only!r}")
+    return keys
+
+
 async def _measure_all(
-    dsn: str, count: int, now: datetime, report: ScanReport, plans: Any, console: Console
+    dsn: str, count: int, now: datetime, report: ScanReport, plans: Any, console: Console,
+    keys: frozenset[str] | None = None,
 ) -> list[Measurement]:
     current = bucket_of(now, report.bucket_seconds)
     conn = await asyncpg.connect(dsn, server_settings={"timezone": "UTC"})
@@ -437,6 +455,8 @@ async def _measure_all(
         watermark = bucket_start(current, report.bucket_seconds)
         out = []
         for strategy in strategies():
+            if keys is not None and strategy.key not in keys:
+                continue
             if strategy.key in scopes:
                 parts = scopes[strategy.key]
                 args: tuple[Any, ...] = (parts, [fences[p] for p in parts], current, now,
@@ -557,7 +577,38 @@ def arithmetic(report: ScanReport) -> str:
             f"all {load.pending + load.history:,} rows every tick "
             f"({(load.pending + load.history) / max(per_bucket, 1):,.0f} times as many)."
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _to_target(report))
+
+
+def _to_target(report: ScanReport) -> list[str]:
+    """The largest measured size scaled linearly to ``TARGET_PENDING``: what the load, the
+    disk and a bucketed tick would take there (rows examined stay the rows due)."""
+    if not report.loads:
+        return []
+    load = max(report.loads, key=lambda ld: ld.pending)
+    scale = TARGET_PENDING / load.pending
+    per_bucket = average_per_bucket(TARGET_PENDING, 1440, report.bucket_seconds)
+    lines = [
+        f"  To {_count(TARGET_PENDING)} pending (x{scale:g} the {_count(load.pending)} measured, "
+        "linear): load "
+        f"{load.total_s * scale / 60:,.0f} min (COPY {load.copy_s * scale / 60:,.0f}, indexes "
+        f"{load.index_s * scale / 60:,.0f}); table {load.table_mb * scale / 1024:,.1f} GiB, "
+        f"indexes {load.indexes_mb * scale / 1024:,.1f} GiB (with an equal history); "
+        f"{per_bucket:,.0f} due per one-minute bucket."
+    ]
+    by = {(m.strategy, m.pending): m for m in report.measurements}
+    for key in ("c2", "c3"):
+        m = by.get((key, load.pending))
+        if m is None or not m.due:
+            continue
+        due = m.due * scale
+        lines.append(
+            f"  ({key}) at {_count(TARGET_PENDING)}: rows examined = rows due ≈ {due:,.0f} per "
+            f"minute; at the measured {m.ms_per_tick * 1000 / m.due:,.1f} µs per due row that is "
+            f"≈ {m.ms_per_tick * scale:,.0f} ms of server time per minute of due tasks, "
+            f"while a full scan would read {2 * TARGET_PENDING:,} rows every tick."
+        )
+    return lines
 
 
 def verdict(report: ScanReport) -> str:

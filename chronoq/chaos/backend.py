@@ -15,8 +15,10 @@ import signal
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from chronoq.chaos.faults import ALL_KINDS, FaultKind
+from chronoq.chaos.faults import ALL_KINDS, STORE_HA_KINDS, FaultKind
 from chronoq.chaos.proxy import Blackhole, ProxyHub
+from chronoq.embedded.etcd import EmbeddedEtcd
+from chronoq.embedded.ha import PatroniCluster
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 CLOCK_FLAG = "--clock-offset-ms"
@@ -28,20 +30,48 @@ class LocalBackend:
     name = "local"
     supported: frozenset[FaultKind] = frozenset(ALL_KINDS)
 
-    def __init__(self, workdir: Path, spec: ClusterSpec) -> None:
+    def __init__(self, workdir: Path, spec: ClusterSpec, *, pg_members: int = 1) -> None:
+        """``pg_members`` > 1: PostgreSQL members under Patroni on the cluster's etcd (the
+        store faults replace restart-postgres)."""
         self.spec = spec
         self.hub = ProxyHub()
         self.proxies: dict[str, dict[str, list[Blackhole]]] = {}
-        self.cluster = LocalCluster(workdir, spec, node_args=self._node_args)
+        self.ha: PatroniCluster | None = None
+        self._etcd: EmbeddedEtcd | None = None
+        if pg_members > 1:
+            self._etcd = EmbeddedEtcd(
+                workdir / "etcd", members=spec.etcd_members, durable=spec.durable
+            )
+            self.ha = PatroniCluster(workdir / "pg", self._etcd.endpoints, members=pg_members)
+            self.supported = frozenset(
+                {*ALL_KINDS, *STORE_HA_KINDS} - {FaultKind.RESTART_POSTGRES}
+            )
+            self.cluster = LocalCluster(
+                workdir, spec, etcd=self._etcd, dsn=self.ha.dsn_for(spec.database),
+                node_args=self._node_args,
+            )  # fmt: skip
+        else:
+            self.cluster = LocalCluster(workdir, spec, node_args=self._node_args)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         try:
+            if self.ha is not None and self._etcd is not None:
+                self._etcd.start()
+                self.ha.start(timeout=180)
+                self.ha.ensure_database(self.spec.database)
             self.cluster.start()
         except BaseException:
+            self._stop_store()
             self.hub.close()
             raise
+
+    def _stop_store(self) -> None:
+        if self.ha is not None:
+            self.ha.stop()
+        if self._etcd is not None:
+            self._etcd.stop()
 
     def stop(self) -> None:
         try:
@@ -54,6 +84,7 @@ class LocalBackend:
                 p.heal()
             self.cluster.stop()
         finally:
+            self._stop_store()
             self.hub.close()
 
     @property
@@ -77,10 +108,18 @@ class LocalBackend:
         etcd = [self.hub.add(e, f"{node_id}->etcd{i}")
                 for i, e in enumerate(self.cluster.etcd_endpoints)]
         parts = urlsplit(self.cluster.dsn)
-        pg = self.hub.add(f"{parts.hostname}:{parts.port}", f"{node_id}->postgres")
-        self.proxies[node_id] = {"etcd": etcd, "postgres": [pg]}
-        credentials = parts.netloc.rpartition("@")[0]  # user, and password if there is one
-        dsn = urlunsplit(parts._replace(netloc=f"{credentials}@{pg.address}"))
+        credentials, _, hosts = parts.netloc.rpartition("@")
+        # The user only: the password travels in the node's environment, never on its command
+        # line (see LocalCluster._spawn).
+        credentials = credentials.partition(":")[0]
+        # One proxy per PostgreSQL server (several in a replicated store's multi-host DSN).
+        pgs = [
+            self.hub.add(host, f"{node_id}->postgres{i or ''}")
+            for i, host in enumerate(hosts.split(","))
+        ]
+        self.proxies[node_id] = {"etcd": etcd, "postgres": pgs}
+        proxied = ",".join(p.address for p in pgs)
+        dsn = urlunsplit(parts._replace(netloc=f"{credentials}@{proxied}"))
         out = list(args)
         out[out.index("--dsn") + 1] = dsn
         out[out.index("--etcd") + 1] = ",".join(p.address for p in etcd)
@@ -159,11 +198,15 @@ class LocalBackend:
     def heal_all(self) -> None:
         for p in self.hub.proxies:
             p.heal()
-        assert self.cluster.etcd is not None and self.cluster.postgres is not None
+        assert self.cluster.etcd is not None
         for i, m in enumerate(self.cluster.etcd.members):
             if m.pid is None:
                 self.cluster.etcd.start_member(i)
-        if self.cluster.postgres.pid is None:
+        if self.ha is not None:
+            for name, member in self.ha.members.items():
+                if member.patroni_pid is None:
+                    self.ha.restart_member(name)
+        elif self.cluster.postgres is not None and self.cluster.postgres.pid is None:
             self.cluster.postgres.start(timeout=60)
         for node_id, node in self.cluster.nodes.items():
             if node.stopped:

@@ -79,11 +79,14 @@ FAILOVER = frozenset({"kill-node", "cut-node-etcd", "cut-node-postgres"}) | NODE
 # Faults after which workers must keep starting tasks: the other nodes still fire.
 EXEC_GAP_BOUNDED = frozenset({"kill-node"}) | NODE_FREEZES
 GRACEFUL = frozenset({"clock-jump", "rolling-restart"})
-INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader"})
+# A replicated store's faults (chronoq.embedded.ha): like restart-postgres, nobody can take
+# over while the store fails over, and an ack that did not reach it may repeat a task.
+STORE_FAILOVER = frozenset({"kill-pg-primary", "kill-pg-member", "switchover", "kill-pg-standby"})
+INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader"}) | STORE_FAILOVER
 WORKER = frozenset({"kill-worker", "pause-worker"})
 # Faults that can make a task run twice without targeting its worker: a heartbeat or an
 # acknowledgement that did not reach the store, so the lease expired.
-DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres"})
+DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres"}) | STORE_FAILOVER
 NOT_OWNER = frozenset({"submit", "retry", "requeue"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED"})
 US = 1_000_000

@@ -9,7 +9,7 @@ docker-compose.yml, started with ``docker compose -p chronoq up -d``)::
 
     chronoq chaos --backend docker --compose-project chronoq \\
         --docker-nodes node-1,node-2,node-3 --docker-etcd etcd-1,etcd-2,etcd-3 \\
-        --docker-postgres db --cluster prod --partitions 256 --lease-ttl 5
+        --docker-postgres db-1,db-2,db-3 --cluster prod --partitions 256 --lease-ttl 5
 
 Where no Docker engine answers, ``DockerUnavailable`` says so and the run is skipped.
 """
@@ -60,14 +60,16 @@ class DockerBackend:
 
     def __init__(
         self, *, project: str = "chronoq", nodes: tuple[str, ...] = ("node-1", "node-2", "node-3"),
-        etcd: tuple[str, ...] = ("etcd-1", "etcd-2", "etcd-3"), postgres: str = "db",
+        etcd: tuple[str, ...] = ("etcd-1", "etcd-2", "etcd-3"), postgres: str = "db-1,db-2,db-3",
         dsn: str | None = None,
     ) -> None:
         self.client = engine()
         self.project = project
         self.node_services = list(nodes)
         self.etcd_services = list(etcd)
-        self.postgres_service = postgres
+        # Comma-separated: the members of a replicated store (restart-postgres takes the first).
+        self.postgres_services = postgres.split(",")
+        self.postgres_service = self.postgres_services[0]
         self._dsn = dsn
 
     def _container(self, service: str) -> Any:
@@ -112,8 +114,9 @@ class DockerBackend:
         if self._dsn:
             return self._dsn
         password = os.environ.get("CHRONOQ_DB_PASSWORD", "chronoq")  # as docker-compose.yml
-        host = self._published(self.postgres_service, PG_PORT)
-        return f"postgresql://chronoq:{password}@{host}/chronoq"
+        hosts = ",".join(self._published(s, PG_PORT) for s in self.postgres_services)
+        query = "?target_session_attrs=read-write" if len(self.postgres_services) > 1 else ""
+        return f"postgresql://chronoq:{password}@{hosts}/chronoq{query}"
 
     @property
     def etcd_endpoints(self) -> list[str]:

@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from chronoq.chaos.history import FaultRecord
 from chronoq.chaos.ledger import now_us
@@ -41,9 +41,22 @@ class FaultKind(enum.StrEnum):
     CUT_NODE_POSTGRES = "cut-node-postgres"  # blackhole one node's PostgreSQL traffic
     CLOCK_JUMP = "clock-jump"  # restart one node with its clock ahead or behind
     ROLLING_RESTART = "rolling-restart"  # graceful restart of every node, one by one
+    # A replicated store (--pg-members > 1, PostgreSQL members under Patroni):
+    KILL_PG_PRIMARY = "kill-pg-primary"  # SIGKILL the primary's postmaster; Patroni restarts it
+    KILL_PG_MEMBER = "kill-pg-member"  # SIGKILL the primary's Patroni and postgres; restart later
+    SWITCHOVER = "switchover"  # graceful switchover to the synchronous standby
+    KILL_PG_STANDBY = "kill-pg-standby"  # SIGKILL the synchronous standby whole; restart later
 
 
-ALL_KINDS = tuple(FaultKind)
+#: Faults of a replicated store: in ``all`` only when the store is one (they replace
+#: restart-postgres there, which needs a single server).
+STORE_HA_KINDS = (
+    FaultKind.KILL_PG_PRIMARY,
+    FaultKind.KILL_PG_MEMBER,
+    FaultKind.SWITCHOVER,
+    FaultKind.KILL_PG_STANDBY,
+)
+ALL_KINDS = tuple(k for k in FaultKind if k not in STORE_HA_KINDS)
 #: Former names, still accepted on the command line (histories keep the name they ran with).
 ALIASES = {"pause-node": FaultKind.FREEZE_NODE_PAST_TTL}
 #: A freeze shorter than the lease TTL, as a fraction of it: keepalives go every third of the
@@ -58,7 +71,17 @@ OVERHEAD: dict[FaultKind, float] = {
     FaultKind.KILL_ETCD_LEADER: 2.0, FaultKind.RESTART_POSTGRES: 3.0,
     FaultKind.CUT_NODE_ETCD: 0.5, FaultKind.CUT_NODE_POSTGRES: 0.5,
     FaultKind.CLOCK_JUMP: 6.0, FaultKind.ROLLING_RESTART: 9.0,
+    # Patroni: crash recovery (2-10 s), a member's restart from its data (10-30 s), a
+    # switchover (4-20 s), as seen on a loaded 2-core machine; then the nodes rejoin.
+    FaultKind.KILL_PG_PRIMARY: 15.0, FaultKind.KILL_PG_MEMBER: 35.0,
+    FaultKind.SWITCHOVER: 20.0, FaultKind.KILL_PG_STANDBY: 30.0,
 }
+#: Patroni's leader key TTL (chronoq.embedded.ha.config.TTL_S): a lost primary is replaced
+#: after it, so a member kill is held past it to force the failover.
+PATRONI_TTL_S = 20.0
+#: Seconds before asking Patroni for a writable primary after a store fault: it acts on its
+#: next loop (1 s), and until then reports the roles of before the fault.
+NOTICE_S = 1.5
 
 
 def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, float]:
@@ -77,12 +100,21 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
         FaultKind.CUT_NODE_POSTGRES: lease_ttl + 2.0,
         FaultKind.CLOCK_JUMP: 6.0,
         FaultKind.ROLLING_RESTART: 0.0,
+        FaultKind.KILL_PG_PRIMARY: 0.0,  # Patroni restarts it at once
+        FaultKind.KILL_PG_MEMBER: PATRONI_TTL_S + 2.0,
+        FaultKind.SWITCHOVER: 0.0,
+        FaultKind.KILL_PG_STANDBY: 4.0,
     }
 
 
-def parse_kinds(text: str) -> list[FaultKind]:
-    """``kill-node,freeze-node`` (or ``all``) as fault kinds; ValueError names a bad one."""
+def parse_kinds(text: str, *, replicated: bool = False) -> list[FaultKind]:
+    """``kill-node,freeze-node`` (or ``all``) as fault kinds; ValueError names a bad one.
+
+    ``replicated``: the store is PostgreSQL under Patroni; ``all`` then has its faults."""
     if text.strip() == "all":
+        if replicated:
+            single = [k for k in ALL_KINDS if k is not FaultKind.RESTART_POSTGRES]
+            return [*single, *STORE_HA_KINDS]
         return list(ALL_KINDS)
     kinds = []
     for name in (n.strip() for n in text.split(",") if n.strip()):
@@ -92,7 +124,7 @@ def parse_kinds(text: str) -> list[FaultKind]:
         try:
             kinds.append(FaultKind(name))
         except ValueError:
-            known = ", ".join(k.value for k in ALL_KINDS)
+            known = ", ".join(k.value for k in FaultKind)
             raise ValueError(f"unknown fault {name!r}; known: {known}, or all") from None
     return kinds
 
@@ -168,14 +200,29 @@ class FaultTarget(Protocol):
     def heal_all(self) -> None: ...
 
 
+@runtime_checkable
+class StoreFailoverTarget(Protocol):
+    """A replicated store's fault hooks (``chronoq.embedded.ha.PatroniCluster`` has them);
+    each returns the member it acted on, ``switchover`` the new leader."""
+
+    def kill_postmaster(self, name: str | None = None) -> str: ...
+    def kill_member(self, name: str | None = None) -> str: ...
+    def kill_standby(self) -> str: ...
+    def restart_member(self, name: str, timeout: float = 120.0) -> None: ...
+    def switchover(self, candidate: str | None = None, timeout: float = 60.0) -> str: ...
+    def wait_writable(self, timeout: float = 60.0) -> str: ...
+
+
 @dataclass
 class Injector:
-    """Plays a schedule; ``records`` holds every injected fault with its window."""
+    """Plays a schedule; ``records`` holds every injected fault with its window. ``store``:
+    the replicated store's hooks, for the store faults (None: a single PostgreSQL)."""
 
     target: FaultTarget
     workers: WorkerPool
     clock_jump_ms: int = 3000
     records: list[FaultRecord] = field(default_factory=list)
+    store: StoreFailoverTarget | None = None
 
     async def run(self, plan: Sequence[PlannedFault], started: float, stop: asyncio.Event) -> None:
         """Inject each planned fault at its time (``started`` is a monotonic instant)."""
@@ -219,6 +266,10 @@ class Injector:
             FaultKind.CUT_NODE_POSTGRES: self._cut,
             FaultKind.CLOCK_JUMP: self._clock_jump,
             FaultKind.ROLLING_RESTART: self._rolling_restart,
+            FaultKind.KILL_PG_PRIMARY: self._store_fault,
+            FaultKind.KILL_PG_MEMBER: self._store_fault,
+            FaultKind.SWITCHOVER: self._store_fault,
+            FaultKind.KILL_PG_STANDBY: self._store_fault,
         }
 
     def _node(self, pf: PlannedFault) -> str:
@@ -324,6 +375,31 @@ class Injector:
             await asyncio.to_thread(self.target.restart_node, node)
         detail["target"] = "all nodes"
         return "all nodes"
+
+    async def _store_fault(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        """A store fault; ``writable_after_s`` is when Patroni had a writable primary with a
+        synchronous standby again (measured from the fault; a bound of the store's gap)."""
+        store = self.store
+        if store is None:
+            raise RuntimeError(f"{pf.kind}: the store is a single PostgreSQL (no --pg-members)")
+        started = time.monotonic()
+        if pf.kind is FaultKind.SWITCHOVER:
+            member = "primary"
+            detail["new_leader"] = await asyncio.to_thread(store.switchover)
+        elif pf.kind is FaultKind.KILL_PG_PRIMARY:
+            member = await asyncio.to_thread(store.kill_postmaster)
+        elif pf.kind is FaultKind.KILL_PG_MEMBER:
+            member = await asyncio.to_thread(store.kill_member)
+        else:
+            member = await asyncio.to_thread(store.kill_standby)
+        detail["target"] = member
+        await asyncio.sleep(NOTICE_S)  # Patroni notices a fault on its next loop only
+        detail["leader_after"] = await asyncio.to_thread(store.wait_writable, 90.0)
+        detail["writable_after_s"] = round(time.monotonic() - started, 3)
+        if pf.kind in (FaultKind.KILL_PG_MEMBER, FaultKind.KILL_PG_STANDBY):
+            await asyncio.sleep(max(0.0, started + pf.hold - time.monotonic()))
+            await asyncio.to_thread(store.restart_member, member)
+        return member
 
     async def heal_all(self) -> None:
         """After the run: wake, reconnect and restart everything a fault left broken."""

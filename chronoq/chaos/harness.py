@@ -74,6 +74,7 @@ class ChaosOptions:
     plot: bool = True
     cluster: str = "chaos"  # the etcd key prefix (a docker deployment's --cluster)
     docker_services: dict[str, Any] = field(default_factory=dict)  # see docker_backend
+    pg_members: int = 1  # local: >1 runs PostgreSQL members under Patroni (store faults)
 
 
 class Backend(FaultTarget, Protocol):
@@ -103,7 +104,7 @@ def make_backend(opts: ChaosOptions, workdir: Path) -> Backend:
         lease_ttl=opts.lease_ttl, tick_ms=opts.tick_ms, cluster=opts.cluster,
         durable=True,  # durable=False loses recent commits when PostgreSQL is killed
     )
-    return LocalBackend(workdir, spec)
+    return LocalBackend(workdir, spec, pg_members=opts.pg_members)
 
 
 class OwnerObserver:
@@ -251,7 +252,8 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
         console.print(f"{len(plans)} tasks and {len(plan)} faults over {opts.duration:g} s "
                       f"(seed {opts.seed})")
         submitter = Submitter(backend.addresses, plans)
-        injector = Injector(backend, pool, clock_jump_ms=opts.clock_jump_ms)
+        injector = Injector(backend, pool, clock_jump_ms=opts.clock_jump_ms,
+                            store=getattr(backend, "ha", None))
         t0, started = datetime.now(UTC), time.monotonic()
         stop = asyncio.Event()
         faults = asyncio.create_task(injector.run(plan, started, stop))

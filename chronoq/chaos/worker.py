@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,8 +24,11 @@ from chronoq.chaos.history import ERROR, FATAL, OK, STOPPED, to_us
 from chronoq.chaos.ledger import SUFFIX, LedgerWriter, open_executions
 from chronoq.client import Client, FatalTaskError, Handler, TaskContext, Worker
 from chronoq.client.demo import DemoPayload, scripted_failure
+from chronoq.local.child import ChildProcess, stop_all
 
 QUEUE = "chaos"
+#: How long stopping workers may let in-flight handlers finish (seconds).
+STOP_GRACE_S = 15.0
 
 
 def make_handler(ledger: LedgerWriter) -> Handler:
@@ -83,21 +83,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 @dataclass
-class WorkerProcess:
+class WorkerProcess(ChildProcess):
     """One worker slot (``w1``) and its current process incarnation (``w1.3``)."""
 
-    slot: str
+    slot: str = ""
     incarnation: int = 0
-    process: subprocess.Popen[bytes] | None = None
-    stopped: bool = False
     history: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return f"{self.slot}.{self.incarnation}"
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
 
 class WorkerPool:
@@ -111,7 +106,7 @@ class WorkerPool:
         self.ledger_dir = ledger_dir
         self.log_dir = log_dir
         self.concurrency = concurrency
-        self.workers = [WorkerProcess(f"w{i}") for i in range(count)]
+        self.workers = [WorkerProcess(log_dir / f"w{i}.log", slot=f"w{i}") for i in range(count)]
 
     def target_for(self, index: int) -> str:
         """Each worker lists the nodes in a different order: pick-first spreads them, and a
@@ -136,12 +131,7 @@ class WorkerPool:
             "--ledger", str(self.ledger_of(w)), "--worker-id", w.name,
             "--concurrency", str(self.concurrency),
         ]
-        with (self.log_dir / f"{w.slot}.log").open("ab") as log:
-            w.process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-            )
-        w.stopped = False
+        w.spawn(args)
         return w
 
     def in_flight(self, index: int) -> int:
@@ -158,39 +148,15 @@ class WorkerPool:
         return 0
 
     def signal(self, index: int, sig: signal.Signals) -> None:
-        w = self.workers[index]
-        if w.process is None or not w.alive():
-            return
-        os.kill(w.process.pid, sig)
-        if sig == signal.SIGSTOP:
-            w.stopped = True
-        elif sig == signal.SIGCONT:
-            w.stopped = False
+        self.workers[index].signal(sig)
 
     def kill(self, index: int) -> None:
-        w = self.workers[index]
-        self.signal(index, signal.SIGKILL)
-        if w.process is not None:
-            w.process.wait(10)
+        self.workers[index].kill()
 
-    def stop_all(self, grace: float = 15.0) -> None:
+    def stop_all(self, grace: float = STOP_GRACE_S) -> None:
         """Wake and SIGTERM every worker (graceful: in-flight handlers finish), then reap;
         SIGKILL whatever is still there after ``grace``."""
-        for i, w in enumerate(self.workers):
-            if w.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    self.signal(i, signal.SIGCONT)
-                    self.signal(i, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for w in self.workers:
-            if w.process is None:
-                continue
-            try:
-                w.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.process.pid, signal.SIGKILL)
-                w.process.wait(5)
+        stop_all(self.workers, grace)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from chronoq.chaos.history import (
 from chronoq.chaos.ledger import now_us
 from chronoq.chaos.worker import QUEUE
 from chronoq.client import Client, NewTask
+from chronoq.client.pacing import pacer
 
 BATCH_EVERY = 0.2  # seconds between submit batches
 SUBMIT_TRIES = 8  # calls per batch (over all nodes) before it is recorded ambiguous
@@ -141,18 +142,21 @@ class Submitter:
         return self.clients[self._next % len(self.clients)]
 
     async def run(self, t0: datetime) -> None:
-        """Submit every batch on time, and cancel the tasks planned to be cancelled."""
+        """Submit every batch on time, and cancel the tasks planned to be cancelled.
+
+        The plan fixes what is submitted and when each task runs (so a seed replays the same
+        tasks); a throttle paces the batches, each taking what the plan has due by then.
+        """
         start = time.monotonic() - (datetime.now(UTC) - t0).total_seconds()
         batch: list[TaskPlan] = []
         cancels = sorted((p for p in self.plans if p.cancel_at is not None),
                          key=lambda p: p.cancel_at or 0.0)
         pending = iter(self.plans)
         nxt = next(pending, None)
-        tick = 0
+        batches = pacer(1 / BATCH_EVERY)
         while nxt is not None or cancels:
-            tick += 1
-            due = tick * BATCH_EVERY
-            await asyncio.sleep(max(0.0, start + due - time.monotonic()))
+            await batches.wait()
+            due = time.monotonic() - start
             while nxt is not None and nxt.submit_at <= due:
                 batch.append(nxt)
                 nxt = next(pending, None)

@@ -31,7 +31,17 @@ import typer  # noqa: E402
 from rich.logging import RichHandler  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
-from chronoq.cli import bench, chaos, dev, node, schedules, status, tasks, worker  # noqa: E402
+from chronoq.cli import (  # noqa: E402
+    bench,
+    chaos,
+    console,
+    dev,
+    node,
+    schedules,
+    status,
+    tasks,
+    worker,
+)
 from chronoq.cli.common import CLIENT_OPTIONS, env, err, fail, text_opt  # noqa: E402
 from chronoq.errors import ChronoqError  # noqa: E402
 
@@ -135,6 +145,7 @@ status.register(app)
 worker.register(app)
 bench.register(app)
 chaos.register(app)
+console.register(app)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

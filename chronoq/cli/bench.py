@@ -1,4 +1,4 @@
-"""``chronoq bench throughput|failover|scan``: benchmarks that report numbers.
+"""``chronoq bench throughput|failover|precision|scan``: benchmarks that report numbers.
 
 Options left unset take the benchmark's own defaults; each benchmark is imported when it runs.
 """
@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
+from chronoq.buckets import MAX_PARTITIONS
 from chronoq.cli.common import LeaseTtlOpt, TickMsOpt, env, fail, given, reported
+from chronoq.cli.dev import PgMembersOpt
 
 bench_app = typer.Typer(help="Benchmarks (numbers, not pass/fail).", no_args_is_help=True)
 
@@ -35,7 +37,13 @@ DataDirOpt = Annotated[
 ]
 DsnOpt = Annotated[str | None, _opt("DSN", "Use this PostgreSQL instead of an embedded one.")]
 JsonOutOpt = Annotated[Path | None, _opt("JSON_OUT", "Also write results here.", dir_okay=False)]
-PartitionsOpt = Annotated[int | None, _opt("PARTITIONS", min=1)]
+PartitionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--partitions", envvar=env("PARTITIONS"), min=1, max=MAX_PARTITIONS,
+        help="Hash partitions of the benchmark's cluster.",
+    ),
+]
 NodesOpt = Annotated[
     int | None, _opt("NODES", "Nodes of the local cluster (failover: at least 2).", min=1, max=16)
 ]
@@ -126,11 +134,16 @@ def bench_failover(
         ),
     ] = None,
     json_out: JsonOutOpt = None,
+    pg_members: PgMembersOpt = 1,
 ) -> None:
     """Failover (SIGKILL → partitions re-owned → first fire) and graceful handoff (SIGTERM)
     times on a real local cluster, over repeated trials: min / median / max.
 
-    Example: chronoq bench failover --trials 5 --lease-ttl 2
+    With --pg-members 3 the store fails over instead (3 PostgreSQL members under Patroni):
+    primary postmaster kill, primary member kill, switchover; time until submits and firing
+    are back, and acknowledged tasks lost (must be 0).
+
+    Example: chronoq bench failover --trials 5 --lease-ttl 2; chronoq bench failover --pg-members 3
     """
     from chronoq.bench.failover import main as failover_main
 
@@ -146,8 +159,65 @@ def bench_failover(
                 tick_ms=tick_ms,
                 data_dir=data_dir,
                 json_out=json_out,
+                pg_members=pg_members,
             )
         )
+
+
+@bench_app.command("precision")
+def bench_precision(
+    rates: Annotated[
+        str | None, _opt("RATES", "Comma-separated tasks coming due per second.")
+    ] = None,
+    seconds: Annotated[
+        float | None, _opt("SECONDS", "How long tasks keep coming due, per rate.", min=0.1)
+    ] = None,
+    runs: Annotated[int | None, _opt("RUNS", "Runs of each rate (medians).", min=1, max=50)] = None,
+    nodes: NodesOpt = None,
+    partitions: PartitionsOpt = None,
+    concurrency: Annotated[
+        int | None, _opt("CONCURRENCY", "Handlers per worker (one worker per node).", min=1)
+    ] = None,
+    tick_ms: TickMsOpt = None,
+    wheel_horizon_ms: Annotated[
+        int | None,
+        _opt("WHEEL_HORIZON_MS", "The nodes' timing-wheel horizon (0: the tick alone).", min=0),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        _opt(
+            "DATA_DIR",
+            "Where etcd, PostgreSQL and the logs live [default: a temporary dir].",
+            file_okay=False,
+        ),
+    ] = None,
+    json_out: JsonOutOpt = None,
+) -> None:
+    """run_at → handler start p50 / p99 / max on a local cluster with a worker on every
+    node, per due rate, with the count of early starts and a bare timer's lateness beside.
+
+    Example: chronoq bench precision --rates 1000,5000 --seconds 10 --runs 3
+    """
+    from chronoq.bench.precision import main as precision_main
+
+    with reported():
+        try:
+            precision_main(
+                **given(
+                    rates=rates,
+                    seconds=seconds,
+                    runs=runs,
+                    nodes=nodes,
+                    partitions=partitions,
+                    concurrency=concurrency,
+                    tick_ms=tick_ms,
+                    wheel_horizon_ms=wheel_horizon_ms,
+                    data_dir=data_dir,
+                    json_out=json_out,
+                )
+            )
+        except ValueError as exc:  # a malformed --rates
+            fail(str(exc), 2)
 
 
 @bench_app.command("scan")

@@ -11,7 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from chronoq.cli.common import env, err, fail, given, out, reported
+from chronoq.buckets import MAX_PARTITIONS
+from chronoq.cli.common import TickMsOpt, env, err, fail, given, out, reported
+from chronoq.cli.dev import PgMembersOpt
 from chronoq.coordinator.ttl import MAX_LEASE_TTL, MIN_LEASE_TTL
 
 
@@ -28,7 +30,9 @@ _FAULTS_HELP = (
     "Fault kinds, or 'all': kill-node, freeze-node (under the lease TTL), "
     "freeze-node-past-ttl (was pause-node), kill-worker, pause-worker, "
     "kill-etcd-member, kill-etcd-leader, restart-postgres, cut-node-etcd, "
-    "cut-node-postgres, clock-jump, rolling-restart."
+    "cut-node-postgres, clock-jump, rolling-restart; with --pg-members > 1 also "
+    "kill-pg-primary, kill-pg-member, switchover, kill-pg-standby (in place of "
+    "restart-postgres)."
 )
 
 
@@ -52,11 +56,22 @@ def chaos(
         ),
     ] = None,
     backend: Annotated[str, _opt("BACKEND", "local (processes) or docker.")] = "local",
-    partitions: Annotated[int | None, _opt("PARTITIONS", min=1)] = None,
-    lease_ttl: Annotated[
-        int | None, _opt("LEASE_TTL", min=MIN_LEASE_TTL, max=MAX_LEASE_TTL)
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            "--partitions", envvar=env("PARTITIONS"), min=1, max=MAX_PARTITIONS,
+            help="Hash partitions of the chaos cluster.",
+        ),
     ] = None,
-    tick_ms: Annotated[int | None, _opt("TICK_MS", min=1)] = None,
+    lease_ttl: Annotated[
+        int | None,
+        typer.Option(
+            "--lease-ttl", envvar=env("LEASE_TTL"), min=MIN_LEASE_TTL, max=MAX_LEASE_TTL,
+            help="etcd lease TTL of each node (short by default, so faults move "
+            "partitions within seconds).",
+        ),
+    ] = None,
+    tick_ms: TickMsOpt = None,
     clock_jump_ms: Annotated[int | None, _opt("CLOCK_JUMP_MS", min=1)] = None,
     cluster: Annotated[
         str | None,
@@ -75,8 +90,11 @@ def chaos(
     docker_etcd: Annotated[str, _opt("DOCKER_ETCD", "docker: etcd services.")] = (
         "etcd-1,etcd-2,etcd-3"
     ),
-    docker_postgres: Annotated[str, _opt("DOCKER_POSTGRES", "docker: PostgreSQL service.")] = "db",
+    docker_postgres: Annotated[
+        str, _opt("DOCKER_POSTGRES", "docker: PostgreSQL service(s), comma-separated.")
+    ] = "db-1,db-2,db-3",
     docker_dsn: Annotated[str | None, _opt("DOCKER_DSN", "docker: DSN from here.")] = None,
+    pg_members: PgMembersOpt = 1,
 ) -> None:
     """Run a real cluster under a seeded workload and seeded faults, then check an independent
     ledger: none lost, none early, duplicates explained, failover within TTL + a tick, fencing.
@@ -95,8 +113,12 @@ def chaos(
         raise typer.Exit(0 if verdict.ok else 1)
     if backend not in ("local", "docker"):
         raise typer.BadParameter("local or docker", param_hint="--backend")
+    if backend == "docker" and pg_members > 1:
+        raise typer.BadParameter(
+            "the docker backend uses the deployment's PostgreSQL", param_hint="--pg-members"
+        )
     try:
-        kinds = parse_kinds(faults)
+        kinds = parse_kinds(faults, replicated=pg_members > 1)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--faults") from None
     docker = {
@@ -124,6 +146,7 @@ def chaos(
             clock_jump_ms=clock_jump_ms,
             cluster=cluster,
         ),
+        pg_members=pg_members,
     )
     with reported():
         try:

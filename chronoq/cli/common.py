@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from chronoq.buckets import MAX_PARTITIONS
 from chronoq.client import Client
 from chronoq.coordinator.ttl import DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL
 from chronoq.durations import parse_duration, parse_instant
@@ -97,7 +98,7 @@ PartitionsOpt = Annotated[
         "--partitions",
         envvar=env("PARTITIONS"),
         min=1,
-        max=32767,
+        max=MAX_PARTITIONS,
         help="Hash partitions; fixed when a database is first used.",
     ),
 ]

@@ -39,6 +39,20 @@ if TYPE_CHECKING:
     from chronoq.devstack import DevStackSettings
 
 
+#: ``--pg-members``: 1 is the single embedded server; more run Patroni (chronoq.embedded.ha).
+PgMembersOpt = Annotated[
+    int,
+    typer.Option(
+        "--pg-members",
+        envvar=env("PG_MEMBERS"),
+        min=1,
+        max=5,
+        help="PostgreSQL servers: 1, or 2-5 replicated under Patroni on the stack's etcd "
+        "(synchronous; installs Patroni on first use).",
+    ),
+]
+
+
 def register(app: typer.Typer) -> None:
     """Add ``dev``, ``demo`` and ``lab`` to ``app``."""
     app.command()(dev)
@@ -87,6 +101,7 @@ def dev(
         ),
     ] = 1,
     lease_ttl: LeaseTtlOpt = None,
+    pg_members: PgMembersOpt = 1,
     restart: Annotated[
         bool,
         typer.Option(
@@ -103,7 +118,11 @@ def dev(
     processes that share the partitions. What it starts is restarted when it dies, unless
     --no-restart; --data-dir/dev.json lists the PIDs and each node's command line.
 
-    Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3
+    With --pg-members 3, PostgreSQL is replicated: 3 members under Patroni (synchronous
+    replication, leader lock in the stack's etcd), installed on first use; the nodes get the
+    multi-host DSN and follow the primary through a failover.
+
+    Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3 --pg-members 3
     """
     from chronoq.demo import DEFAULT_DATA_DIR
     from chronoq.devstack import DevStackSettings
@@ -116,6 +135,7 @@ def dev(
             bucket_seconds=bucket_seconds,
             nodes=nodes,
             etcd_members=etcd_members,
+            pg_members=pg_members,
             restart=restart,
             **given(
                 host=host,
@@ -134,7 +154,8 @@ async def _dev(settings: DevStackSettings) -> None:
     what = "PostgreSQL"
     if settings.clustered:
         n = settings.nodes
-        what = f"etcd x{settings.etcd_members}, PostgreSQL and {n} node process{'es' * (n > 1)}"
+        pg = f"PostgreSQL x{settings.pg_members} (Patroni)" if settings.replicated else "PostgreSQL"
+        what = f"etcd x{settings.etcd_members}, {pg} and {n} node process{'es' * (n > 1)}"
     err.print(f"starting {what} in {settings.data_dir} …")
     async with DevStack(settings) as stack:
         out.print(
@@ -149,8 +170,16 @@ async def _dev(settings: DevStackSettings) -> None:
             out.print(f"  node logs      {stack.cluster.workdir}")
         # The password stays out of the terminal (and its scrollback): it is in a file.
         out.print(f"  PostgreSQL DSN {mask_dsn(stack.dsn)}")
-        out.print(f"  password file  {stack.postgres.password_file}")
-        out.print(f"  PostgreSQL     pid {stack.postgres.pid}")
+        if stack.ha is not None:
+            for member in stack.ha.state():
+                out.print(
+                    f"  PostgreSQL     {member['name']} {member['postgres']} "
+                    f"(Patroni {member['api']}, pid {member['patroni_pid']})"
+                )
+            out.print(f"  member logs    {stack.ha.workdir}")
+        else:
+            out.print(f"  password file  {stack.postgres.password_file}")
+            out.print(f"  PostgreSQL     pid {stack.postgres.pid}")
         out.print(
             f"  state          {stack.state_file} (PIDs, node command lines; "
             f"{'restarts what dies' if settings.restart else 'no restarts'})"
@@ -210,6 +239,7 @@ def demo(
             "per node; 1 runs a single node in this process.",
         ),
     ] = None,
+    pg_members: PgMembersOpt = 1,
 ) -> None:
     """A one-command tour: a local cluster on the embedded stack, timed tasks, workers,
     retries, a dead-letter queue.
@@ -230,6 +260,7 @@ def demo(
             seed=seed,
             nodes=nodes,
         ),
+        pg_members=pg_members,
     )
     raise typer.Exit(run(_demo(options)))
 
@@ -327,6 +358,7 @@ def lab(
             "directory, removed on exit).",
         ),
     ] = None,
+    pg_members: PgMembersOpt = 1,
 ) -> None:
     """An interactive web page over a live local cluster (etcd, PostgreSQL, N nodes, workers)
     on a virtual clock: add load, advance the clock, kill an owner, watch buckets beat scans.
@@ -338,7 +370,9 @@ def lab(
     from chronoq.lab.server import run as run_lab
 
     options: dict[str, Any] = given(port=port, host=host, nodes=nodes, lease_ttl=lease_ttl)
-    settings = LabSettings(partitions=partitions, data_dir=data_dir, **options)
+    settings = LabSettings(
+        partitions=partitions, data_dir=data_dir, pg_members=pg_members, **options
+    )
     with reported():
         try:
             run_lab(settings, announce=lambda line: out.print(escape(line)))

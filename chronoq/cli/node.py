@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from chronoq import tracing
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.cli.common import (
     DEFAULT_ADDRESS,
@@ -148,6 +149,17 @@ def node(
     partitions: PartitionsOpt = DEFAULT_PARTITIONS,
     bucket_seconds: BucketSecondsOpt = DEFAULT_BUCKET_SECONDS,
     tick_ms: TickMsOpt = None,
+    wheel_horizon_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--wheel-horizon-ms",
+            envvar=env("WHEEL_HORIZON_MS"),
+            min=0,
+            max=60_000,
+            help="Owners hold the tasks due this far ahead in a timing wheel and fire each "
+            "at its instant; the tick fires the rest (0: the tick alone).",
+        ),
+    ] = None,
     max_payload_bytes: Annotated[
         int | None,
         _num_opt("--max-payload-bytes", "MAX_PAYLOAD_BYTES", "Largest payload a submit may carry."),
@@ -188,6 +200,16 @@ def node(
             "harness's clock-jump fault.",
         ),
     ] = 0,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            envvar=env("OTLP_ENDPOINT"),
+            help="Export OpenTelemetry traces over OTLP/gRPC to this URL (e.g. "
+            "http://collector:4317; also OTEL_EXPORTER_OTLP_ENDPOINT). Needs chronoq[tracing]. "
+            "Off by default.",
+        ),
+    ] = None,
     max_clock_offset_ms: Annotated[
         int | None,
         _num_opt(
@@ -347,6 +369,7 @@ def _serve(params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int)
         raise typer.BadParameter("etcd credentials and TLS need --etcd too", param_hint="--etcd-*")
     with reported():
         settings = settings_from(options)
+        tracing.configure_from_env("chronoq-node", params.get("otlp_endpoint"), strict=True)
     offset = timedelta(milliseconds=clock_offset_ms)
     run(_run_node(settings, virtual_clock=virtual_clock, clock_offset=offset))
 

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from chronoq import tracing
 from chronoq.cli.common import (
     DEFAULT_ADDRESS,
     AddressOpt,
@@ -14,6 +15,7 @@ from chronoq.cli.common import (
     err,
     make_client,
     out,
+    reported,
     run,
 )
 from chronoq.client import Worker, WorkerStats
@@ -75,6 +77,15 @@ def worker(
     ] = None,
     address: AddressOpt = DEFAULT_ADDRESS,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            envvar=env("OTLP_ENDPOINT"),
+            help="Export OpenTelemetry traces (a span per handler run) over OTLP/gRPC to this "
+            "URL (also OTEL_EXPORTER_OTLP_ENDPOINT). Needs chronoq[tracing]. Off by default.",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker until Ctrl-C or SIGTERM (in-flight tasks finish or are released).
 
@@ -85,6 +96,8 @@ def worker(
     except HandlerChoiceError as exc:
         raise typer.BadParameter(exc.message, param_hint=f"--{exc.option}") from None
     rates = _rates(rate or [], handlers)
+    with reported():
+        tracing.configure_from_env("chronoq-worker", otlp_endpoint, strict=True)
     stats = run(_work(address, namespace, handlers, concurrency, worker_id, rates))
     out.print(
         f"worker stopped: claimed {stats.claimed}, succeeded {stats.succeeded}, "

@@ -1,6 +1,9 @@
-"""The async Python client and worker SDK of chronoq."""
+"""The Python client and worker SDK of chronoq: async ``Client``, blocking ``SyncClient``,
+task definitions (``TaskRegistry``) and the ``Worker``."""
 
 from chronoq.client.client import Client, ClusterStatus, MemberStatus, NewTask, Submitted
+from chronoq.client.registry import TaskDefinition, TaskOptions, TaskRegistry
+from chronoq.client.sync import SyncClient
 from chronoq.client.worker import FatalTaskError, Handler, TaskContext, Worker, WorkerStats
 
 __all__ = [
@@ -11,7 +14,11 @@ __all__ = [
     "MemberStatus",
     "NewTask",
     "Submitted",
+    "SyncClient",
     "TaskContext",
+    "TaskDefinition",
+    "TaskOptions",
+    "TaskRegistry",
     "Worker",
     "WorkerStats",
 ]

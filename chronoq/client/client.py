@@ -14,12 +14,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from chronoq import errors
+from chronoq import errors, tracing
 from chronoq.api import convert
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
+from chronoq.client.payload import Payload
+from chronoq.client.payload import encode as encode_payload
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.models import (
     DEFAULT_NAMESPACE,
+    OCTET_STREAM,
     TASK_DEFAULTS,
     AckOutcome,
     HeartbeatOutcome,
@@ -46,6 +49,13 @@ CLAIM_MARGIN = 3.0
 #: Codes after which a call that is safe to repeat goes to another node: the node did not
 #: answer (dead, frozen, cut off, shutting down) or could not reach its store.
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: A node whose store is failing over answers UNAVAILABLE with this in the details (the
+#: store's ``connection.UNKNOWN_OUTCOME``): the call may or may not have taken effect, and
+#: every node shares the store, so a call that is safe to repeat is repeated, with backoff,
+#: for this many seconds: a Patroni failover after a lost member takes about its 20 s TTL.
+STORE_OUTAGE_MARK = "outcome unknown"
+STORE_RETRY_S = 45.0
+STORE_RETRY_PAUSE_S = (0.1, 1.0)  # first pause, and the cap of the doubling
 
 T = TypeVar("T")
 Method = Callable[[NodeStubs], Any]
@@ -53,12 +63,17 @@ Method = Callable[[NodeStubs], Any]
 
 @dataclass(frozen=True, kw_only=True)
 class NewTask:
-    """A task to submit; unset fields take the node's defaults."""
+    """A task to submit; unset fields take the node's defaults.
+
+    ``payload``: bytes are sent as they are (``content_type`` default
+    ``application/octet-stream``); any other value is sent as JSON (``application/json``),
+    and a value JSON cannot hold raises ``PayloadNotJSON`` before anything is sent."""
 
     queue: str
     run_at: datetime | None = None
     delay: timedelta | None = None
-    payload: bytes = b""
+    payload: Payload = b""
+    content_type: str | None = None
     idempotency_key: str | None = None
     max_attempts: int | None = None
     backoff_initial: timedelta | None = None
@@ -69,18 +84,21 @@ class NewTask:
     misfire_grace: timedelta | None = None
 
     def to_pb(self, namespace: str) -> tasks_pb2.TaskSpec:
+        payload, content_type = encode_payload(self.payload, self.content_type)
         pb = tasks_pb2.TaskSpec(
             namespace=namespace,
             queue=self.queue,
-            payload=self.payload,
+            payload=payload,
+            content_type="" if content_type == OCTET_STREAM else content_type,
             idempotency_key=self.idempotency_key or "",
             priority=self.priority,
             misfire_policy=convert.state_policy_to_pb(self.misfire_policy),
         )
         if self.run_at is not None and self.delay is not None:
             raise errors.BadRequest("set run_at or delay, not both")
-        if self.run_at is not None:
-            pb.run_at.FromDatetime(self.run_at)
+        run_at = convert.to_timestamp(self.run_at)
+        if run_at is not None:
+            pb.run_at.CopyFrom(run_at)
         elif self.delay is not None:
             pb.delay.FromTimedelta(self.delay)
         else:
@@ -97,6 +115,7 @@ class NewTask:
             pb.lease_timeout.FromTimedelta(self.lease_timeout)
         if self.misfire_grace is not None:
             pb.misfire_grace.FromTimedelta(self.misfire_grace)
+        tracing.inject(pb.trace_context)  # no-op unless tracing is on
         return pb
 
 
@@ -229,6 +248,8 @@ class Client:
         that fails it with a code of ``FAILOVER_CODES`` hands it to the next node, once per
         node at most."""
         tried: builtins.list[int] = []
+        started = asyncio.get_running_loop().time()
+        pause = STORE_RETRY_PAUSE_S[0]
         while True:
             index = self._pool.pick(tried)
             tried.append(index)
@@ -240,7 +261,18 @@ class Client:
                 code = exc.code()
                 if code not in FAILOVER_CODES:
                     raise translate(exc) from exc
-                self._pool.failed(index)
+                outage = code is grpc.StatusCode.UNAVAILABLE and STORE_OUTAGE_MARK in (
+                    exc.details() or ""
+                )
+                if not outage:
+                    self._pool.failed(index)  # the node answered: only its store is away
+                if retry and outage and len(tried) >= len(self._pool):
+                    if asyncio.get_running_loop().time() - started < STORE_RETRY_S:
+                        log.debug("store unavailable, retrying in %.1f s", pause)
+                        await asyncio.sleep(pause)
+                        pause = min(2 * pause, STORE_RETRY_PAUSE_S[1])
+                        tried.clear()
+                        continue
                 if not retry or len(tried) >= len(self._pool):
                     raise translate(exc) from exc
                 self.failovers += 1
@@ -257,15 +289,17 @@ class Client:
         return min(self.timeout, ACK_TIMEOUT)
 
     def _keyed(self, task: NewTask) -> tuple[NewTask, bool]:
-        """With several nodes a submit may be retried on another one: give it an idempotency
-        key if it has none, so the retry cannot create a second task. True: the key is ours
-        (whatever the node answers, the task was created by this call)."""
-        if task.idempotency_key or len(self._pool) < 2:
+        """A submit may be retried (on another node, or after a store failover left its
+        outcome unknown): give it an idempotency key if it has none, so the retry cannot
+        create a second task. True: the key is ours (whatever the node answers, the task was
+        created by this call)."""
+        if task.idempotency_key:
             return task, False
         return dataclasses.replace(task, idempotency_key=str(uuid.uuid4())), True
 
     # ------------------------------------------------------------------ tasks
 
+    @tracing.client_span
     async def submit(self, queue: str, **fields: Any) -> Submitted:
         """Submit one task; see ``NewTask`` for the fields (run_at or delay, payload, ...)."""
         task, ours = self._keyed(NewTask(queue=queue, **fields))
@@ -276,6 +310,7 @@ class Client:
         )
         return Submitted(convert.task_from_pb(resp.task), resp.created or ours)
 
+    @tracing.client_span
     async def submit_many(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
         """Submit a batch in one request and one transaction; results in request order."""
         keyed = [self._keyed(t) for t in tasks]
@@ -286,6 +321,7 @@ class Client:
             for t, c, (_, ours) in zip(resp.tasks, resp.created, keyed, strict=True)
         ]
 
+    @tracing.client_span
     async def submit_ids(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
         """Like ``submit_many`` but answered with (task id, created) pairs only: for bulk loads,
         where echoing every task back would cost more than inserting it."""
@@ -518,6 +554,37 @@ class Client:
             lambda n: n.workers.CompleteBatch, req, timeout=self._ack_timeout(), retry=True
         )
         return [AckOutcome(r.task_id, r.ok, r.error) for r in resp.results]
+
+    async def complete_and_claim(
+        self,
+        leases: Sequence[Lease],
+        queues: Sequence[str],
+        *,
+        worker_id: str = "",
+        max_tasks: int = 1,
+    ) -> tuple[builtins.list[AckOutcome], builtins.list[Task]]:
+        """``complete_many``, then claim up to ``max_tasks`` at once in the same call.
+
+        A node that predates the riding claim answers the acks and claims nothing; so does a
+        node whose claim failed (the acks are answered either way).
+        """
+        req = worker_pb2.CompleteBatchRequest(
+            namespace=self.namespace,
+            leases=[convert.lease_to_pb(lease) for lease in leases],
+            claim=worker_pb2.ClaimRequest(
+                namespace=self.namespace,
+                queues=list(queues),
+                worker_id=worker_id,
+                max_tasks=max_tasks,
+            ),
+        )
+        resp = await self._call(
+            lambda n: n.workers.CompleteBatch, req, timeout=self._ack_timeout(), retry=True
+        )
+        return (
+            [AckOutcome(r.task_id, r.ok, r.error) for r in resp.results],
+            [convert.task_from_pb(t) for t in resp.claimed],
+        )
 
     async def fail(
         self,

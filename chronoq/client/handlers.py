@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from chronoq.client.demo import handlers_for
+from chronoq.client.registry import TaskRegistry
 from chronoq.client.worker import Handler
 from chronoq.errors import ConfigError
 
@@ -21,7 +22,8 @@ class HandlerChoiceError(ConfigError):
 
 
 def import_handlers(module: str) -> dict[str, Handler]:
-    """``HANDLERS = {queue: handler}`` of ``module``, importable from the working directory."""
+    """``HANDLERS = {queue: handler}`` of ``module`` (or ``HANDLERS = tasks``, a
+    ``TaskRegistry``), importable from the working directory."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to you are importable
     try:
@@ -29,6 +31,8 @@ def import_handlers(module: str) -> dict[str, Handler]:
     except ImportError as exc:
         raise HandlerChoiceError("module", f"cannot import {module!r}: {exc}") from None
     handlers = getattr(mod, "HANDLERS", None)
+    if isinstance(handlers, TaskRegistry) and len(handlers):
+        return handlers.handlers()
     if not isinstance(handlers, dict) or not handlers:
         raise HandlerChoiceError(
             "module", f"{module} must define HANDLERS = {{'queue': handler, ...}}"

@@ -3,7 +3,10 @@
 A worker claims at most ``concurrency`` tasks at a time, runs each task's handler, renews
 leases in one batched heartbeat, acknowledges successes in batches and reports failures with
 the exception text. Claims, heartbeats and acks run as separate tasks, each call with its own
-deadline, so none waits behind a call stuck on a frozen node. An ack that fails is retried
+deadline, so none waits behind a call stuck on a frozen node. While tasks flow, the claim for
+the slots an ack batch frees rides on that batch (one round trip per batch, not two); the
+long-polling claim loop takes over when a riding claim comes back short or fails, and with a
+node that does not know riding claims. An ack that fails is retried
 (completes are safe to repeat: the same lease token gets the same answer) until shortly
 before its lease would expire, and only then given up with a log line: the task then runs
 again, as at-least-once allows. On ``stop()`` (SIGINT/SIGTERM with
@@ -24,10 +27,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from chronoq import errors
+from chronoq import errors, tracing
 from chronoq.client.client import Client
 from chronoq.client.pacing import pacer
-from chronoq.models import Lease, Task
+from chronoq.client.payload import decode as decode_payload
+from chronoq.errors import PayloadNotJSON
+from chronoq.models import AckOutcome, Lease, Task
 from chronoq.signals import on_stop_signals
 
 log = logging.getLogger("chronoq.worker")
@@ -76,6 +81,23 @@ class TaskContext:
         return self.task.payload
 
     @property
+    def content_type(self) -> str:
+        return self.task.content_type
+
+    @property
+    def data(self) -> Any:
+        """The payload decoded: the value of a JSON task, else the bytes (``payload``).
+
+        Raises:
+            FatalTaskError: a payload marked JSON that is not; no retry can change its bytes,
+                so the task goes straight to the dead letters with the reason.
+        """
+        try:
+            return decode_payload(self.task.payload, self.task.content_type)
+        except PayloadNotJSON as exc:
+            raise FatalTaskError(exc.message) from None
+
+    @property
     def queue(self) -> str:
         return self.task.queue
 
@@ -90,6 +112,7 @@ Handler = Callable[[TaskContext], Awaitable[Any] | Any]
 @dataclass
 class WorkerStats:
     claimed: int = 0
+    claimed_on_ack: int = 0  # of ``claimed``, those whose claim rode on an ack batch
     succeeded: int = 0
     failed: int = 0
     released: int = 0
@@ -142,6 +165,8 @@ class Worker:
 
     ``rates`` (queue → handler starts per second in this process) paces queues whose
     downstream has a limit, e.g. ``Worker(client, handlers, rates={"emails": 50})``.
+    ``claim_on_ack`` (default on) lets each ack batch claim the slots it frees (see the
+    module's docstring); off, only the claim loop claims.
     """
 
     def __init__(
@@ -156,6 +181,7 @@ class Worker:
         ack_batch: int = 200,
         ack_delay: timedelta = timedelta(milliseconds=2),
         rates: Mapping[str, float] | None = None,
+        claim_on_ack: bool = True,
     ) -> None:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
@@ -182,6 +208,10 @@ class Worker:
         self._acks: asyncio.Queue[_Ack] = asyncio.Queue()
         self._ack_senders: set[asyncio.Task[None]] = set()
         self._ack_slots = asyncio.Semaphore(ACK_BATCHES_IN_FLIGHT)
+        self.claim_on_ack = claim_on_ack
+        self._reserved = 0  # slots promised to claims in flight (running + reserved <= cap)
+        self._riding = 0  # ack batches in flight that carry a claim
+        self._gathering = False  # the ack flusher holds acks it has not handed to a sender
         self._claim_outage = _Outage("claims")
         self._heartbeat_outage = _Outage("heartbeats")
         self._ack_outage = _Outage("acks")
@@ -215,14 +245,25 @@ class Worker:
             await asyncio.gather(*self._ack_senders, return_exceptions=True)
         return self.stats
 
+    def _free(self) -> int:
+        """Slots neither running a task nor promised to a claim in flight."""
+        return self.concurrency - len(self._running) - self._reserved
+
+    def _ack_will_claim(self) -> bool:
+        """An ack batch is about to claim (or is claiming) for the free slots."""
+        return self.claim_on_ack and (
+            self._riding > 0 or self._gathering or not self._acks.empty()
+        )
+
     async def _claim_loop(self) -> None:
         queues = list(self.handlers)
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._running)
-            if free <= 0:
+            free = self._free()
+            if free <= 0 or self._ack_will_claim():
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
+            self._reserved += free
             try:
                 tasks = await self.client.claim(
                     queues, worker_id=self.worker_id, max_tasks=free, wait=self.claim_wait
@@ -234,13 +275,19 @@ class Worker:
                     await _sleep_unless(self._stopping, CLAIM_RETRY_DELAY)
                 self._claim_outage.failed(exc)
                 continue
+            finally:
+                self._reserved -= free
             self._claim_outage.ended()
-            for task in tasks:
-                self.stats.claimed += 1
-                if self._stopping.is_set():
-                    await self._release(task)
-                else:
-                    self._start(task)
+            await self._take(tasks)
+
+    async def _take(self, tasks: list[Task]) -> None:
+        """Start claimed tasks, or give them back when stopping."""
+        for task in tasks:
+            self.stats.claimed += 1
+            if self._stopping.is_set():
+                await self._release(task)
+            else:
+                self._start(task)
 
     def _start(self, task: Task) -> None:
         ctx = TaskContext(task=task, worker_id=self.worker_id)
@@ -253,7 +300,7 @@ class Worker:
     async def _execute(self, ctx: TaskContext) -> None:
         lease = Lease(ctx.id, ctx.attempt)
         try:
-            handler = self.handlers[ctx.queue]
+            handler = tracing.traced_handler(self.handlers[ctx.queue], ctx.task)
             paced = self._pacers.get(ctx.queue)
             if paced is not None:
                 await paced.wait()
@@ -327,28 +374,63 @@ class Worker:
                 log.info("task %s: stopping handler: %s", outcome.task_id, outcome.error)
 
     async def _ack_flusher(self) -> None:
-        """Gathers successes into batches and hands each to its own sender task."""
+        """Gathers successes into batches and hands each to its own sender task, with a
+        claim for the slots free at that moment."""
         while True:
             batch = [await self._acks.get()]
-            if self.ack_delay:
-                await asyncio.sleep(self.ack_delay)
-            while len(batch) < self.ack_batch and not self._acks.empty():
-                batch.append(self._acks.get_nowait())
-            await self._ack_slots.acquire()
-            sender = asyncio.create_task(self._send_acks(batch), name="chronoq-ack-batch")
+            self._gathering = True
+            try:
+                if self.ack_delay:
+                    await asyncio.sleep(self.ack_delay)
+                while len(batch) < self.ack_batch and not self._acks.empty():
+                    batch.append(self._acks.get_nowait())
+                await self._ack_slots.acquire()
+            finally:
+                self._gathering = False
+            ask = 0
+            if self.claim_on_ack and not self._riding and not self._stopping.is_set():
+                # One riding claim at a time: the slots freed meanwhile gather for the next
+                # one instead of splitting the worker's capacity into small claims.
+                ask = max(0, self._free())
+            if ask:
+                self._reserved += ask
+                self._riding += 1
+            else:
+                self._slot_free.set()  # the claim loop was waiting for this batch
+            sender = asyncio.create_task(self._send_acks(batch, ask), name="chronoq-ack-batch")
             self._ack_senders.add(sender)
             sender.add_done_callback(self._ack_senders.discard)
 
-    async def _send_acks(self, batch: list[_Ack]) -> None:
-        """Complete a batch, sending it again while it fails, until each ack's give-up time."""
+    async def _complete(self, acks: list[_Ack], ask: int) -> list[AckOutcome]:
+        """One attempt at completing ``acks``, claiming ``ask`` more on the way if asked;
+        the slots reserved for the claim are given back whatever happens."""
+        leases = [a.lease for a in acks]
+        if not ask:
+            return await self.client.complete_many(leases)
+        try:
+            outcomes, tasks = await self.client.complete_and_claim(
+                leases, list(self.handlers), worker_id=self.worker_id, max_tasks=ask
+            )
+            self.stats.claimed_on_ack += len(tasks)
+            await self._take(tasks)
+        finally:
+            self._reserved -= ask
+            self._riding -= 1
+            self._slot_free.set()  # the claim loop takes over if the claim came back short
+        return outcomes
+
+    async def _send_acks(self, batch: list[_Ack], ask: int = 0) -> None:
+        """Complete a batch, sending it again while it fails, until each ack's give-up time.
+        Only the first attempt carries the claim of ``ask`` tasks."""
         loop = asyncio.get_running_loop()
         pause = ACK_RETRY_INITIAL
         pending = batch
         try:
             while pending:
                 try:
-                    outcomes = await self.client.complete_many([a.lease for a in pending])
+                    outcomes = await self._complete(pending, ask)
                 except _TRANSIENT as err:
+                    ask = 0
                     self._ack_outage.failed(err)
                     pending = self._still_worth_sending(pending, loop.time() + pause)
                     if pending:
@@ -357,6 +439,7 @@ class Worker:
                         pause = min(pause * 2, ACK_RETRY_MAX)
                     continue
                 except errors.RemoteError as err:
+                    ask = 0
                     self.stats.acks_dropped += len(pending)
                     log.warning("completing %d tasks refused: %s", len(pending), err)
                     return

@@ -211,6 +211,12 @@ class EtcdOwnership:
                 initial_delay=True,
                 critical=False,
             ),
+            self.supervisor.every(
+                "fence-audit",
+                self._audit_fences_pass,
+                interval=s.fence_audit_interval,
+                initial_delay=True,
+            ),
         ]
 
     async def stop(self) -> None:
@@ -375,6 +381,43 @@ class EtcdOwnership:
         self.tokens[partition] = token
         self.states[partition] = PartitionState.OWNED
         return True
+
+    async def _audit_fences_pass(self) -> None:
+        await self.audit_fences()
+
+    async def audit_fences(self) -> set[int]:
+        """Take our fences again where the store holds an older token than ours; returns
+        those partitions.
+
+        Tokens only grow, so an older one in the store means the store went back in time (a
+        failover to a standby that had not received the last commits). Until fixed, every
+        owner write of ours would match nothing: the partition would not fire at all. Raising
+        the fence to our token again is what ``take_fence`` does on a claim; it stays refused
+        when a newer owner exists. A newer token than ours means we lost the partition: our
+        writes are fenced, and etcd tells us to let go.
+        """
+        owned = dict(self.owned())
+        if not owned:
+            return set()
+        stored = {f.partition: f for f in await self._store.fences()}
+        retaken: set[int] = set()
+        for partition, token in sorted(owned.items()):
+            fence = stored.get(partition)
+            if fence is not None and (fence.cluster_id != self.cluster_id or fence.token >= token):
+                if fence.token > token and fence.cluster_id == self.cluster_id:
+                    log.warning(
+                        "partition %d: the store holds a newer token (%d > %d); not firing it",
+                        partition, fence.token, token,
+                    )
+                continue
+            if await self._store.take_fence(partition, token, self.cluster_id, self.node_id):
+                retaken.add(partition)
+                log.warning(
+                    "partition %d: the store had lost this owner's fence (it holds %s, ours is "
+                    "%d): taken again",
+                    partition, "none" if fence is None else fence.token, token,
+                )
+        return retaken
 
     async def _release(self, partitions: set[int], *, wait_in_flight: bool = True) -> None:
         if wait_in_flight:

@@ -37,4 +37,7 @@ class ClusterSettings:
     load_horizon_buckets: int = 5  # "the coming minutes" that make a partition's load
     load_interval: float = 2.0
     stats_interval: float = 1.0
+    # How often an owner compares its tokens with the store's fences: a store that went back
+    # in time (a failover that lost its last commits) may hold an older token than ours.
+    fence_audit_interval: float = 5.0
     reconcile_interval: float = 1.0

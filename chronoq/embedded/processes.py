@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from pathlib import Path
 
 __all__ = ["alive", "clear_stale_locks", "lock_holder", "process_name", "server_pids"]
@@ -92,3 +93,11 @@ def clear_stale_locks(data_dir: Path, socket_dir: Path | None = None) -> list[Pa
                 lock_file.unlink()
                 removed.append(lock_file)
     return removed
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` now; the OS picks it, so parallel runs differ."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

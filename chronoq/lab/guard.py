@@ -19,38 +19,27 @@ Pure: the aiohttp server feeds it the request's method, path and headers.
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
-import secrets
 from dataclasses import dataclass
+
+from chronoq.origins import (
+    JSON_CONTENT_TYPE,
+    OWN_FETCH_SITES,
+    OwnAddress,
+    new_secret,
+    same_secret,
+    short,
+    url_host,
+)
+
+__all__ = ["SECRET_HEADER", "LabGuard", "Request", "new_secret", "url_host"]
 
 #: The header that carries the per-run secret on every API request.
 SECRET_HEADER = "X-Chronoq-Lab"
-#: Random bytes in the secret (base64url: 32 characters).
-SECRET_BYTES = 24
 #: Methods that change nothing; any other needs a JSON body.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-#: The only content type of a state-changing request.
-JSON_CONTENT_TYPE = "application/json"
 #: The paths that need no secret: the page and its static files (everything else does).
 PUBLIC_PATH = "/"
 PUBLIC_PREFIX = "/static/"
-#: ``Sec-Fetch-Site`` values of the lab's own requests (``none``: typed in the address bar).
-OWN_FETCH_SITES = frozenset({"same-origin", "none"})
-_LOOPBACK_NAMES = frozenset({"localhost"})
-
-
-def new_secret() -> str:
-    """A fresh per-run secret, safe in a URL fragment and a header."""
-    return secrets.token_urlsafe(SECRET_BYTES)
-
-
-def url_host(bound_host: str) -> str:
-    """The host to put in the lab's URL for a bound address (a wildcard: loopback)."""
-    address = _ip(bound_host)
-    if address is not None and address.is_unspecified:
-        return "127.0.0.1" if address.version == 4 else "[::1]"
-    return f"[{bound_host}]" if address is not None and address.version == 6 else bound_host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,16 +73,14 @@ class LabGuard:
     def refusal(self, request: Request) -> str | None:
         """Why ``request`` is refused, or None when it may go on."""
         if request.host is None or not self.host_allowed(request.host):
-            return f"Host {_short(request.host)} is not this lab's address"
+            return f"Host {short(request.host)} is not this lab's address"
         if request.origin is not None and not self.origin_allowed(request.origin):
-            return f"cross-origin request from {_short(request.origin)}"
+            return f"cross-origin request from {short(request.origin)}"
         if request.path == PUBLIC_PATH or request.path.startswith(PUBLIC_PREFIX):
             return None
         if request.fetch_site is not None and request.fetch_site not in OWN_FETCH_SITES:
-            return f"cross-site request (Sec-Fetch-Site: {_short(request.fetch_site)})"
-        if not request.secret or not hmac.compare_digest(
-            request.secret.encode(), self.secret.encode()
-        ):
+            return f"cross-site request (Sec-Fetch-Site: {short(request.fetch_site)})"
+        if not same_secret(request.secret, self.secret):
             return f"missing or wrong {SECRET_HEADER}: open the URL that chronoq lab printed"
         if request.method.upper() not in SAFE_METHODS and request.content_type != (
             JSON_CONTENT_TYPE
@@ -103,56 +90,8 @@ class LabGuard:
 
     def host_allowed(self, netloc: str) -> bool:
         """Whether a ``Host`` header value (``host[:port]``) names this lab."""
-        host, port = _split_netloc(netloc.strip().lower())
-        if port is None:
-            port = 80
-        if port != self.port or not host:
-            return False
-        bound = _ip(self.bound_host)
-        if host == self.bound_host.lower() or (bound is not None and _ip(host) == bound):
-            return True
-        if bound is not None and bound.is_loopback:
-            address = _ip(host)
-            return host in _LOOPBACK_NAMES or (address is not None and address.is_loopback)
-        if bound is not None and bound.is_unspecified:
-            return host in _LOOPBACK_NAMES or _ip(host) is not None
-        return False
+        return OwnAddress(self.bound_host, self.port).host_allowed(netloc)
 
     def origin_allowed(self, origin: str) -> bool:
         """Whether an ``Origin`` header value is this lab's own origin (``http://host:port``)."""
-        scheme, sep, netloc = origin.strip().partition("://")
-        return bool(sep) and scheme.lower() == "http" and self.host_allowed(netloc)
-
-
-def _split_netloc(netloc: str) -> tuple[str, int | None]:
-    """``host:port`` (or ``[v6]:port``, either without a port) -> (host, port or None)."""
-    if netloc.startswith("["):
-        host, _, rest = netloc[1:].partition("]")
-        port_text = rest.removeprefix(":") if rest.startswith(":") else None
-        if rest and port_text is None:
-            return "", None
-    else:
-        host, sep, port_text_raw = netloc.rpartition(":")
-        if not sep:
-            host, port_text = netloc, None
-        else:
-            port_text = port_text_raw
-    if port_text is None:
-        return host, None
-    if not port_text.isdigit() or len(port_text) > 5:
-        return "", None
-    return host, int(port_text)
-
-
-def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
-
-
-def _short(value: str | None, limit: int = 60) -> str:
-    """A header value fit for an error message: quoted, cut short."""
-    if value is None:
-        return "(none)"
-    return repr(value if len(value) <= limit else value[:limit] + "…")
+        return OwnAddress(self.bound_host, self.port).origin_allowed(origin)

@@ -21,10 +21,9 @@ import dataclasses
 import logging
 import tempfile
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -34,33 +33,40 @@ import asyncpg
 from aiohttp import web
 
 from chronoq import errors
+from chronoq.buckets import DEFAULT_PARTITIONS
 from chronoq.client import Client, ClusterStatus, TaskContext, Worker
+from chronoq.config import DEFAULT_TICK
 from chronoq.coordinator.etcd import EtcdSettings
 from chronoq.coordinator.vclock import EtcdClock
 from chronoq.diagnostics.scans import Explained
+from chronoq.embedded.etcd import EmbeddedEtcd
+from chronoq.embedded.ha import PatroniCluster
 from chronoq.lab import guard, probes
+from chronoq.lab.records import Advance, Counters, Load, Takeover
+from chronoq.lab.web import (
+    LabError,
+    RefusalLog,
+    float_field,
+    guarded,
+    int_field,
+    json_action,
+    str_field,
+)
 from chronoq.local.cluster import ClusterSpec, LocalCluster
+from chronoq.saturating import ms_of
 from chronoq.signals import deferred_stop_signals, stop_event
 
 log = logging.getLogger("chronoq.lab")
 
-_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 #: Timeline points kept for the charts (about five minutes at one a second).
 TIMELINE_POINTS = 300
 MAX_LOAD = 20_000_000
+#: The lab's database, in the embedded PostgreSQL or the replicated one.
+LAB_DATABASE = "chronoq_lab"
+#: A killed owner's partitions move within this many seconds: short, so a click shows it.
+LAB_LEASE_TTL = 3
 #: Largest request body: the controls send a few bytes of JSON.
 MAX_BODY_BYTES = 64 * 1024
-#: At most one log line per this many seconds about refused requests.
-REFUSAL_LOG_SECONDS = 10.0
-
-
-class LabError(errors.ChronoqError):
-    """The lab cannot do that now."""
-
-    def __init__(self, message: str, status: int = 409) -> None:
-        self.status = status  # the HTTP status the page gets
-        super().__init__(message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,67 +76,12 @@ class LabSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     nodes: int = 3
-    partitions: int = 256
-    lease_ttl: int = 3
-    tick_ms: int = 100
+    partitions: int = DEFAULT_PARTITIONS
+    lease_ttl: int = LAB_LEASE_TTL
+    tick_ms: int = ms_of(DEFAULT_TICK)
     concurrency: int = 32
     data_dir: Path | None = None
-
-
-@dataclass
-class _Advance:
-    """One "advance the clock" and what became of the tasks it made due."""
-
-    start: datetime
-    end: datetime
-    ids: list[uuid.UUID]
-    fired: int = 0
-    executed: int = 0
-    firers: int = 0
-    fired_ms: float | None = None  # real time from the jump until all of them fired
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "from": self.start.isoformat(),
-            "to": self.end.isoformat(),
-            "due": len(self.ids),
-            "fired": self.fired,
-            "executed": self.executed,
-            "firers": self.firers,
-            "fired_ms": self.fired_ms,
-        }
-
-
-@dataclass
-class _Load:
-    total: int
-    done: int = 0
-    seconds: float | None = None
-    error: str | None = None
-
-
-@dataclass
-class _Takeover:
-    partition: int
-    victim: str
-    old_token: int
-    lost: int  # partitions the victim owned
-    killed_at: float  # monotonic
-    new_owner: str | None = None
-    new_token: int | None = None
-    seconds: float | None = None
-    all_reowned_s: float | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "killed_at"}
-
-
-@dataclass
-class _Counters:
-    """Executions seen by the lab's own workers: an independent ledger of the handler runs."""
-
-    executed: set[str] = field(default_factory=set)
-    reexecuted: int = 0
+    pg_members: int = 1  # >1: a replicated PostgreSQL under Patroni
 
 
 class Lab:
@@ -161,24 +112,23 @@ class Lab:
         self.url = ""
         self.secret = guard.new_secret()
         self._guard: guard.LabGuard | None = None
-        self._refused = 0
-        self._refusal_logged_at = -REFUSAL_LOG_SECONDS
+        self._refusals = RefusalLog()
         self._pool: asyncpg.Pool | None = None
         self._clock: EtcdClock | None = None
         self._clients: dict[str, Client] = {}
         self._workers: list[Worker] = []
         self._jobs: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
-        self._counters = _Counters()
+        self._counters = Counters()
         self._events: deque[dict[str, Any]] = deque(maxlen=40)
         self._timeline: deque[dict[str, Any]] = deque(maxlen=TIMELINE_POINTS)
         self._state: dict[str, Any] = {}
         self._scans: dict[str, Any] = {}
         self._status: ClusterStatus | None = None
-        self._load: _Load | None = None
-        self._advance: _Advance | None = None
+        self._load: Load | None = None
+        self._advance: Advance | None = None
         self._advancing = asyncio.Lock()
-        self._takeover: _Takeover | None = None
+        self._takeover: Takeover | None = None
         self._scan_now = asyncio.Event()
         self._last_sample: tuple[float, datetime, int] | None = None
 
@@ -413,13 +363,13 @@ class Lab:
             raise LabError(f"count must be between 1 and {MAX_LOAD:,}", 400)
         if self._load is not None and self._load.seconds is None and self._load.error is None:
             raise LabError(f"a load of {self._load.total:,} tasks is still running")
-        load = self._load = _Load(count)
+        load = self._load = Load(count)
         first = self.clock.now()
         self._jobs.append(asyncio.create_task(self._copy(load, first)))
         self._event("load", f"loading {count:,} pending tasks over the day from {first:%H:%M:%S}")
         return {"loading": count}
 
-    async def _copy(self, load: _Load, first: datetime) -> None:
+    async def _copy(self, load: Load, first: datetime) -> None:
         def progress(n: int) -> None:
             load.done += n
 
@@ -452,7 +402,7 @@ class Lab:
                 ids = await probes.pending_ids_between(
                     conn, start, start + delta, self.cluster.spec.partitions, self.width
                 )
-            record = self._advance = _Advance(start, start + delta, ids)
+            record = self._advance = Advance(start, start + delta, ids)
             await self.clock.advance(delta)
             jumped = time.monotonic()
             while time.monotonic() - jumped < 20:
@@ -491,7 +441,7 @@ class Lab:
             raise LabError(f"{victim} is not running")
         lost = sum(1 for o in status.ownership if o.owner == victim)
         await asyncio.to_thread(self.cluster.kill, victim)
-        takeover = self._takeover = _Takeover(partition, victim, token, lost, time.monotonic())
+        takeover = self._takeover = Takeover(partition, victim, token, lost, time.monotonic())
         self._event(
             "kill",
             f"SIGKILL {victim}, owner of partition {partition} (token {token}) "
@@ -500,7 +450,7 @@ class Lab:
         self._jobs.append(asyncio.create_task(self._watch_takeover(takeover)))
         return takeover.as_json()
 
-    async def _watch_takeover(self, t: _Takeover) -> None:
+    async def _watch_takeover(self, t: Takeover) -> None:
         deadline = t.killed_at + 60
         while time.monotonic() < deadline and t.all_reowned_s is None:
             await asyncio.sleep(0.1)
@@ -544,66 +494,19 @@ class Lab:
 
     def _app(self) -> web.Application:
         static = Path(str(resources.files("chronoq.lab").joinpath("static")))
-
-        @web.middleware
-        async def check(request: web.Request, handler: _Handler) -> web.StreamResponse:
-            return await self._check(request, handler)
-
-        app = web.Application(middlewares=[check], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(
+            middlewares=[guarded(lambda: self._guard, self._refusals)],
+            client_max_size=MAX_BODY_BYTES,
+        )
         app.router.add_get("/", self._index)
         app.router.add_static("/static/", static)
         app.router.add_get("/api/state", self._get_state)
-        app.router.add_post("/api/load", self._post(lambda b: self.add_load(_int(b, "count"))))
-        app.router.add_post(
-            "/api/advance", self._post(lambda b: self.advance(_float(b, "minutes", 1.0)))
-        )
-        app.router.add_post(
-            "/api/kill", self._post(lambda b: self.kill_owner(_int(b, "partition")))
-        )
-        app.router.add_post("/api/restart", self._post(lambda b: self.restart(_str(b, "node"))))
+        post = app.router.add_post
+        post("/api/load", json_action(lambda b: self.add_load(int_field(b, "count"))))
+        post("/api/advance", json_action(lambda b: self.advance(float_field(b, "minutes", 1.0))))
+        post("/api/kill", json_action(lambda b: self.kill_owner(int_field(b, "partition"))))
+        post("/api/restart", json_action(lambda b: self.restart(str_field(b, "node"))))
         return app
-
-    async def _check(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        """Refuse, with 403 and the reason, what ``guard.LabGuard`` does not let through."""
-        if self._guard is None:
-            raise web.HTTPServiceUnavailable(text="the lab is starting")
-        headers = request.headers
-        reason = self._guard.refusal(
-            guard.Request(
-                method=request.method,
-                path=request.path,
-                host=headers.get("Host"),
-                origin=headers.get("Origin"),
-                content_type=request.content_type if "Content-Type" in headers else None,
-                secret=headers.get(guard.SECRET_HEADER),
-                fetch_site=headers.get("Sec-Fetch-Site"),
-            )
-        )
-        if reason is not None:
-            self._log_refusal(request, reason)
-            return web.json_response({"error": reason}, status=403)
-        response = await handler(request)
-        # Nothing of the lab may be framed by another page (clickjacking of its buttons).
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
-        return response
-
-    def _log_refusal(self, request: web.Request, reason: str) -> None:
-        """Say that something knocked, at most once per ``REFUSAL_LOG_SECONDS``: a hostile page
-        may send thousands of requests, the terminal must stay readable."""
-        self._refused += 1
-        now = time.monotonic()
-        if now - self._refusal_logged_at < REFUSAL_LOG_SECONDS:
-            return
-        self._refusal_logged_at = now
-        log.warning(
-            "lab refused %s %r: %s (%d refused since the last such line)",
-            request.method,
-            request.path[:80],
-            reason,
-            self._refused,
-        )
-        self._refused = 0
 
     async def _index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(Path(str(resources.files("chronoq.lab"))) / "static/index.html")
@@ -611,57 +514,12 @@ class Lab:
     async def _get_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.snapshot())
 
-    def _post(
-        self, action: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
-            try:
-                body = await request.json() if request.can_read_body else {}
-                if not isinstance(body, dict):
-                    raise LabError("send a JSON object", 400)
-                return web.json_response(await action(body))
-            except ValueError as exc:  # a body that is not JSON
-                return web.json_response({"error": f"bad request: {exc}"}, status=400)
-            except LabError as exc:
-                return web.json_response({"error": exc.message}, status=exc.status)
-            except (errors.ChronoqError, asyncpg.PostgresError, OSError, RuntimeError) as exc:
-                return web.json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
-
-        return handle
-
 
 def _pair(pair: probes.ScanPair) -> dict[str, Any]:
     def one(e: Explained) -> dict[str, Any]:
         return dataclasses.asdict(e)
 
     return {"at": pair.at.isoformat(), "naive": one(pair.naive), "bucketed": one(pair.bucketed)}
-
-
-def _int(body: dict[str, Any], name: str) -> int:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise LabError(f"{name}: give a whole number", 400)
-    try:
-        return int(value)
-    except ValueError:
-        raise LabError(f"{name}: {value!r} is not a whole number", 400) from None
-
-
-def _float(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise LabError(f"{name}: give a number", 400)
-    try:
-        return float(value)
-    except ValueError:
-        raise LabError(f"{name}: {value!r} is not a number", 400) from None
-
-
-def _str(body: dict[str, Any], name: str) -> str:
-    value = body.get(name)
-    if not isinstance(value, str) or not value:
-        raise LabError(f"{name}: required", 400)
-    return value
 
 
 # ---------------------------------------------------------------------- the command
@@ -673,6 +531,7 @@ def run(settings: LabSettings, announce: Callable[[str], None] = print) -> None:
         workdir = settings.data_dir or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="chronoq-lab-"))
         )
+        workdir = workdir.resolve()
         spec = ClusterSpec(
             nodes=settings.nodes,
             partitions=settings.partitions,
@@ -681,16 +540,39 @@ def run(settings: LabSettings, announce: Callable[[str], None] = print) -> None:
             cluster="lab",
             virtual_clock=True,
             durable=settings.data_dir is not None,
-            database="chronoq_lab",
+            database=LAB_DATABASE,
         )
-        cluster = LocalCluster(workdir.resolve(), spec)
-        announce(f"starting etcd, PostgreSQL and {settings.nodes} nodes in {workdir} …")
+        store = "PostgreSQL" if settings.pg_members == 1 else f"{settings.pg_members} PostgreSQL"
+        announce(f"starting etcd, {store} and {settings.nodes} nodes in {workdir} …")
         # Signals during the start would leave half a cluster behind: defer them.
         with deferred_stop_signals() as stop_requested:
-            cluster.start()
-        stack.callback(cluster.stop)
+            cluster = _start_cluster(stack, workdir, spec, settings.pg_members)
         if not stop_requested:
             asyncio.run(_serve(cluster, settings, announce))
+
+
+def _start_cluster(
+    stack: contextlib.ExitStack, workdir: Path, spec: ClusterSpec, pg_members: int
+) -> LocalCluster:
+    """The lab's cluster, on one embedded PostgreSQL or on ``pg_members`` under Patroni;
+    everything started is stopped when ``stack`` closes."""
+    if pg_members == 1:
+        cluster = LocalCluster(workdir, spec)
+        stack.callback(cluster.stop)
+        cluster.start()
+        return cluster
+    etcd = EmbeddedEtcd(workdir / "etcd", durable=spec.durable)
+    stack.callback(etcd.stop)
+    etcd.start()
+    ha = PatroniCluster(
+        workdir / "postgres-ha", etcd.endpoints, members=pg_members, durable=spec.durable
+    )
+    stack.callback(ha.stop)
+    ha.start()
+    cluster = LocalCluster(workdir, spec, etcd=etcd, dsn=ha.ensure_database(LAB_DATABASE))
+    stack.callback(cluster.stop)
+    cluster.start()
+    return cluster
 
 
 async def _serve(

@@ -8,11 +8,8 @@ or SIGTERM it like an operator (or a crash) would. Everything started here is st
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,37 +20,32 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from chronoq.buckets import DEFAULT_PARTITIONS
+from chronoq.config import DEFAULT_TICK
+from chronoq.coordinator.ttl import DEFAULT_LEASE_TTL
 from chronoq.embedded.etcd import EmbeddedEtcd, EtcdMember
 from chronoq.embedded.postgres import EmbeddedPostgres, free_port
 from chronoq.embedded.supervisor import Child
+from chronoq.local.child import ChildProcess, stop_all
 from chronoq.redact import split_password
+from chronoq.saturating import ms_of
 
 
 @dataclass
-class NodeProcess:
+class NodeProcess(ChildProcess):
     """One ``chronoq node`` process."""
 
-    node_id: str
-    port: int
-    log_file: Path
-    args: list[str]
-    process: subprocess.Popen[bytes] | None = None
-    stopped: bool = False  # SIGSTOPped
+    node_id: str = ""
+    port: int = 0
+    args: list[str] = field(default_factory=list)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def running_pid(self) -> int | None:
-        """The PID while the process runs (also while SIGSTOPped); None once it exited."""
-        return self.pid if self.alive() else None
+#: How long a node may take to hand its partitions off and exit after SIGTERM (seconds).
+NODE_STOP_GRACE_S = 10.0
 
 
 @dataclass
@@ -62,9 +54,9 @@ class ClusterSpec:
 
     nodes: int = 3
     etcd_members: int = 1
-    partitions: int = 256
-    lease_ttl: int = 5
-    tick_ms: int = 100
+    partitions: int = DEFAULT_PARTITIONS
+    lease_ttl: int = DEFAULT_LEASE_TTL
+    tick_ms: int = ms_of(DEFAULT_TICK)
     cluster: str = "dev"
     virtual_clock: bool = False
     durable: bool = True
@@ -90,7 +82,8 @@ class LocalCluster:
         point it at its own proxies (the chaos harness cuts nodes off that way)."""
         self.workdir = workdir
         self.spec = spec or ClusterSpec()
-        self._own_postgres = postgres is None
+        # A DSN without a server: an external store (e.g. a replicated one), not ours to run.
+        self._own_postgres = postgres is None and dsn is None
         self._own_etcd = etcd is None
         self.postgres = postgres
         self.etcd = etcd
@@ -110,11 +103,11 @@ class LocalCluster:
                 )
             if self._own_etcd:
                 self.etcd.start()
-            if self.postgres is None:
+            if self.postgres is None and self._own_postgres:
                 self.postgres = EmbeddedPostgres(
                     self.workdir / "postgres", durable=self.spec.durable
                 )
-            if self._own_postgres:
+            if self._own_postgres and self.postgres is not None:
                 self.postgres.start()
                 if self._dsn is None:
                     self._dsn = self._ensure_database(self.postgres, self.spec.database)
@@ -128,13 +121,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL), then etcd and PostgreSQL if ours."""
-        for n in self.nodes.values():
-            if n.alive() and n.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(n.pid, signal.SIGCONT)
-                    os.kill(n.pid, signal.SIGTERM)
-        for n in self.nodes.values():
-            self._reap(n, 10.0)
+        stop_all(self.nodes.values(), NODE_STOP_GRACE_S)
         if self._own_etcd and self.etcd is not None:
             self.etcd.stop()
         if self._own_postgres and self.postgres is not None:
@@ -203,7 +190,7 @@ class LocalCluster:
         ]
         if self._node_args is not None:
             args = self._node_args(node_id, args)
-        node = NodeProcess(node_id, port, self.workdir / f"{node_id}.log", args)
+        node = NodeProcess(self.workdir / f"{node_id}.log", node_id=node_id, port=port, args=args)
         self.nodes[node_id] = node
         self._spawn(node)
         if wait:
@@ -211,20 +198,10 @@ class LocalCluster:
         return node
 
     def _spawn(self, node: NodeProcess) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         password = split_password(self.dsn)[1]
-        if password is not None:  # out of the command line, which any local account can read
-            env["PGPASSWORD"] = password
-        with node.log_file.open("ab") as log:
-            node.process = subprocess.Popen(
-                node.args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        node.stopped = False
+        # The password goes in the environment, out of the command line that any local
+        # account can read.
+        node.spawn(node.args, {"PGPASSWORD": password} if password is not None else None)
 
     def restart_node(self, node_id: str, *, wait: bool = True) -> NodeProcess:
         node = self.nodes[node_id]
@@ -239,7 +216,7 @@ class LocalCluster:
         """Start a node that exited again, with its old command line; wait until it serves."""
         node = self.nodes[node_id]
         if not node.alive():
-            self._reap(node, 1.0)
+            node.reap(1.0)
             self._spawn(node)
         self.wait_serving(node, timeout)
 
@@ -273,12 +250,12 @@ class LocalCluster:
         while time.monotonic() < deadline:
             if not node.alive():
                 raise RuntimeError(
-                    f"{node.node_id} exited: see {node.log_file}\n{self.log_tail(node)}"
+                    f"{node.node_id} exited: see {node.log_file}\n{node.log_tail()}"
                 )
             if health_of(node.address) == health_pb2.HealthCheckResponse.SERVING:
                 return
             time.sleep(0.1)
-        raise TimeoutError(f"{node.node_id} not serving after {timeout} s:\n{self.log_tail(node)}")
+        raise TimeoutError(f"{node.node_id} not serving after {timeout} s:\n{node.log_tail()}")
 
     def wait_answering(self, node: NodeProcess, timeout: float = 60.0) -> None:
         """Until the node answers health checks at all (SERVING or not): a node started with
@@ -287,7 +264,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             if not node.alive():
                 raise RuntimeError(
-                    f"{node.node_id} exited: see {node.log_file}\n{self.log_tail(node)}"
+                    f"{node.node_id} exited: see {node.log_file}\n{node.log_tail()}"
                 )
             if health_of(node.address) is not None:
                 return
@@ -295,45 +272,14 @@ class LocalCluster:
         raise TimeoutError(f"{node.node_id} not answering after {timeout} s")
 
     def signal(self, node_id: str, sig: signal.Signals) -> None:
-        node = self.nodes[node_id]
-        if node.pid is None or not node.alive():
-            return
-        os.kill(node.pid, sig)
-        if sig == signal.SIGSTOP:
-            node.stopped = True
-        elif sig == signal.SIGCONT:
-            node.stopped = False
+        self.nodes[node_id].signal(sig)
 
     def kill(self, node_id: str) -> None:
-        self.signal(node_id, signal.SIGKILL)
-        self._reap(self.nodes[node_id], 5.0)
+        self.nodes[node_id].kill()
 
-    def terminate(self, node_id: str, timeout: float = 10.0) -> float:
+    def terminate(self, node_id: str, timeout: float = NODE_STOP_GRACE_S) -> float:
         """SIGTERM (graceful handoff); returns how long the process took to exit."""
-        node = self.nodes[node_id]
-        started = time.monotonic()
-        if node.stopped:
-            self.signal(node_id, signal.SIGCONT)
-        self.signal(node_id, signal.SIGTERM)
-        self._reap(node, timeout)
-        return time.monotonic() - started
-
-    def _reap(self, node: NodeProcess, timeout: float) -> None:
-        if node.process is None:
-            return
-        try:
-            node.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(node.process.pid, signal.SIGKILL)
-            node.process.wait(5)
-
-    @staticmethod
-    def log_tail(node: NodeProcess, lines: int = 30) -> str:
-        try:
-            return "\n".join(node.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.nodes[node_id].terminate(timeout)
 
 
 def _member_pid(member: EtcdMember) -> int | None:

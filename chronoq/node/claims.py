@@ -229,6 +229,11 @@ class Claims:
             self._limits_read = now
         return self._limited
 
+    def give_back(self, namespace: str, tasks: list[Task]) -> None:
+        """Release ``tasks`` claimed for a caller that will not get them (its call failed
+        after the claim), without using an attempt."""
+        self._release_soon(namespace, tasks)
+
     def _release_result(self, namespace: str, job: asyncio.Future[list[Task]]) -> None:
         if job.cancelled() or job.exception() is not None:
             return

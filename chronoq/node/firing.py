@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from chronoq import tracing
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
@@ -130,11 +131,18 @@ class Firer:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
         return total
 
+    def record(self, result: FireResult) -> None:
+        """Count a statement fired outside the tick (the timing wheel's) as the tick's own:
+        stats, lateness, metrics, and ``on_ready`` for its ready tasks."""
+        self.stats.statements += 1
+        self._account(result, FireResult())
+
     def _account(self, result: FireResult, total: FireResult) -> None:
         self.stats.fired += result.fired
         self.stats.skipped += result.skipped
         self.stats.quarantined += len(result.quarantined)
         self.lateness.add(result.lateness)
+        tracing.fired(result.traced, self.node_id)  # no-op unless tracing is on
         if self._metrics is not None:
             self._metrics.fired.inc(result.fired)
             self._metrics.skipped.inc(result.skipped)

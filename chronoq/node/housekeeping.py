@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 
 from chronoq.buckets import bucket_of
@@ -147,8 +147,12 @@ class StoreWatch:
 
     A node cut off from the store but not from etcd would otherwise keep renewing its lease
     and hold partitions that nobody fires. When no firing tick has reached the store for
-    ``grace`` seconds, the ownership is suspended (partitions released); once the store
-    answers again, it resumes.
+    ``grace`` seconds and another member still reaches it (``reachable_elsewhere``), the
+    ownership is suspended (partitions released); once the store answers again, it resumes.
+
+    When nobody reaches the store (it is down, or failing over to a standby), handing the
+    partitions around helps no one and costs a rejoin once it is back: the node keeps them.
+    Its owner writes stay fenced, so keeping them is safe; firing resumes with the store.
     """
 
     def __init__(
@@ -161,10 +165,13 @@ class StoreWatch:
         interval: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
         may_resume: Callable[[], bool] = lambda: True,
+        reachable_elsewhere: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._ownership = ownership
         self._last_ok = last_ok
+        self._reachable_elsewhere = reachable_elsewhere
+        self.holding = False  # past grace, but nobody reaches the store: partitions kept
         self._may_resume = may_resume  # another reason to stay out (a wrong clock) may hold
         self._grace = grace
         self._interval = interval
@@ -181,5 +188,28 @@ class StoreWatch:
             if self._may_resume() and await self._store.probe():
                 await self._ownership.resume()
         elif self._monotonic() - self._last_ok() > self._grace:
+            if not self._reachable_elsewhere():
+                if not self.holding:
+                    log.warning(
+                        "the store is out of reach from every node: keeping the partitions "
+                        "(fenced) so that firing resumes as soon as it answers"
+                    )
+                self.holding = True
+                return
+            self.holding = False
             self.suspensions += 1
             await self._ownership.suspend()
+        else:
+            self.holding = False
+
+
+def reachable_elsewhere(
+    stats: Mapping[str, Mapping[str, float]], me: str, now: float, fresh: float
+) -> bool:
+    """Whether a member other than ``me`` reached the store within ``fresh`` seconds of
+    ``now``, by the ``store_ok_at`` (epoch seconds) each member publishes with its stats."""
+    for member, figures in stats.items():
+        at = figures.get("store_ok_at")
+        if member != me and isinstance(at, int | float) and now - at <= fresh:
+            return True
+    return False

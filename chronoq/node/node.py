@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from chronoq import tracing
 from chronoq.api.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -32,14 +35,22 @@ from chronoq.models import Task, TaskState
 from chronoq.node.auth_interceptor import api_security
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
 from chronoq.node.firing import Firer
-from chronoq.node.housekeeping import DepthPoller, HealthWatch, Retention, StoreWatch
+from chronoq.node.housekeeping import (
+    DepthPoller,
+    HealthWatch,
+    Retention,
+    StoreWatch,
+    reachable_elsewhere,
+)
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
+from chronoq.node.precise import PreciseFirer
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import ClusterService, TaskService, WorkerService, node_stats
+from chronoq.node.soon import SoonBroadcast
 from chronoq.store import FireResult, Store
 from chronoq.store.pool_logs import quiet_pool_outages
 from chronoq.store.schedules import Schedules
@@ -90,7 +101,10 @@ def default_ownership(node: Node, store: Store) -> Ownership:
         node.address,
         s.cluster,
         node.clock,
-        stats=lambda: node_stats(node.firer) if node.firer is not None else {},
+        stats=lambda: {
+            **(node_stats(node.firer) if node.firer is not None else {}),
+            "store_ok_at": node.store_ok_at(),
+        },
         supervisor=node.supervisor,
     )
     ownership.on_acquired = node.partitions_changed
@@ -115,6 +129,8 @@ class Node:
         self.store: Store | None = None
         self.ownership: Ownership | None = None
         self.firer: Firer | None = None
+        self.precise: PreciseFirer | None = None  # the timing wheel (None: wheel_horizon 0)
+        self.soon: SoonBroadcast | None = None
         self.reaper: Reaper | None = None
         self.schedules: Schedules | None = None
         self.metrics = NodeMetrics(settings.node_id)
@@ -144,6 +160,7 @@ class Node:
     async def start(self) -> None:
         """Connect the store, bind the port, take ownership, then fire and serve."""
         s = self.settings
+        tracing.configure_from_env("chronoq-node")  # off unless an OTLP endpoint is set
         interceptors, credentials = api_security(
             auth_tokens=s.auth_tokens,
             tls_cert=s.tls_cert,
@@ -189,6 +206,16 @@ class Node:
             node_id=s.node_id,
             metrics=self.metrics,
         )
+        if s.wheel_horizon > timedelta(0):
+            self.precise = PreciseFirer(
+                self.store,
+                self.ownership,
+                self.clock,
+                self.firer,
+                horizon=s.wheel_horizon,
+                capacity=s.wheel_capacity,
+                node_id=s.node_id,
+            )
         self.reaper = Reaper(
             self.store,
             self.ownership,
@@ -226,7 +253,7 @@ class Node:
                 *(clock_check.problems() if clock_check is not None else []),
             ],
         )
-        firer = self.firer
+        firer, precise = self.firer, self.precise
         grace = (
             s.store_grace.total_seconds()
             if s.store_grace is not None
@@ -237,12 +264,15 @@ class Node:
         self.store_watch = StoreWatch(
             self.store,
             self.ownership,
-            lambda: firer.last_ok,
+            # Any owner statement that reached the store proves it answers: the tick's, or
+            # the wheel's loads (the tick may be long when the wheel fires).
+            lambda: max(firer.last_ok, precise.last_ok if precise is not None else 0.0),
             grace=grace,
             # Looking is a clock comparison (no I/O while the store answers): look often, so
             # a cut-off node hands off at grace + a fraction of it, not grace + a second.
             interval=min(1.0, grace / 5),
             may_resume=clock_check.may_resume if clock_check is not None else lambda: True,
+            reachable_elsewhere=self._store_reachable_elsewhere(grace),
         )
         self.schedules = Schedules(self.store)
         self.pump = SchedulePump(
@@ -258,6 +288,8 @@ class Node:
         if s.ready_notices:
             self.broadcast = ReadyBroadcast(self.notifier, self.store, s.node_id)
             self.notifier.on_notify = self.broadcast.publish
+            if self.precise is not None and s.cluster is not None:
+                self.soon = SoonBroadcast(self.store, s.node_id, self.precise.told)
         if clock_check is not None:
             with contextlib.suppress(ChronoqError):  # no store: the loop measures later
                 await clock_check.first_reading()
@@ -284,6 +316,8 @@ class Node:
         ]
         if clock_check is not None:
             self._loops.append(clock_check.start(self.supervisor))
+        if self.precise is not None:
+            self._loops += self.precise.start(self.supervisor)
         # Long polls still end at their deadline without it: latency, not health, is at stake.
         probe, broadcast = self.probe, self.broadcast
         self._loops.append(
@@ -306,14 +340,23 @@ class Node:
                     "ready-listen", broadcast.keep_listening, interval=1.0, critical=False
                 )
             )
+        if self.soon is not None:
+            # Not critical: without these notices owners find near-future tasks by loading.
+            self._loops.append(
+                self.supervisor.every(
+                    "soon-listen", self.soon.keep_listening, interval=1.0, critical=False
+                )
+            )
         self._start_metrics()
         log.info("node %s serving on %s", s.node_id, self.address)
 
     def _add_services(self, server: grpc.aio.Server) -> None:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
+        task_service = TaskService(self.store, self.api_clock, s, self.notifier, self.metrics)
+        task_service.on_scheduled = self._scheduled
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            TaskService(self.store, self.api_clock, s, self.notifier, self.metrics), server
+            task_service, server
         )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             WorkerService(self.store, self.api_clock, s, self.notifier, self.metrics), server
@@ -357,10 +400,53 @@ class Node:
             await self._health.set(name, status)
 
     def partitions_changed(self, partitions: set[int]) -> None:
-        """Ownership moved: forget cached watermarks and fire at once (backfill included)."""
+        """Ownership moved: forget cached watermarks and what the timing wheel holds of
+        them, and fire at once (backfill included)."""
+        if self.precise is not None:
+            self.precise.forget(partitions)
         if self.firer is not None:
             self.firer.forget(partitions)
             self.firer.poke()
+
+    def store_ok_at(self) -> float:
+        """When (epoch seconds) an owner statement of this node last reached the store."""
+        last = max(
+            self.firer.last_ok if self.firer is not None else 0.0,
+            self.precise.last_ok if self.precise is not None else 0.0,
+        )
+        return time.time() - (time.monotonic() - last)
+
+    def _store_reachable_elsewhere(self, grace: float) -> Callable[[], bool]:
+        """Whether another member reached the store lately (see ``StoreWatch``): a single
+        node has nobody to hand its partitions to."""
+        ownership = self.ownership
+        if not isinstance(ownership, EtcdOwnership):
+            return lambda: False
+        # A member's figure is at most a publication old, and clocks agree within the check.
+        fresh = grace + 2 * ownership.settings.stats_interval
+
+        def elsewhere() -> bool:
+            return reachable_elsewhere(
+                ownership.member_stats(), self.settings.node_id, time.time(), fresh
+            )
+
+        return elsewhere
+
+    def clock_jumped(self) -> None:
+        """The (virtual) clock jumped: fire what became due, read the wheel's window again."""
+        if self.precise is not None:
+            self.precise.poke()
+        if self.firer is not None:
+            self.firer.poke()
+
+    def _scheduled(self, now: datetime, tasks: Iterable[tuple[str, datetime]]) -> None:
+        """Submitted tasks due within the wheel's horizon enter it: here if this node owns
+        their partition, else through a notice to the node that does."""
+        if self.precise is None:
+            return
+        others = self.precise.offer(tasks, now)
+        if others and self.soon is not None:
+            self.soon.publish(others)
 
     def _fired(self, result: FireResult) -> None:
         self.notifier.notify(result.ready_by_queue)
@@ -396,6 +482,8 @@ class Node:
         log.debug("node %s: server stopped", self.settings.node_id)
         if self.broadcast is not None:
             await self.broadcast.close()
+        if self.soon is not None:
+            await self.soon.close()
         if self.store is not None:
             await self.store.close()
             self.store = None

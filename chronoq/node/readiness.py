@@ -113,24 +113,34 @@ class ReadyNotifier:
 
     def notify(self, ready: Mapping[Key, int] | Iterable[Key]) -> None:
         """Tasks became ready on this node: wake as many waiters of each key as it has new
-        tasks, and tell the other nodes (``on_notify``).
+        tasks, and tell the other nodes (``on_notify``) of the tasks no local waiter was woken
+        for.
 
+        Telling the others of every task would wake a waiter on every node for each one: all
+        but one claim would find nothing, and under load those empty claims are what makes
+        the others late. A task this node's waiters cannot take wakes one elsewhere at once.
         A mapping gives the count per key; any other iterable counts each occurrence as one.
         """
         counts = ready if isinstance(ready, Mapping) else Counter(ready)
-        if counts and self.on_notify is not None:
-            self.on_notify(counts)
-        self.wake(counts)
+        woken = self.wake(counts)
+        if self.on_notify is not None:
+            rest = {k: n - woken.get(k, 0) for k, n in counts.items() if n > woken.get(k, 0)}
+            if rest:
+                self.on_notify(rest)
 
-    def wake(self, counts: Mapping[Key, int]) -> None:
+    def wake(self, counts: Mapping[Key, int]) -> dict[Key, int]:
         """Wake as many waiters of each key as it has ready tasks (told by another node or
-        found by the probe: nothing is passed on)."""
+        found by the probe: nothing is passed on); returns how many were woken per key."""
+        woken: dict[Key, int] = {}
         for key, n in counts.items():
             watches = self._waiters.get(key)
             if not watches or n <= 0:
                 continue
-            for watch in list(itertools.islice(watches, n)):
+            chosen = list(itertools.islice(watches, n))
+            for watch in chosen:
                 watch.wake()
+            woken[key] = len(chosen)
+        return woken
 
     def _settle(self, watch: Watch) -> None:
         if watch.settled or watch not in self._waiters.get(watch.keys[0], ()):
@@ -215,9 +225,10 @@ class LongPollSlots:
 READY_CHANNEL = "chronoq_ready"
 #: A NOTIFY payload must stay under 8000 bytes: notices are split below this.
 NOTICE_BYTES = 7000
-#: Local notices are gathered this long and sent as one NOTIFY (a busy node sends at most
-#: a few dozen statements a second, however many tasks become ready).
-PUBLISH_EVERY = 0.01
+#: Local notices go out at once; those made while one is in flight are gathered and sent
+#: as the next NOTIFY, so a busy node sends about one per round trip to the store however
+#: many tasks become ready, and a quiet one adds no delay. Waiting to gather (10 ms here
+#: before) made every wake-up on another node that much later.
 #: While notices are heard, the store re-check is only a fallback, this much slower.
 PROBE_SLOWDOWN = 10
 PROBE_FALLBACK_MAX = 5.0
@@ -273,11 +284,11 @@ class Listening(Protocol):
 class ReadyBroadcast:
     """Tasks made ready on one node wake the long-polls of every node at once.
 
-    Local notices (fired, submitted due, retried, released, requeued) are gathered for
-    ``PUBLISH_EVERY`` and sent as one NOTIFY on ``READY_CHANNEL``; every node keeps one
-    listening connection whose notices wake its own waiters (its own notices are skipped: they
-    woke its waiters already). Delivery is best effort: a lost notice costs the probe's
-    fallback interval, never a task.
+    Local notices (fired, submitted due, retried, released, requeued) are sent at once as
+    one NOTIFY on ``READY_CHANNEL`` (those made meanwhile gather into the next one); every
+    node keeps one listening connection whose notices wake its own waiters (its own notices
+    are skipped: they woke its waiters already). Delivery is best effort: a lost notice
+    costs the probe's fallback interval, never a task.
     """
 
     def __init__(self, notifier: ReadyNotifier, notices: ReadyNotices, node_id: str) -> None:
@@ -304,7 +315,6 @@ class ReadyBroadcast:
 
     async def _send(self) -> None:
         while self._pending:
-            await asyncio.sleep(PUBLISH_EVERY)
             ready, self._pending = self._pending, Counter()
             try:
                 await self._notices.announce(READY_CHANNEL, encode_notices(self.node_id, ready))

@@ -45,7 +45,7 @@ async def serve(
             clock = OffsetClock(clock_offset)
         node = Node(settings, clock=clock)
         if vclock is not None:
-            vclock.on_jump = lambda: node.firer.poke() if node.firer is not None else None
+            vclock.on_jump = node.clock_jumped
         try:
             await node.start()
         except BaseException:

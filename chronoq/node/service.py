@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import random
 from collections import Counter
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
 
+from chronoq import tracing
 from chronoq.api import convert
 from chronoq.api.v1 import (
     cluster_pb2,
@@ -23,7 +27,13 @@ from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.protocols import Ownership
-from chronoq.errors import InvalidArgument, QuotaExceeded, StaleLease, TaskNotFound
+from chronoq.errors import (
+    ChronoqError,
+    InvalidArgument,
+    QuotaExceeded,
+    StaleLease,
+    TaskNotFound,
+)
 from chronoq.limits import (
     DEFAULT_PAGE_SIZE,
     MAX_CLAIM_TASKS,
@@ -44,7 +54,7 @@ from chronoq.limits import (
     check_text,
     failure_message,
 )
-from chronoq.models import Lease, LeaseMiss, TaskSpec, TaskState
+from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
 from chronoq.node.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.firing import Firer
 from chronoq.node.metrics import NodeMetrics
@@ -55,6 +65,8 @@ from chronoq.store import Store
 from chronoq.timeslice import Timeslice, converted
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+
+log = logging.getLogger("chronoq.node")
 
 
 class _Servicer:
@@ -74,6 +86,11 @@ class _Servicer:
         self._clock = clock
         self._settings = settings
         self._notifier = notifier
+        #: Called with (now, (id, run_at) of each task a submit created SCHEDULED): the node
+        #: enters the near-future ones into its owners' timing wheels.
+        self.on_scheduled: Callable[[datetime, Iterable[tuple[str, datetime]]], None] = (
+            lambda _now, _tasks: None
+        )
 
 
 class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
@@ -126,9 +143,18 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             for o in outcomes
             if o.created and o.task.state is TaskState.READY
         )
+        self.on_scheduled(
+            now,
+            (
+                (o.task.id, o.task.run_at)
+                for o in outcomes
+                if o.created and o.task.state is TaskState.SCHEDULED
+            ),
+        )
         return outcomes
 
     @translated
+    @tracing.node_submit
     async def Submit(
         self, request: tasks_pb2.SubmitRequest, context: Ctx
     ) -> tasks_pb2.SubmitResponse:
@@ -140,6 +166,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         )
 
     @translated
+    @tracing.node_submit
     async def SubmitBatch(
         self, request: tasks_pb2.SubmitBatchRequest, context: Ctx
     ) -> tasks_pb2.SubmitBatchResponse:
@@ -160,6 +187,14 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
                 (s.namespace, s.queue)
                 for s, (_i, created) in zip(specs, accepted, strict=True)
                 if created and s.run_at <= now
+            )
+            self.on_scheduled(
+                now,
+                (
+                    (i, s.run_at)
+                    for s, (i, created) in zip(specs, accepted, strict=True)
+                    if created and s.run_at > now
+                ),
             )
             return tasks_pb2.SubmitBatchResponse(
                 ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
@@ -280,27 +315,38 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             FairLanes(claim_lanes(settings.pool_size)),
         )
 
-    @translated
-    async def Claim(
-        self, request: worker_pb2.ClaimRequest, context: Ctx
-    ) -> worker_pb2.ClaimResponse:
-        namespace = check_name("namespace", convert.namespace_of(request.namespace))
+    def _claim_args(
+        self, request: worker_pb2.ClaimRequest, context: Ctx, field: str = ""
+    ) -> tuple[str, list[str], str, int, timedelta]:
+        """A claim request checked: namespace, queues, worker id, max tasks and wait.
+        ``field`` prefixes the names in errors (``claim.`` when it rides on an ack)."""
+        namespace = check_name(field + "namespace", convert.namespace_of(request.namespace))
         if not request.queues:
-            raise InvalidArgument("queues", "name at least one queue to claim from")
-        check_count("queues", len(request.queues), MAX_QUEUES_PER_CLAIM)
-        queues = [check_name("queues", q) for q in request.queues]
+            raise InvalidArgument(field + "queues", "name at least one queue to claim from")
+        check_count(field + "queues", len(request.queues), MAX_QUEUES_PER_CLAIM)
+        queues = [check_name(field + "queues", q) for q in request.queues]
         max_tasks = request.max_tasks or 1
         if max_tasks > MAX_CLAIM_TASKS:
-            raise InvalidArgument("max_tasks", f"is {max_tasks}; the limit is {MAX_CLAIM_TASKS}")
-        check_text("worker_id", request.worker_id, MAX_WORKER_ID)
+            raise InvalidArgument(
+                field + "max_tasks", f"is {max_tasks}; the limit is {MAX_CLAIM_TASKS}"
+            )
+        check_text(field + "worker_id", request.worker_id, MAX_WORKER_ID)
         wait = (
-            convert.from_duration("wait", request.wait)
+            convert.from_duration(field + "wait", request.wait)
             if request.HasField("wait")
             else timedelta(0)
         )
         wait = min(wait, self._settings.max_claim_wait)
         worker_id = request.worker_id or (context.peer() or "unknown")
+        return namespace, queues, worker_id, max_tasks, wait
+
+    @translated
+    async def Claim(
+        self, request: worker_pb2.ClaimRequest, context: Ctx
+    ) -> worker_pb2.ClaimResponse:
+        namespace, queues, worker_id, max_tasks, wait = self._claim_args(request, context)
         tasks = await self.claims.claim(context, namespace, queues, worker_id, max_tasks, wait)
+        tracing.claimed(tasks, worker_id)  # no-op unless tracing is on
         return worker_pb2.ClaimResponse(tasks=await converted(tasks, convert.task_to_pb))
 
     @translated
@@ -340,16 +386,58 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.CompleteBatchRequest, context: Ctx
     ) -> worker_pb2.CompleteBatchResponse:
         check_count("leases", len(request.leases), MAX_LEASES_PER_CALL)
+        namespace = convert.namespace_of(request.namespace)
         leases = [convert.lease_from_pb(pb) for pb in request.leases]
-        outcomes = await self._store.complete(
-            convert.namespace_of(request.namespace), leases, self._clock.now()
+        claim = None
+        if request.HasField("claim"):  # checked before anything is written
+            claim = self._claim_args(request.claim, context, "claim.")
+            if claim[0] != namespace:
+                raise InvalidArgument("claim.namespace", "must be empty or the acks' namespace")
+        # The riding claim runs beside the acks, not after them: the worker freed those slots
+        # already, and one call then costs the longer of the two statements, not their sum.
+        claiming = (
+            asyncio.ensure_future(self._claim_after_ack(context, *claim[:4]))
+            if claim is not None
+            else None
         )
+        try:
+            outcomes = (
+                await self._store.complete(namespace, leases, self._clock.now()) if leases else []
+            )
+        except BaseException:
+            if claiming is not None:  # the caller gets an error, so not the tasks: give back
+                claiming.add_done_callback(
+                    functools.partial(self._give_back, namespace)
+                )
+            raise
         self._metrics.completed.inc(sum(1 for o in outcomes if o.ok))
-        return worker_pb2.CompleteBatchResponse(
+        response = worker_pb2.CompleteBatchResponse(
             results=[
                 worker_pb2.AckResult(task_id=o.task_id, ok=o.ok, error=o.error) for o in outcomes
             ]
         )
+        if claiming is not None:
+            tasks = await claiming
+            tracing.claimed(tasks, claim[2] if claim else "")  # no-op unless tracing is on
+            response.claimed.extend(await converted(tasks, convert.task_to_pb))
+        return response
+
+    def _give_back(self, namespace: str, claiming: asyncio.Future[list[Task]]) -> None:
+        if not claiming.cancelled() and claiming.exception() is None:
+            self.claims.give_back(namespace, claiming.result())
+
+    async def _claim_after_ack(
+        self, context: Ctx, namespace: str, queues: list[str], worker_id: str, max_tasks: int
+    ) -> list[Task]:
+        """The claim that rides on an ack: at once (no long-poll), and a failure of its own
+        leaves the acks' answer intact (the worker's claim loop asks again)."""
+        try:
+            return await self.claims.claim(
+                context, namespace, queues, worker_id, max_tasks, timedelta(0)
+            )
+        except ChronoqError as exc:
+            log.warning("claim riding on an ack failed (acks answered): %s", exc)
+            return []
 
     @translated
     async def Fail(self, request: worker_pb2.FailRequest, context: Ctx) -> tasks_pb2.Task:

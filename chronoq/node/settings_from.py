@@ -36,6 +36,7 @@ class NodeOptions:
     partitions: int | None = None
     bucket_seconds: int | None = None
     tick_ms: int | None = None
+    wheel_horizon_ms: int | None = None  # 0: no timing wheel, the tick alone
     max_payload_bytes: int | None = None
     horizon_days: int | None = None
     etcd: str | None = None  # comma-separated endpoints; None: own every partition alone
@@ -108,14 +109,7 @@ def settings_from(options: NodeOptions) -> NodeSettings:
     }
     if o.node_id:
         fields["node_id"] = o.node_id
-    if o.tick_ms is not None:
-        fields["tick"] = o.tick_ms * _MS
-    if o.retention_days is not None:
-        fields["retention"] = o.retention_days * _DAY or None
-    if o.dead_retention_days is not None:
-        fields["dead_retention"] = o.dead_retention_days * _DAY or None
-    if o.max_clock_offset_ms is not None:
-        fields["max_clock_offset"] = o.max_clock_offset_ms * _MS or None
+    fields.update(_durations(o))
     if o.submit_quota is not None:
         fields["submit_quota"] = o.submit_quota or None
     limits: dict[str, Any] = {}
@@ -132,6 +126,22 @@ def settings_from(options: NodeOptions) -> NodeSettings:
     elif any(o.etcd_access.values()):
         raise ConfigError("etcd credentials and TLS need --etcd too")
     return NodeSettings(dsn=o.dsn, **fields)
+
+
+def _durations(o: NodeOptions) -> dict[str, timedelta | None]:
+    """The durations that were set, from the operator's units (zero: "off" where allowed)."""
+    out: dict[str, timedelta | None] = {}
+    if o.tick_ms is not None:
+        out["tick"] = o.tick_ms * _MS
+    if o.wheel_horizon_ms is not None:
+        out["wheel_horizon"] = o.wheel_horizon_ms * _MS  # zero: no wheel
+    if o.retention_days is not None:
+        out["retention"] = o.retention_days * _DAY or None
+    if o.dead_retention_days is not None:
+        out["dead_retention"] = o.dead_retention_days * _DAY or None
+    if o.max_clock_offset_ms is not None:
+        out["max_clock_offset"] = o.max_clock_offset_ms * _MS or None
+    return out
 
 
 def cluster_settings(
@@ -168,6 +178,7 @@ def shown_defaults() -> dict[str, object]:
     shown: dict[str, object] = {name: getattr(node, name) for name in _SAME_NAME}
     shown.update(
         tick_ms=node.tick // _MS,
+        wheel_horizon_ms=node.wheel_horizon // _MS,
         retention_days=node.retention / _DAY if node.retention else 0,
         dead_retention_days=node.dead_retention / _DAY if node.dead_retention else 0,
         max_clock_offset_ms=node.max_clock_offset // _MS if node.max_clock_offset else 0,

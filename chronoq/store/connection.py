@@ -30,8 +30,16 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cancelled query
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,  # see _LIVENESS
+    # A write reached a server that is no longer (or not yet) the primary: after a failover,
+    # behind a DNS name or a proxy that still points at the former primary.
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
     TimeoutError,  # command_timeout: the server or the network stopped answering
 )
+# None of these tells whether a COMMIT in flight took effect (the server may have committed
+# and died before answering): callers treat them as "outcome unknown", never as done, and
+# repeat only what is safe to repeat (every transition is conditional, submits carry an
+# idempotency key).
+UNKNOWN_OUTCOME = "outcome unknown; safe to retry (a submit with its idempotency key)"
 
 
 @contextlib.contextmanager
@@ -39,7 +47,32 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except UNAVAILABLE as exc:
-        raise StoreUnavailable(f"PostgreSQL unavailable: {type(exc).__name__}: {exc}") from exc
+        raise StoreUnavailable(
+            f"PostgreSQL unavailable: {type(exc).__name__}: {exc}; {UNKNOWN_OUTCOME}"
+        ) from exc
+
+
+# Errors that say the server is no longer the primary (a dead one is dropped by the pool).
+_MOVED = (asyncpg.exceptions.ReadOnlySQLTransactionError,)
+
+
+class NotPrimary(StoreUnavailable):
+    """The server is a standby (in recovery): it cannot take the store's writes."""
+
+
+async def _require_primary(conn: Any) -> None:
+    """A new pool connection must reach the primary. ``target_session_attrs=read-write`` in
+    a multi-host DSN skips standbys already; this also covers a single host name that still
+    points at a demoted primary, which would refuse every write as read-only."""
+    if await conn.fetchval("SELECT pg_is_in_recovery()"):
+        raise NotPrimary(f"PostgreSQL answered as a standby (in recovery); {UNKNOWN_OUTCOME}")
+
+
+def _unconfirmed(message: Any) -> bool:
+    """The notice PostgreSQL sends when a COMMIT stopped waiting for the synchronous standby
+    (cancelled, or the session terminated): it committed locally but may not be replicated,
+    so a failover can lose it, yet the COMMIT itself reports success."""
+    return "synchronous replication" in str(getattr(message, "message", ""))
 
 
 # The server notices a vanished client (a node cut off or killed) within seconds and ends
@@ -141,6 +174,7 @@ class Connected:
                 command_timeout=command_timeout,
                 server_settings={"application_name": "chronoq", "timezone": "UTC", **_LIVENESS},
                 reset=_no_reset,  # no session state to reset: saves a statement per call
+                init=_require_primary,  # once per new connection, e.g. after a failover
             )
         store = cls(
             pool, partitions=partitions, bucket_seconds=bucket_seconds, limits=limits, dsn=dsn
@@ -165,9 +199,36 @@ class Connected:
     async def connection(self) -> AsyncIterator[Any]:
         """A pooled connection whose driver and network errors come out as StoreUnavailable
         (every statement of the store and its companions goes through here)."""
-        with _translated():
-            async with self.pool.acquire() as conn:
-                yield conn
+        unconfirmed: list[Any] = []
+
+        def notice(_conn: Any, message: Any) -> None:
+            if _unconfirmed(message):
+                unconfirmed.append(message)
+
+        try:
+            with _translated():
+                async with self.pool.acquire() as conn:
+                    conn.add_log_listener(notice)
+                    try:
+                        yield conn
+                    finally:
+                        # A connection lost mid-statement is already detached from its proxy.
+                        with contextlib.suppress(asyncpg.exceptions.InterfaceError):
+                            conn.remove_log_listener(notice)
+        except StoreUnavailable as exc:
+            if isinstance(exc, NotPrimary) or isinstance(exc.__cause__, _MOVED):
+                # The primary moved: let every pooled connection go (each is replaced, and
+                # checked by _require_primary, on its next acquire).
+                await self.pool.expire_connections()
+            raise
+        if unconfirmed:
+            # The notice is delivered before the COMMIT's reply wakes us up (both are queued
+            # on the loop in order), so it is here by the time the block has ended.
+            await self.pool.expire_connections()
+            raise StoreUnavailable(
+                f"PostgreSQL committed without the synchronous standby's confirmation "
+                f"({unconfirmed[0].message}); {UNKNOWN_OUTCOME}"
+            )
 
     async def probe(self, timeout: float = 2.0) -> bool:
         """Whether PostgreSQL answers a trivial query within ``timeout`` seconds."""
@@ -196,6 +257,7 @@ class Connected:
                 server_settings={"application_name": "chronoq-listen", **_LISTEN_LIVENESS},
             )
             try:
+                await _require_primary(conn)  # notices of a standby's sessions never come
                 await conn.add_listener(channel, lambda _c, _pid, _ch, payload: on_notice(payload))
             except BaseException:
                 await conn.close()

@@ -17,10 +17,14 @@ from chronoq.models import Task, TaskState
 from chronoq.saturating import ms_of
 from chronoq.store.connection import Connected
 from chronoq.store.quarantine import POISON, isolate, reason
-from chronoq.store.rows import Fence, FireResult, retry_decision, task_of
+from chronoq.store.rows import Fence, FireResult, parse_task_id, retry_decision, task_of
 from chronoq.store.sql import q
 
 log = logging.getLogger("chronoq.store")
+
+#: (bucket, namespace) lanes per partition that one due-soon read walks at most: a partition
+#: with more namespaces due in the window leaves the rest to the firing tick.
+DUE_SOON_LANES = 64
 
 
 class OwnerStatements(Connected):
@@ -98,16 +102,57 @@ class OwnerStatements(Connected):
                 await isolate([r["id"] for r in due], fire, poisoned)
         for task in result.quarantined:
             result.per_partition[task.partition] += 1
-        for r in rows:
-            result.per_partition[r["partition"]] += 1
-            if r.get("more"):
-                result.unfinished.add(r["partition"])
-            if r["state"] == TaskState.SKIPPED:
-                result.skipped += 1
-            else:
-                result.fired += 1
-                result.ready_by_queue[(r["namespace"], r["queue"])] += 1
-                result.lateness.append(r["lateness"])
+        _count_fired(result, rows)
+        return result
+
+    async def due_soon(
+        self,
+        partitions: Sequence[int],
+        after: datetime,
+        until: datetime,
+        *,
+        limit: int,
+        lanes: int = DUE_SOON_LANES,
+    ) -> list[tuple[str, int, datetime]]:
+        """(task id, partition, run_at) of the SCHEDULED tasks of ``partitions`` due in
+        (``after``, ``until``], earliest first, at most ``limit``: what an owner's timing
+        wheel holds. Reads the current and next buckets' index ranges only; fires nothing."""
+        if not partitions or limit <= 0 or until <= after:
+            return []
+        first, last = bucket_of(after, self.bucket_seconds), bucket_of(until, self.bucket_seconds)
+        async with self.connection() as conn:
+            rows = await conn.fetch(
+                q("due_soon"), list(partitions), first, last, after, until, limit, lanes
+            )
+        return [(str(r["id"]), r["partition"], r["run_at"]) for r in rows]
+
+    async def fire_listed(
+        self, owned: Mapping[int, int], now: datetime, task_ids: Sequence[str], *, node_id: str = ""
+    ) -> FireResult:
+        """Fire the listed tasks of owned partitions (partition → token) that are still
+        SCHEDULED and due at ``now`` (``run_at <= now`` in the statement too), fenced like
+        ``fire_due``. A row the statement cannot fire is left to ``fire_due``, which sets it
+        aside; nothing is retried here."""
+        result = FireResult()
+        if not owned or not task_ids:
+            return result
+        bucket = bucket_of(now, self.bucket_seconds)
+        async with self.connection() as conn:
+            try:
+                rows = await conn.fetch(
+                    q("fire_ids"),
+                    list(owned),
+                    list(owned.values()),
+                    bucket,
+                    now,
+                    [parse_task_id(t) for t in task_ids],
+                    node_id,
+                    ms_of(self.horizon),
+                )
+            except POISON as exc:
+                log.debug("listed fire failed on a row's data (the tick isolates it): %s", exc)
+                return result
+        _count_fired(result, rows)
         return result
 
     async def _quarantine(
@@ -193,3 +238,19 @@ class OwnerStatements(Connected):
             for col, value in zip(cols, values, strict=True):
                 col.append(value)
         return cols
+
+
+def _count_fired(result: FireResult, rows: Sequence[Any]) -> None:
+    """Add what a fire statement returned (one row per task it fired or skipped) to ``result``."""
+    for r in rows:
+        result.per_partition[r["partition"]] += 1
+        if r.get("more"):
+            result.unfinished.add(r["partition"])
+        if r["state"] == TaskState.SKIPPED:
+            result.skipped += 1
+        else:
+            result.fired += 1
+            result.ready_by_queue[(r["namespace"], r["queue"])] += 1
+            result.lateness.append(r["lateness"])
+            if r.get("trace_context") is not None:  # chronoq.tracing: a fire span
+                result.traced.append((r["trace_context"], r["lateness"]))

@@ -37,13 +37,13 @@ CASE WHEN t.fired_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59
 CASE WHEN t.finished_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
      WHEN t.finished_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
      ELSE t.finished_at END AS finished_at,
-t.fired_by, t.fire_token
+t.fired_by, t.fire_token, t.content_type, t.trace_context
 
 -- fragment: fired_row
 -- What firing answers: no instant, only the lateness in seconds, so that no stored value
 -- can fail the answer of a statement that has already committed.
 t.partition, t.namespace, t.queue, t.state,
-extract(epoch FROM $4::timestamptz - t.run_at)::float8 AS lateness
+extract(epoch FROM $4::timestamptz - t.run_at)::float8 AS lateness, t.trace_context
 
 -- fragment: fire_set
 -- What firing writes: READY, or SKIPPED when the misfire policy says skip and the task is
@@ -67,25 +67,26 @@ SET state = CASE WHEN t.misfire_policy = 1
                       ELSE t.last_error END
 
 -- fragment: insert_tasks
--- New tasks from column arrays ($1..$16, created at $17). A conflict on (namespace,
--- idempotency_key) inserts nothing: the statements answer with the rows they inserted only,
--- and the caller looks the first task of a repeated key up.
+-- New tasks from column arrays ($1..$18, created at $19). A conflict
+-- on (namespace, idempotency_key) inserts nothing: the statements answer with the rows they
+-- inserted only, and the caller looks the first task of a repeated key up.
 INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
-                   fired_by)
+                   fired_by, content_type, trace_context)
 SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at, u.state, u.priority,
        u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
-       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $17::timestamptz,
-       CASE WHEN u.state = 1 THEN $17::timestamptz END,
-       CASE WHEN u.state = 1 THEN 'submit' END
+       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $19::timestamptz,
+       CASE WHEN u.state = 1 THEN $19::timestamptz END,
+       CASE WHEN u.state = 1 THEN 'submit' END,
+       u.content_type, u.trace_context
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
             $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
             $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
-            $16::bigint[])
+            $16::bigint[], $17::text[], $18::jsonb[])
      AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
           idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
-          misfire_policy, misfire_grace_ms)
+          misfire_policy, misfire_grace_ms, content_type, trace_context)
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 
 -- name: insert_task_ids
@@ -212,6 +213,42 @@ WHERE t.id = ANY($5::uuid[]) AND t.partition = fence.partition AND t.state = 0
   AND (t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz)
 RETURNING {{fired_row}};
 
+-- name: due_soon
+-- The SCHEDULED tasks of the listed partitions ($1) due in ($4, $5], from buckets $2..$3 (the
+-- current and the next): the owner's timing wheel. Per partition a loose index scan of
+-- tasks_due lists its (bucket, namespace) lanes, at most $7, one probe each, and each lane
+-- reads its run_at range only: rows examined = the due-soon rows, whatever is pending later.
+-- At most $6 rows, earliest first. Read only: firing them is fenced (fire_ids).
+SELECT d.id, l.partition, d.run_at
+FROM unnest($1::smallint[]) AS p(partition) CROSS JOIN LATERAL (
+    WITH RECURSIVE walk (bucket, namespace, lanes) AS (
+        (SELECT t.bucket, t.namespace, 1
+         FROM tasks t
+         WHERE t.state = 0 AND t.partition = p.partition AND t.bucket >= $2 AND t.bucket <= $3
+         ORDER BY t.bucket, t.namespace
+         LIMIT 1)
+        UNION ALL
+        SELECT n.bucket, n.namespace, w.lanes + 1
+        FROM walk w CROSS JOIN LATERAL (
+            SELECT t.bucket, t.namespace FROM tasks t
+            WHERE t.state = 0 AND t.partition = p.partition
+              AND (t.bucket, t.namespace) > (w.bucket, w.namespace) AND t.bucket <= $3
+            ORDER BY t.bucket, t.namespace
+            LIMIT 1
+        ) n
+        WHERE w.lanes < $7
+    )
+    SELECT p.partition, walk.bucket, walk.namespace FROM walk
+) l CROSS JOIN LATERAL (
+    SELECT t.id, t.run_at FROM tasks t
+    WHERE t.state = 0 AND t.partition = l.partition AND t.bucket = l.bucket
+      AND t.namespace = l.namespace AND t.run_at > $4 AND t.run_at <= $5
+    ORDER BY t.run_at
+    LIMIT $6
+) d
+ORDER BY d.run_at
+LIMIT $6;
+
 -- name: quarantine_tasks
 -- Sets aside tasks of the caller's partitions that an owner statement cannot process: DEAD,
 -- with the reason ($6), from the state the statement expected ($5) only. Fenced like the
@@ -330,9 +367,10 @@ WHERE t.id = $1 AND t.namespace = $2 AND t.state = 2 AND t.attempt = $3
 RETURNING {{task_row}};
 
 -- name: cancel
+-- A DEAD task may be cancelled too: an operator discards a dead letter that way.
 UPDATE tasks t
 SET state = 5, finished_at = $3, lease_until = NULL
-WHERE t.id = $1 AND t.namespace = $2 AND t.state IN (0, 1, 2)
+WHERE t.id = $1 AND t.namespace = $2 AND t.state IN (0, 1, 2, 4)
 RETURNING {{task_row}};
 
 -- name: requeue_dead

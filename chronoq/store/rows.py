@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import random
 import uuid
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from chronoq import tracecontext
 from chronoq.errors import InvalidArgument
-from chronoq.models import MisfirePolicy, Task, TaskState
+from chronoq.models import OCTET_STREAM, MisfirePolicy, Task, TaskState
 from chronoq.retry import after_failure
 from chronoq.saturating import ms_to_delta
 from chronoq.store.quarantine import QUARANTINED
@@ -40,6 +42,8 @@ class FireResult:
     ready_by_queue: Counter[tuple[str, str]] = field(default_factory=Counter)
     per_partition: Counter[int] = field(default_factory=Counter)
     lateness: list[float] = field(default_factory=list)  # seconds, of each fired task
+    # (stored trace context, lateness) of each fired task that carries a trace context
+    traced: list[tuple[str, float]] = field(default_factory=list)
     quarantined: list[Task] = field(default_factory=list)  # due rows set aside as DEAD
     # Partitions where a namespace filled its share of the batch (or more namespaces had due
     # rows than the batch has rows): they may have more due rows.
@@ -69,6 +73,11 @@ def known(kind: type[E], value: Any, fallback: E) -> E:
         return kind(value)
     except (ValueError, TypeError):
         return fallback
+
+
+#: Stored durations take few distinct values (the defaults, a queue's settings): each is
+#: converted once, not four times per row read.
+_stored_delta = functools.lru_cache(maxsize=1024)(ms_to_delta)
 
 
 def task_of(row: Any) -> Task:
@@ -102,11 +111,11 @@ def task_of(row: Any) -> Task:
         max_attempts=row["max_attempts"],
         retry_base=row["retry_base"],
         priority=row["priority"],
-        backoff_initial=ms_to_delta(row["backoff_initial_ms"]),
-        backoff_max=ms_to_delta(row["backoff_max_ms"]),
-        lease_timeout=ms_to_delta(row["lease_timeout_ms"]),
+        backoff_initial=_stored_delta(row["backoff_initial_ms"]),
+        backoff_max=_stored_delta(row["backoff_max_ms"]),
+        lease_timeout=_stored_delta(row["lease_timeout_ms"]),
         misfire_policy=known(MisfirePolicy, row["misfire_policy"], MisfirePolicy.FIRE_LATE),
-        misfire_grace=ms_to_delta(row["misfire_grace_ms"]),
+        misfire_grace=_stored_delta(row["misfire_grace_ms"]),
         lease_until=row["lease_until"],
         worker_id=row["worker_id"],
         last_error=last_error,
@@ -115,6 +124,8 @@ def task_of(row: Any) -> Task:
         finished_at=row["finished_at"],
         fired_by=row.get("fired_by"),
         fire_token=row.get("fire_token"),
+        content_type=row.get("content_type") or OCTET_STREAM,
+        trace_context=tracecontext.from_json(row.get("trace_context")),
     )
 
 

@@ -37,6 +37,7 @@ if CHROMIUM is None or CHROMEDRIVER is None:
         allow_module_level=True,
     )
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 
@@ -90,7 +91,10 @@ def sql(postgres: EmbeddedPostgres, database: str, query: str) -> list[list[str]
 def until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:  # the page redrew that part meanwhile
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:

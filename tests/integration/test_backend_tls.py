@@ -18,7 +18,8 @@ from chronoq.config import NodeSettings
 from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings, connect, translated
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.embedded.etcd import ETCDCTL_BINARY, EmbeddedEtcd, EtcdServerTLS
-from chronoq.embedded.postgres import EmbeddedPostgres, _run_as
+from chronoq.embedded.pg_account import run_as as account_to_run_as
+from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import ConfigError, CoordinatorUnavailable, StoreUnavailable
 from chronoq.node import Node
 from chronoq.store import Store
@@ -181,9 +182,9 @@ async def test_etcd_password(
 
 def _postgres_with_tls() -> Path:
     """A PostgreSQL build with OpenSSL: the wheel's has none, Debian's postgresql has."""
-    from chronoq.embedded.postgres import POSTGRES_BIN_PATH
+    from chronoq.embedded.pg_account import BIN_DIR
 
-    for bin_dir in [Path(POSTGRES_BIN_PATH), *sorted(Path("/usr/lib/postgresql").glob("*/bin"))]:
+    for bin_dir in [BIN_DIR, *sorted(Path("/usr/lib/postgresql").glob("*/bin"))]:
         try:
             configure = subprocess.run(
                 [str(bin_dir / "pg_config"), "--configure"], capture_output=True, text=True,
@@ -212,7 +213,7 @@ def tls_postgres(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator
         "hostssl all postgres 127.0.0.1/32 trust\n"
         f"hostssl all {PG_USER} 127.0.0.1/32 scram-sha-256\n"
     )
-    run_as = _run_as()  # the account the server will run as (None unless we are root)
+    run_as = account_to_run_as()  # the account the server will run as (None unless we are root)
     if run_as is not None:  # postgres wants its key owned by itself and private
         os.chown(key, run_as.pw_uid, run_as.pw_gid)
     for path in (certs, cert, hba):

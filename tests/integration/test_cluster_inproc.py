@@ -224,6 +224,33 @@ async def test_a_claim_whose_fence_write_failed_is_finished_later(
     assert fence.token == own.owner_of()[3][1] and fence.owner == "f0"
 
 
+async def test_an_owner_takes_its_fence_again_when_the_store_went_back_in_time(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store
+) -> None:
+    """A store failover lost the last commits, among them our fence: the stored token is
+    older than ours, so every write of ours would match nothing and the partition would never
+    fire. The audit takes the fence again (a newer owner's would stay)."""
+    node = await make_node(cluster=cluster(etcd, cluster_name), node_id="b0")
+    await settled([node])
+    own = node.ownership
+    assert isinstance(own, EtcdOwnership)
+    token = own.owned()[5]
+    async with store.connection() as conn:  # what the failover lost: our token's commit
+        await conn.execute(
+            "UPDATE partition_fences SET token = $2, owner = 'old' WHERE partition = $1",
+            5, token - 1,
+        )
+        await conn.execute(  # and a newer owner elsewhere for partition 6: not ours to take
+            "UPDATE partition_fences SET token = $2, owner = 'newer' WHERE partition = $1",
+            6, own.owned()[6] + 1,
+        )
+    assert await own.audit_fences() == {5}
+    fences = {f.partition: f for f in await store.fences()}
+    assert (fences[5].token, fences[5].owner) == (token, "b0")
+    assert fences[6].owner == "newer"  # never lowered
+    assert await own.audit_fences() == set()  # nothing left to fix
+
+
 async def test_a_client_of_several_nodes_keeps_working_when_one_stops(
     make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store
 ) -> None:

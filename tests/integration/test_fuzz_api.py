@@ -181,12 +181,37 @@ def repeated(field: FieldDescriptor, item: st.SearchStrategy[Any]) -> st.SearchS
     return few.flatmap(lambda xs: st.sampled_from([xs, xs * 700]) if xs else st.just(xs))
 
 
+def set_field(msg: Message, field: FieldDescriptor, v: Any) -> None:
+    name = field.name
+    if is_map(field):
+        getattr(msg, name).update(v)
+    elif field.is_repeated:
+        target = getattr(msg, name)
+        if field.message_type is not None:
+            for item in v:
+                if item is not None:
+                    target.add().CopyFrom(item)
+        else:
+            target.extend(v)
+    elif field.message_type is not None:
+        getattr(msg, name).CopyFrom(v)
+    else:
+        setattr(msg, name, v)
+
+
+def is_map(field: FieldDescriptor) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
 @functools.cache
 def messages(desc: descriptor.Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
     """Messages of type ``desc``: each field set or not, nested messages up to a depth."""
     cls = message_factory.GetMessageClass(desc)
 
     def value(field: FieldDescriptor) -> st.SearchStrategy[Any]:
+        if is_map(field):  # e.g. a task's trace context: more entries than the cap, too
+            entry = field.message_type.fields_by_name
+            return st.dictionaries(scalar(entry["key"]), scalar(entry["value"]), max_size=12)
         if field.message_type is not None:
             if depth >= 3:
                 return st.just(None)
@@ -200,21 +225,8 @@ def messages(desc: descriptor.Descriptor, depth: int = 0) -> st.SearchStrategy[M
     def build(values: dict[str, Any]) -> Message:
         msg = cls()
         for name, v in values.items():
-            if v is None:
-                continue
-            field = desc.fields_by_name[name]
-            if field.is_repeated:
-                target = getattr(msg, name)
-                if field.message_type is not None:
-                    for item in v:
-                        if item is not None:
-                            target.add().CopyFrom(item)
-                else:
-                    target.extend(v)
-            elif field.message_type is not None:
-                getattr(msg, name).CopyFrom(v)
-            else:
-                setattr(msg, name, v)
+            if v is not None:
+                set_field(msg, desc.fields_by_name[name], v)
         return msg
 
     return st.fixed_dictionaries(fields).map(build)

@@ -190,6 +190,21 @@ async def test_fatal_failure_goes_dead_at_once(client: Client) -> None:
     assert dead.state is TaskState.DEAD and dead.attempt == 1
 
 
+async def test_a_dead_letter_can_be_discarded_but_a_finished_task_cannot(client: Client) -> None:
+    sub = await client.submit("discard", max_attempts=1)
+    await client.claim(["discard"])
+    await client.fail(Lease(sub.task.id, 1), "no", fatal=True)
+    discarded = await client.cancel(sub.task.id)
+    assert discarded.state is TaskState.CANCELLED and discarded.last_error == "no"
+    assert sub.task.id not in {t.id for t in (await client.list(state=TaskState.DEAD)).tasks}
+
+    done = await client.submit("discard")
+    await client.claim(["discard"])
+    await client.complete(Lease(done.task.id, 1))
+    with pytest.raises(errors.PreconditionFailed):
+        await client.cancel(done.task.id)
+
+
 async def test_cancel(node: Node, client: Client, clock: ManualClock) -> None:
     scheduled = await client.submit("x", delay=timedelta(minutes=1))
     ready = await client.submit("x")

@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 
 from chronoq.buckets import bucket_of
+from chronoq.client import Client
 from chronoq.clock import ManualClock
 from chronoq.coordinator.local import LocalOwnership
 from chronoq.models import Lease, TaskSpec, TaskState
@@ -437,6 +438,10 @@ async def test_schedule_passes_go_on_past_schedules_they_cannot_materialise(
     shown = await schedules.get("a", "huge")
     assert shown.paused and (shown.paused_reason or "").startswith("quarantined: ")
     assert len(await schedules.list_page("a")) == len(poison) + 2
+    # ... and over the API too.
+    async with Client(node.address, namespace="a") as client:
+        remote = await client.get_schedule("huge")
+    assert remote.paused and remote.paused_reason == shown.paused_reason
 
     # Bad lease timeouts were saturated into the limits in the tasks they made.
     await eventually(lambda: made("lease0"))

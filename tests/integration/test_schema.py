@@ -44,6 +44,8 @@ TASK_COLUMNS = [
     ("finished_at", "timestamp with time zone"),
     ("fired_by", "text"),
     ("fire_token", "bigint"),
+    ("content_type", "text"),  # 0008: NULL is application/octet-stream
+    ("trace_context", "jsonb"),  # 0009: NULL is untraced
 ]
 
 # The rows each partial index of `tasks` holds, by the state its predicate names.
@@ -52,10 +54,11 @@ INDEX_STATES = {"tasks_due": S.SCHEDULED, "tasks_ready": S.READY, "tasks_leases"
 # The states each named query compares with or writes, by name: a renumbered TaskState, or a
 # query that names the wrong number, shows up here.
 QUERY_STATES = {
-    "cancel": {S.SCHEDULED, S.READY, S.RUNNING, S.CANCELLED},
+    "cancel": {S.SCHEDULED, S.READY, S.RUNNING, S.DEAD, S.CANCELLED},
     "claim": {S.READY, S.RUNNING},
     "complete": {S.RUNNING, S.SUCCEEDED},
     "completed_by": {S.SUCCEEDED},
+    "due_soon": {S.SCHEDULED},
     "due_task_ids": {S.SCHEDULED},
     "expired_leases": {S.RUNNING},
     "fire_due": {S.SCHEDULED, S.READY, S.SKIPPED},

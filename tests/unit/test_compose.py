@@ -47,7 +47,7 @@ HEALTHCHECK = ROOT / "docker" / "healthcheck.py"
 
 APT_INSTALL = "apt-get install -y --no-install-recommends docker-compose"
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
-POSTGRES_IMAGE = "postgres:16"
+PATRONI_IMAGE = "chronoq-patroni:local"  # docker/patroni: postgres:16 with Patroni
 BASE_IMAGE = "python:3.11-slim"
 
 # ------------------------------------------------------------------------------- helpers
@@ -215,23 +215,41 @@ def test_three_etcd_members_form_one_cluster(
 # --------------------------------------------------------------------------- PostgreSQL
 
 
-def test_postgres_has_a_volume_a_health_check_and_the_nodes_dsn(
+def test_postgres_is_three_patroni_members_and_the_nodes_reach_the_primary(
     compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
-    pgs = _of_image(services, POSTGRES_IMAGE)
-    assert len(pgs) == 1, f"one {POSTGRES_IMAGE} service"
-    [(name, pg)] = pgs.items()
-    env = pg["environment"]
-    user, password, db = env["POSTGRES_USER"], env["POSTGRES_PASSWORD"], env["POSTGRES_DB"]
-    source, target = str(pg["volumes"][0]).split(":")[:2]
-    assert target == "/var/lib/postgresql/data" and source in compose["volumes"]
-    test = _health_test(pg)
-    assert "pg_isready" in " ".join(test), test
-    assert pg.get("restart") in ("always", "unless-stopped", "on-failure")
+    members = _of_image(services, PATRONI_IMAGE)
+    assert len(members) == 3, f"3 PostgreSQL members under Patroni, found {sorted(members)}"
+    etcd = sorted(_of_image(services, ETCD_IMAGE))
+    users, passwords, volumes = set(), set(), set()
+    for name, pg in members.items():
+        env = pg["environment"]
+        assert env["PATRONI_NAME"] == name
+        assert env["PATRONI_POSTGRESQL_CONNECT_ADDRESS"] == f"{name}:5432"
+        assert env["PATRONI_RESTAPI_CONNECT_ADDRESS"] == f"{name}:8008"
+        hosts = [h.strip("'") for h in env["PATRONI_ETCD3_HOSTS"].split(",")]
+        assert hosts == [f"{m}:2379" for m in etcd], f"{name}: Patroni's lock in our etcd"
+        users.add(env["PATRONI_SUPERUSER_USERNAME"])
+        passwords.add(env["PATRONI_SUPERUSER_PASSWORD"])
+        source, target = str(pg["volumes"][0]).split(":")[:2]
+        assert target == "/var/lib/postgresql/data" and source in compose["volumes"]
+        volumes.add(source)
+        assert "pg_isready" in " ".join(_health_test(pg))
+        assert pg.get("restart") in ("always", "unless-stopped", "on-failure")
+        assert _healthy_deps(pg) >= set(etcd), f"{name}: starts after etcd is healthy"
+        assert (ROOT / pg["build"]["context"] / "Dockerfile").is_file()
+    assert len(users) == 1 and len(passwords) == 1 and len(volumes) == 3
+    [user], [password] = users, passwords
+    patroni = (ROOT / "docker" / "patroni" / "patroni.yml").read_text()
+    dcs = yaml.safe_load(patroni)["bootstrap"]["dcs"]
+    assert dcs["synchronous_mode"] and dcs["synchronous_mode_strict"] and dcs["failsafe_mode"]
     for node_name, node in _of_role(services, "node").items():
         dsn = urlsplit(_flag(_command(node), "--dsn"))
-        assert (dsn.scheme, dsn.hostname, dsn.port) == ("postgresql", name, 5432), node_name
-        assert (dsn.username, dsn.password, dsn.path) == (user, password, f"/{db}"), node_name
+        credentials, _, hosts = dsn.netloc.rpartition("@")
+        assert dsn.scheme == "postgresql" and dsn.path == "/chronoq", node_name
+        assert credentials == f"{user}:{password}", node_name
+        assert sorted(hosts.split(",")) == [f"{m}:5432" for m in sorted(members)], node_name
+        assert dsn.query == "target_session_attrs=read-write", node_name
 
 
 # --------------------------------------------------------------------------- nodes
@@ -243,7 +261,7 @@ def test_three_nodes_share_etcd_postgres_and_a_cluster_name(
     nodes = _of_role(services, "node")
     assert len(nodes) == 3, f"3 chronoq nodes, found {sorted(nodes)}"
     etcd = sorted(_of_image(services, ETCD_IMAGE))
-    [pg] = _of_image(services, POSTGRES_IMAGE)
+    pgs = set(_of_image(services, PATRONI_IMAGE))
     clusters, ids = set(), set()
     for name, svc in nodes.items():
         args = _command(svc)
@@ -256,8 +274,8 @@ def test_three_nodes_share_etcd_postgres_and_a_cluster_name(
         ids.add(_flag(args, "--node-id"))
         assert _flag(args, "--node-id") == name
         assert _flag(args, "--host") == "0.0.0.0", f"{name}: bind every interface"
-        assert _healthy_deps(svc) >= {*etcd, pg}, (
-            f"{name}: depends_on every etcd member and {pg} with condition service_healthy"
+        assert _healthy_deps(svc) >= {*etcd, *pgs}, (
+            f"{name}: depends_on every etcd and PostgreSQL member with condition service_healthy"
         )
         test = _health_test(svc)
         assert any("healthcheck.py" in t for t in test), test
@@ -352,7 +370,7 @@ def test_the_chaos_docker_backend_finds_its_default_services(
     wanted = {
         docker_backend.NODE_PORT: defaults["nodes"].default,
         docker_backend.ETCD_PORT: defaults["etcd"].default,
-        docker_backend.PG_PORT: (defaults["postgres"].default,),
+        docker_backend.PG_PORT: tuple(defaults["postgres"].default.split(",")),
     }
     for port, names in wanted.items():
         for name in names:

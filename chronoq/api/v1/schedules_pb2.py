@@ -27,27 +27,27 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from chronoq.api.v1 import tasks_pb2 as chronoq_dot_v1_dot_tasks__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63hronoq/v1/schedules.proto\x12\nchronoq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x16\x63hronoq/v1/tasks.proto\"\xe9\x02\n\x0cScheduleSpec\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12\x0e\n\x04\x63ron\x18\x04 \x01(\tH\x00\x12-\n\x08interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x10\n\x08timezone\x18\x06 \x01(\t\x12,\n\x08start_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x08\x63\x61tch_up\x18\x08 \x01(\x0e\x32\x13.chronoq.v1.CatchUp\x12\x0f\n\x07payload\x18\t \x01(\x0c\x12&\n\x05retry\x18\n \x01(\x0b\x32\x17.chronoq.v1.RetryPolicy\x12\x30\n\rlease_timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18\x0c \x01(\x05\x42\x06\n\x04rule\"\xf3\x01\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.chronoq.v1.ScheduleSpec\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\x30\n\x0cnext_fire_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_fire_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcreated_total\x18\x06 \x01(\x04\x12\x15\n\rskipped_total\x18\x07 \x01(\x04\x12\x11\n\tpartition\x18\x08 \x01(\r\".\n\x0bScheduleRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"P\n\x14ListSchedulesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"Y\n\x15ListSchedulesResponse\x12\'\n\tschedules\x18\x01 \x03(\x0b\x32\x14.chronoq.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse*]\n\x07\x43\x61tchUp\x12\x18\n\x14\x43\x41TCH_UP_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x43\x41TCH_UP_ALL\x10\x01\x12\x13\n\x0f\x43\x41TCH_UP_LATEST\x10\x02\x12\x11\n\rCATCH_UP_NONE\x10\x03\x32\xb7\x03\n\x0fScheduleService\x12@\n\x0e\x43reateSchedule\x12\x18.chronoq.v1.ScheduleSpec\x1a\x14.chronoq.v1.Schedule\x12<\n\x0bGetSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\x14.chronoq.v1.Schedule\x12T\n\rListSchedules\x12 .chronoq.v1.ListSchedulesRequest\x1a!.chronoq.v1.ListSchedulesResponse\x12>\n\rPauseSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\x14.chronoq.v1.Schedule\x12?\n\x0eResumeSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\x14.chronoq.v1.Schedule\x12M\n\x0e\x44\x65leteSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\".chronoq.v1.DeleteScheduleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63hronoq/v1/schedules.proto\x12\nchronoq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x16\x63hronoq/v1/tasks.proto\"\xe9\x02\n\x0cScheduleSpec\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12\x0e\n\x04\x63ron\x18\x04 \x01(\tH\x00\x12-\n\x08interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x10\n\x08timezone\x18\x06 \x01(\t\x12,\n\x08start_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x08\x63\x61tch_up\x18\x08 \x01(\x0e\x32\x13.chronoq.v1.CatchUp\x12\x0f\n\x07payload\x18\t \x01(\x0c\x12&\n\x05retry\x18\n \x01(\x0b\x32\x17.chronoq.v1.RetryPolicy\x12\x30\n\rlease_timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18\x0c \x01(\x05\x42\x06\n\x04rule\"\x8a\x02\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.chronoq.v1.ScheduleSpec\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12\x30\n\x0cnext_fire_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_fire_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcreated_total\x18\x06 \x01(\x04\x12\x15\n\rskipped_total\x18\x07 \x01(\x04\x12\x11\n\tpartition\x18\x08 \x01(\r\x12\x15\n\rpaused_reason\x18\t \x01(\t\".\n\x0bScheduleRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"P\n\x14ListSchedulesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"Y\n\x15ListSchedulesResponse\x12\'\n\tschedules\x18\x01 \x03(\x0b\x32\x14.chronoq.v1.Schedule\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse*]\n\x07\x43\x61tchUp\x12\x18\n\x14\x43\x41TCH_UP_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x43\x41TCH_UP_ALL\x10\x01\x12\x13\n\x0f\x43\x41TCH_UP_LATEST\x10\x02\x12\x11\n\rCATCH_UP_NONE\x10\x03\x32\xb7\x03\n\x0fScheduleService\x12@\n\x0e\x43reateSchedule\x12\x18.chronoq.v1.ScheduleSpec\x1a\x14.chronoq.v1.Schedule\x12<\n\x0bGetSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\x14.chronoq.v1.Schedule\x12T\n\rListSchedules\x12 .chronoq.v1.ListSchedulesRequest\x1a!.chronoq.v1.ListSchedulesResponse\x12>\n\rPauseSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\x14.chronoq.v1.Schedule\x12?\n\x0eResumeSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\x14.chronoq.v1.Schedule\x12M\n\x0e\x44\x65leteSchedule\x12\x17.chronoq.v1.ScheduleRef\x1a\".chronoq.v1.DeleteScheduleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chronoq.v1.schedules_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CATCHUP']._serialized_start=988
-  _globals['_CATCHUP']._serialized_end=1081
+  _globals['_CATCHUP']._serialized_start=1011
+  _globals['_CATCHUP']._serialized_end=1104
   _globals['_SCHEDULESPEC']._serialized_start=132
   _globals['_SCHEDULESPEC']._serialized_end=493
   _globals['_SCHEDULE']._serialized_start=496
-  _globals['_SCHEDULE']._serialized_end=739
-  _globals['_SCHEDULEREF']._serialized_start=741
-  _globals['_SCHEDULEREF']._serialized_end=787
-  _globals['_LISTSCHEDULESREQUEST']._serialized_start=789
-  _globals['_LISTSCHEDULESREQUEST']._serialized_end=869
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=871
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=960
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=962
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=986
-  _globals['_SCHEDULESERVICE']._serialized_start=1084
-  _globals['_SCHEDULESERVICE']._serialized_end=1523
+  _globals['_SCHEDULE']._serialized_end=762
+  _globals['_SCHEDULEREF']._serialized_start=764
+  _globals['_SCHEDULEREF']._serialized_end=810
+  _globals['_LISTSCHEDULESREQUEST']._serialized_start=812
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=892
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=894
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=983
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=985
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=1009
+  _globals['_SCHEDULESERVICE']._serialized_start=1107
+  _globals['_SCHEDULESERVICE']._serialized_end=1546
 # @@protoc_insertion_point(module_scope)

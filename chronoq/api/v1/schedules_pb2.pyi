@@ -52,7 +52,7 @@ class ScheduleSpec(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., queue: _Optional[str] = ..., cron: _Optional[str] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timezone: _Optional[str] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., catch_up: _Optional[_Union[CatchUp, str]] = ..., payload: _Optional[bytes] = ..., retry: _Optional[_Union[_tasks_pb2.RetryPolicy, _Mapping]] = ..., lease_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("id", "spec", "paused", "next_fire_at", "last_fire_at", "created_total", "skipped_total", "partition")
+    __slots__ = ("id", "spec", "paused", "next_fire_at", "last_fire_at", "created_total", "skipped_total", "partition", "paused_reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class Schedule(_message.Message):
     CREATED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: ScheduleSpec
     paused: bool
@@ -69,7 +70,8 @@ class Schedule(_message.Message):
     created_total: int
     skipped_total: int
     partition: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ..., paused: _Optional[bool] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_total: _Optional[int] = ..., skipped_total: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
+    paused_reason: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ..., paused: _Optional[bool] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_total: _Optional[int] = ..., skipped_total: _Optional[int] = ..., partition: _Optional[int] = ..., paused_reason: _Optional[str] = ...) -> None: ...
 
 class ScheduleRef(_message.Message):
     __slots__ = ("namespace", "name")

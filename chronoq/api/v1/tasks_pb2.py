@@ -26,49 +26,57 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63hronoq/v1/tasks.proto\x12\nchronoq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9d\x01\n\x0bRetryPolicy\x12\x19\n\x0cmax_attempts\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_max_attempts\"\x89\x03\n\x08TaskSpec\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12,\n\x06run_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05retry\x18\x07 \x01(\x0b\x32\x17.chronoq.v1.RetryPolicy\x12\x30\n\rlease_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x31\n\x0emisfire_policy\x18\n \x01(\x0e\x32\x19.chronoq.v1.MisfirePolicy\x12\x30\n\rmisfire_grace\x18\x0b \x01(\x0b\x32\x19.google.protobuf.DurationB\x06\n\x04when\"\xee\x05\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.chronoq.v1.TaskState\x12*\n\x06run_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\r\x12\x14\n\x0cmax_attempts\x18\t \x01(\r\x12\x10\n\x08priority\x18\n \x01(\x05\x12\x31\n\x0emisfire_policy\x18\x0b \x01(\x0e\x32\x19.chronoq.v1.MisfirePolicy\x12\x30\n\rmisfire_grace\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\rlease_timeout\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tpartition\x18\x10 \x01(\r\x12\x0e\n\x06\x62ucket\x18\x11 \x01(\x03\x12\x12\n\nlast_error\x18\x12 \x01(\t\x12\x11\n\tworker_id\x18\x13 \x01(\t\x12.\n\ncreated_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x66ired_at\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0blease_until\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"3\n\rSubmitRequest\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoq.v1.TaskSpec\"A\n\x0eSubmitResponse\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.chronoq.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"K\n\x12SubmitBatchRequest\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.chronoq.v1.TaskSpec\x12\x10\n\x08ids_only\x18\x02 \x01(\x08\"T\n\x13SubmitBatchResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x03(\x08\x12\x0b\n\x03ids\x18\x03 \x03(\t\"/\n\x0eGetTaskRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"2\n\x11\x43\x61ncelTaskRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"\x81\x01\n\x10ListTasksRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.chronoq.v1.TaskState\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"M\n\x11ListTasksResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"0\n\x0eRequeueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\"2\n\x0fRequeueResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\"K\n\nQueueLimit\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04rate\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x01\"+\n\x16ListQueueLimitsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"A\n\x17ListQueueLimitsResponse\x12&\n\x06limits\x18\x01 \x03(\x0b\x32\x16.chronoq.v1.QueueLimit*\xd0\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATE_SCHEDULED\x10\x01\x12\x14\n\x10TASK_STATE_READY\x10\x02\x12\x16\n\x12TASK_STATE_RUNNING\x10\x03\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x04\x12\x13\n\x0fTASK_STATE_DEAD\x10\x05\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x06\x12\x16\n\x12TASK_STATE_SKIPPED\x10\x07*f\n\rMisfirePolicy\x12\x1e\n\x1aMISFIRE_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n\x18MISFIRE_POLICY_FIRE_LATE\x10\x01\x12\x17\n\x13MISFIRE_POLICY_SKIP\x10\x02\x32\x8a\x05\n\x0bTaskService\x12?\n\x06Submit\x12\x19.chronoq.v1.SubmitRequest\x1a\x1a.chronoq.v1.SubmitResponse\x12N\n\x0bSubmitBatch\x12\x1e.chronoq.v1.SubmitBatchRequest\x1a\x1f.chronoq.v1.SubmitBatchResponse\x12\x37\n\x07GetTask\x12\x1a.chronoq.v1.GetTaskRequest\x1a\x10.chronoq.v1.Task\x12=\n\nCancelTask\x12\x1d.chronoq.v1.CancelTaskRequest\x1a\x10.chronoq.v1.Task\x12H\n\tListTasks\x12\x1c.chronoq.v1.ListTasksRequest\x1a\x1d.chronoq.v1.ListTasksResponse\x12G\n\x08ListDead\x12\x1c.chronoq.v1.ListTasksRequest\x1a\x1d.chronoq.v1.ListTasksResponse\x12\x42\n\x07Requeue\x12\x1a.chronoq.v1.RequeueRequest\x1a\x1b.chronoq.v1.RequeueResponse\x12?\n\rSetQueueLimit\x12\x16.chronoq.v1.QueueLimit\x1a\x16.chronoq.v1.QueueLimit\x12Z\n\x0fListQueueLimits\x12\".chronoq.v1.ListQueueLimitsRequest\x1a#.chronoq.v1.ListQueueLimitsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63hronoq/v1/tasks.proto\x12\nchronoq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9d\x01\n\x0bRetryPolicy\x12\x19\n\x0cmax_attempts\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_max_attempts\"\x93\x04\n\x08TaskSpec\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12,\n\x06run_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12*\n\x05\x64\x65lay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationH\x00\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12&\n\x05retry\x18\x07 \x01(\x0b\x32\x17.chronoq.v1.RetryPolicy\x12\x30\n\rlease_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x31\n\x0emisfire_policy\x18\n \x01(\x0e\x32\x19.chronoq.v1.MisfirePolicy\x12\x30\n\rmisfire_grace\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x63ontent_type\x18\x0f \x01(\t\x12=\n\rtrace_context\x18\x14 \x03(\x0b\x32&.chronoq.v1.TaskSpec.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04when\"\xf4\x06\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.chronoq.v1.TaskState\x12*\n\x06run_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\r\x12\x14\n\x0cmax_attempts\x18\t \x01(\r\x12\x10\n\x08priority\x18\n \x01(\x05\x12\x31\n\x0emisfire_policy\x18\x0b \x01(\x0e\x32\x19.chronoq.v1.MisfirePolicy\x12\x30\n\rmisfire_grace\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\rlease_timeout\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\x0f \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tpartition\x18\x10 \x01(\r\x12\x0e\n\x06\x62ucket\x18\x11 \x01(\x03\x12\x12\n\nlast_error\x18\x12 \x01(\t\x12\x11\n\tworker_id\x18\x13 \x01(\t\x12.\n\ncreated_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x66ired_at\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0blease_until\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontent_type\x18\x1e \x01(\t\x12\x39\n\rtrace_context\x18( \x03(\x0b\x32\".chronoq.v1.Task.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\rSubmitRequest\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chronoq.v1.TaskSpec\"A\n\x0eSubmitResponse\x12\x1e\n\x04task\x18\x01 \x01(\x0b\x32\x10.chronoq.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"K\n\x12SubmitBatchRequest\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.chronoq.v1.TaskSpec\x12\x10\n\x08ids_only\x18\x02 \x01(\x08\"T\n\x13SubmitBatchResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x03(\x08\x12\x0b\n\x03ids\x18\x03 \x03(\t\"/\n\x0eGetTaskRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"2\n\x11\x43\x61ncelTaskRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"\x81\x01\n\x10ListTasksRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.chronoq.v1.TaskState\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"M\n\x11ListTasksResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"0\n\x0eRequeueRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\"2\n\x0fRequeueResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\"K\n\nQueueLimit\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04rate\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x01\"+\n\x16ListQueueLimitsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"A\n\x17ListQueueLimitsResponse\x12&\n\x06limits\x18\x01 \x03(\x0b\x32\x16.chronoq.v1.QueueLimit*\xd0\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATE_SCHEDULED\x10\x01\x12\x14\n\x10TASK_STATE_READY\x10\x02\x12\x16\n\x12TASK_STATE_RUNNING\x10\x03\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x04\x12\x13\n\x0fTASK_STATE_DEAD\x10\x05\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x06\x12\x16\n\x12TASK_STATE_SKIPPED\x10\x07*f\n\rMisfirePolicy\x12\x1e\n\x1aMISFIRE_POLICY_UNSPECIFIED\x10\x00\x12\x1c\n\x18MISFIRE_POLICY_FIRE_LATE\x10\x01\x12\x17\n\x13MISFIRE_POLICY_SKIP\x10\x02\x32\x8a\x05\n\x0bTaskService\x12?\n\x06Submit\x12\x19.chronoq.v1.SubmitRequest\x1a\x1a.chronoq.v1.SubmitResponse\x12N\n\x0bSubmitBatch\x12\x1e.chronoq.v1.SubmitBatchRequest\x1a\x1f.chronoq.v1.SubmitBatchResponse\x12\x37\n\x07GetTask\x12\x1a.chronoq.v1.GetTaskRequest\x1a\x10.chronoq.v1.Task\x12=\n\nCancelTask\x12\x1d.chronoq.v1.CancelTaskRequest\x1a\x10.chronoq.v1.Task\x12H\n\tListTasks\x12\x1c.chronoq.v1.ListTasksRequest\x1a\x1d.chronoq.v1.ListTasksResponse\x12G\n\x08ListDead\x12\x1c.chronoq.v1.ListTasksRequest\x1a\x1d.chronoq.v1.ListTasksResponse\x12\x42\n\x07Requeue\x12\x1a.chronoq.v1.RequeueRequest\x1a\x1b.chronoq.v1.RequeueResponse\x12?\n\rSetQueueLimit\x12\x16.chronoq.v1.QueueLimit\x1a\x16.chronoq.v1.QueueLimit\x12Z\n\x0fListQueueLimits\x12\".chronoq.v1.ListQueueLimitsRequest\x1a#.chronoq.v1.ListQueueLimitsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chronoq.v1.tasks_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKSTATE']._serialized_start=2299
-  _globals['_TASKSTATE']._serialized_end=2507
-  _globals['_MISFIREPOLICY']._serialized_start=2509
-  _globals['_MISFIREPOLICY']._serialized_end=2611
+  _globals['_TASKSPEC_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_TASKSPEC_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_TASK_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_TASK_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_TASKSTATE']._serialized_start=2571
+  _globals['_TASKSTATE']._serialized_end=2779
+  _globals['_MISFIREPOLICY']._serialized_start=2781
+  _globals['_MISFIREPOLICY']._serialized_end=2883
   _globals['_RETRYPOLICY']._serialized_start=104
   _globals['_RETRYPOLICY']._serialized_end=261
   _globals['_TASKSPEC']._serialized_start=264
-  _globals['_TASKSPEC']._serialized_end=657
-  _globals['_TASK']._serialized_start=660
-  _globals['_TASK']._serialized_end=1410
-  _globals['_SUBMITREQUEST']._serialized_start=1412
-  _globals['_SUBMITREQUEST']._serialized_end=1463
-  _globals['_SUBMITRESPONSE']._serialized_start=1465
-  _globals['_SUBMITRESPONSE']._serialized_end=1530
-  _globals['_SUBMITBATCHREQUEST']._serialized_start=1532
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=1607
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=1609
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=1693
-  _globals['_GETTASKREQUEST']._serialized_start=1695
-  _globals['_GETTASKREQUEST']._serialized_end=1742
-  _globals['_CANCELTASKREQUEST']._serialized_start=1744
-  _globals['_CANCELTASKREQUEST']._serialized_end=1794
-  _globals['_LISTTASKSREQUEST']._serialized_start=1797
-  _globals['_LISTTASKSREQUEST']._serialized_end=1926
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1928
-  _globals['_LISTTASKSRESPONSE']._serialized_end=2005
-  _globals['_REQUEUEREQUEST']._serialized_start=2007
-  _globals['_REQUEUEREQUEST']._serialized_end=2055
-  _globals['_REQUEUERESPONSE']._serialized_start=2057
-  _globals['_REQUEUERESPONSE']._serialized_end=2107
-  _globals['_QUEUELIMIT']._serialized_start=2109
-  _globals['_QUEUELIMIT']._serialized_end=2184
-  _globals['_LISTQUEUELIMITSREQUEST']._serialized_start=2186
-  _globals['_LISTQUEUELIMITSREQUEST']._serialized_end=2229
-  _globals['_LISTQUEUELIMITSRESPONSE']._serialized_start=2231
-  _globals['_LISTQUEUELIMITSRESPONSE']._serialized_end=2296
-  _globals['_TASKSERVICE']._serialized_start=2614
-  _globals['_TASKSERVICE']._serialized_end=3264
+  _globals['_TASKSPEC']._serialized_end=795
+  _globals['_TASKSPEC_TRACECONTEXTENTRY']._serialized_start=736
+  _globals['_TASKSPEC_TRACECONTEXTENTRY']._serialized_end=787
+  _globals['_TASK']._serialized_start=798
+  _globals['_TASK']._serialized_end=1682
+  _globals['_TASK_TRACECONTEXTENTRY']._serialized_start=736
+  _globals['_TASK_TRACECONTEXTENTRY']._serialized_end=787
+  _globals['_SUBMITREQUEST']._serialized_start=1684
+  _globals['_SUBMITREQUEST']._serialized_end=1735
+  _globals['_SUBMITRESPONSE']._serialized_start=1737
+  _globals['_SUBMITRESPONSE']._serialized_end=1802
+  _globals['_SUBMITBATCHREQUEST']._serialized_start=1804
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=1879
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=1881
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=1965
+  _globals['_GETTASKREQUEST']._serialized_start=1967
+  _globals['_GETTASKREQUEST']._serialized_end=2014
+  _globals['_CANCELTASKREQUEST']._serialized_start=2016
+  _globals['_CANCELTASKREQUEST']._serialized_end=2066
+  _globals['_LISTTASKSREQUEST']._serialized_start=2069
+  _globals['_LISTTASKSREQUEST']._serialized_end=2198
+  _globals['_LISTTASKSRESPONSE']._serialized_start=2200
+  _globals['_LISTTASKSRESPONSE']._serialized_end=2277
+  _globals['_REQUEUEREQUEST']._serialized_start=2279
+  _globals['_REQUEUEREQUEST']._serialized_end=2327
+  _globals['_REQUEUERESPONSE']._serialized_start=2329
+  _globals['_REQUEUERESPONSE']._serialized_end=2379
+  _globals['_QUEUELIMIT']._serialized_start=2381
+  _globals['_QUEUELIMIT']._serialized_end=2456
+  _globals['_LISTQUEUELIMITSREQUEST']._serialized_start=2458
+  _globals['_LISTQUEUELIMITSREQUEST']._serialized_end=2501
+  _globals['_LISTQUEUELIMITSRESPONSE']._serialized_start=2503
+  _globals['_LISTQUEUELIMITSRESPONSE']._serialized_end=2568
+  _globals['_TASKSERVICE']._serialized_start=2886
+  _globals['_TASKSERVICE']._serialized_end=3536
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from chronoq.api.v1 import tasks_pb2 as chronoq_dot_v1_dot_tasks__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63hronoq/v1/worker.proto\x12\nchronoq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16\x63hronoq/v1/tasks.proto\"\x80\x01\n\x0c\x43laimRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\x12\'\n\x04wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"0\n\rClaimResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\"-\n\x05Lease\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\r\"H\n\x10HeartbeatRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12!\n\x06leases\x18\x02 \x03(\x0b\x32\x11.chronoq.v1.Lease\"P\n\x0fHeartbeatResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x11\n\tcancelled\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"A\n\x11HeartbeatResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.chronoq.v1.HeartbeatResult\"F\n\x0f\x43ompleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12 \n\x05lease\x18\x02 \x01(\x0b\x32\x11.chronoq.v1.Lease\"L\n\x14\x43ompleteBatchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12!\n\x06leases\x18\x02 \x03(\x0b\x32\x11.chronoq.v1.Lease\"7\n\tAckResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"?\n\x15\x43ompleteBatchResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.chronoq.v1.AckResult\"\x90\x01\n\x0b\x46\x61ilRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12 \n\x05lease\x18\x02 \x01(\x0b\x32\x11.chronoq.v1.Lease\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\r\n\x05\x66\x61tal\x18\x04 \x01(\x08\x12.\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"E\n\x0eReleaseRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12 \n\x05lease\x18\x02 \x01(\x0b\x32\x11.chronoq.v1.Lease2\x94\x03\n\rWorkerService\x12<\n\x05\x43laim\x12\x18.chronoq.v1.ClaimRequest\x1a\x19.chronoq.v1.ClaimResponse\x12H\n\tHeartbeat\x12\x1c.chronoq.v1.HeartbeatRequest\x1a\x1d.chronoq.v1.HeartbeatResponse\x12\x39\n\x08\x43omplete\x12\x1b.chronoq.v1.CompleteRequest\x1a\x10.chronoq.v1.Task\x12T\n\rCompleteBatch\x12 .chronoq.v1.CompleteBatchRequest\x1a!.chronoq.v1.CompleteBatchResponse\x12\x31\n\x04\x46\x61il\x12\x17.chronoq.v1.FailRequest\x1a\x10.chronoq.v1.Task\x12\x37\n\x07Release\x12\x1a.chronoq.v1.ReleaseRequest\x1a\x10.chronoq.v1.Taskb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63hronoq/v1/worker.proto\x12\nchronoq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16\x63hronoq/v1/tasks.proto\"\x80\x01\n\x0c\x43laimRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\x12\'\n\x04wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"0\n\rClaimResponse\x12\x1f\n\x05tasks\x18\x01 \x03(\x0b\x32\x10.chronoq.v1.Task\"-\n\x05Lease\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\r\"H\n\x10HeartbeatRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12!\n\x06leases\x18\x02 \x03(\x0b\x32\x11.chronoq.v1.Lease\"P\n\x0fHeartbeatResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x11\n\tcancelled\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"A\n\x11HeartbeatResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.chronoq.v1.HeartbeatResult\"F\n\x0f\x43ompleteRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12 \n\x05lease\x18\x02 \x01(\x0b\x32\x11.chronoq.v1.Lease\"u\n\x14\x43ompleteBatchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12!\n\x06leases\x18\x02 \x03(\x0b\x32\x11.chronoq.v1.Lease\x12\'\n\x05\x63laim\x18\x03 \x01(\x0b\x32\x18.chronoq.v1.ClaimRequest\"7\n\tAckResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"b\n\x15\x43ompleteBatchResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.chronoq.v1.AckResult\x12!\n\x07\x63laimed\x18\x02 \x03(\x0b\x32\x10.chronoq.v1.Task\"\x90\x01\n\x0b\x46\x61ilRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12 \n\x05lease\x18\x02 \x01(\x0b\x32\x11.chronoq.v1.Lease\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\r\n\x05\x66\x61tal\x18\x04 \x01(\x08\x12.\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"E\n\x0eReleaseRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12 \n\x05lease\x18\x02 \x01(\x0b\x32\x11.chronoq.v1.Lease2\x94\x03\n\rWorkerService\x12<\n\x05\x43laim\x12\x18.chronoq.v1.ClaimRequest\x1a\x19.chronoq.v1.ClaimResponse\x12H\n\tHeartbeat\x12\x1c.chronoq.v1.HeartbeatRequest\x1a\x1d.chronoq.v1.HeartbeatResponse\x12\x39\n\x08\x43omplete\x12\x1b.chronoq.v1.CompleteRequest\x1a\x10.chronoq.v1.Task\x12T\n\rCompleteBatch\x12 .chronoq.v1.CompleteBatchRequest\x1a!.chronoq.v1.CompleteBatchResponse\x12\x31\n\x04\x46\x61il\x12\x17.chronoq.v1.FailRequest\x1a\x10.chronoq.v1.Task\x12\x37\n\x07Release\x12\x1a.chronoq.v1.ReleaseRequest\x1a\x10.chronoq.v1.Taskb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,15 +48,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETEREQUEST']._serialized_start=546
   _globals['_COMPLETEREQUEST']._serialized_end=616
   _globals['_COMPLETEBATCHREQUEST']._serialized_start=618
-  _globals['_COMPLETEBATCHREQUEST']._serialized_end=694
-  _globals['_ACKRESULT']._serialized_start=696
-  _globals['_ACKRESULT']._serialized_end=751
-  _globals['_COMPLETEBATCHRESPONSE']._serialized_start=753
-  _globals['_COMPLETEBATCHRESPONSE']._serialized_end=816
-  _globals['_FAILREQUEST']._serialized_start=819
-  _globals['_FAILREQUEST']._serialized_end=963
-  _globals['_RELEASEREQUEST']._serialized_start=965
-  _globals['_RELEASEREQUEST']._serialized_end=1034
-  _globals['_WORKERSERVICE']._serialized_start=1037
-  _globals['_WORKERSERVICE']._serialized_end=1441
+  _globals['_COMPLETEBATCHREQUEST']._serialized_end=735
+  _globals['_ACKRESULT']._serialized_start=737
+  _globals['_ACKRESULT']._serialized_end=792
+  _globals['_COMPLETEBATCHRESPONSE']._serialized_start=794
+  _globals['_COMPLETEBATCHRESPONSE']._serialized_end=892
+  _globals['_FAILREQUEST']._serialized_start=895
+  _globals['_FAILREQUEST']._serialized_end=1039
+  _globals['_RELEASEREQUEST']._serialized_start=1041
+  _globals['_RELEASEREQUEST']._serialized_end=1110
+  _globals['_WORKERSERVICE']._serialized_start=1113
+  _globals['_WORKERSERVICE']._serialized_end=1517
 # @@protoc_insertion_point(module_scope)

@@ -73,12 +73,14 @@ class CompleteRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class CompleteBatchRequest(_message.Message):
-    __slots__ = ("namespace", "leases")
+    __slots__ = ("namespace", "leases", "claim")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
-    def __init__(self, namespace: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
+    claim: ClaimRequest
+    def __init__(self, namespace: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., claim: _Optional[_Union[ClaimRequest, _Mapping]] = ...) -> None: ...
 
 class AckResult(_message.Message):
     __slots__ = ("task_id", "ok", "error")
@@ -91,10 +93,12 @@ class AckResult(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class CompleteBatchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "claimed")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AckResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+    claimed: _containers.RepeatedCompositeFieldContainer[_tasks_pb2.Task]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ..., claimed: _Optional[_Iterable[_Union[_tasks_pb2.Task, _Mapping]]] = ...) -> None: ...
 
 class FailRequest(_message.Message):
     __slots__ = ("namespace", "lease", "error", "fatal", "retry_after")

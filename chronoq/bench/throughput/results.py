@@ -1,0 +1,217 @@
+"""The benchmark's figures (one dataclass per phase), its options and targets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from chronoq.bench.raw import (
+    Databases,
+    RawCeilings,
+)
+
+PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss", "backlog")
+
+
+#: What runs unless ``phases`` says otherwise: all but the backlog phase (minutes of loading).
+DEFAULT_PHASES = PHASES[:-1]
+
+
+#: The backlog penalty allowed: throughput and lateness within this fraction of the empty case.
+BACKLOG_TOLERANCE = 0.10
+
+
+#: The largest backlog the phase loads (100M: the design's headline; ~40 GB of disk).
+MAX_BACKLOG = 100_000_000
+
+
+#: Tasks of the backlog are due from this far ahead, over one day: none fires during a run.
+BACKLOG_FROM = timedelta(days=1)
+
+
+LAYOUTS = ("in-process", "processes")
+
+
+#: The goals the benchmark prints its figures against (issue "ten thousand tasks a second").
+TARGET_SUBMIT_PER_S = 30_000
+#: End to end, tasks/s by (workers, concurrency); other shapes are held to the 4 x 64 goal.
+TARGET_E2E_PER_S = {(4, 64): 10_000, (2, 20): 6_000}
+#: End to end at 4 x 64 as a share of the same run's raw pipeline.
+TARGET_E2E_VS_RAW = 0.45
+TARGET_P99_MS = 250.0
+TARGET_DUE_RATE = 1_000
+
+
+def e2e_target(workers: int, concurrency: int) -> int:
+    """The end-to-end goal for this worker shape."""
+    return TARGET_E2E_PER_S.get((workers, concurrency), TARGET_E2E_PER_S[(4, 64)])
+
+
+SUBMIT_BATCH = 1000
+
+
+@dataclass
+class SubmitRun:
+    submitters: int
+    tasks: int
+    seconds: float
+    tasks_per_s: float
+
+
+@dataclass
+class FireRun:
+    tasks: int
+    seconds: float
+    tasks_per_s: float
+    statements: int
+    ticks: int
+
+
+@dataclass
+class EndToEndRun:
+    layout: str
+    workers: int
+    concurrency: int
+    tasks: int
+    completed: int
+    seconds: float  # first fire to last completion, from the store's timestamps
+    tasks_per_s: float
+    claimed: int
+    # PostgreSQL transactions (statements, here) per task: fire, claim, complete, pool resets,
+    # idle polls; batching shows up as a small number
+    pg_transactions_per_task: float
+    # CPU time per task over the run (user + system), robust where wall time is not on a
+    # shared machine: the benchmark process (the node, and the workers when in-process), the
+    # worker processes, and the PostgreSQL server's processes.
+    node_cpu_us_per_task: float = 0.0
+    workers_cpu_us_per_task: float = 0.0
+    postgres_cpu_us_per_task: float = 0.0
+    claimed_on_ack: int = 0
+
+
+@dataclass
+class LatenessRun:
+    due_rate: int
+    seconds: float
+    tasks: int
+    fired: int
+    completed: int
+    worker_layout: str
+    submit_seconds: float
+    submit_overran: bool  # the first run_at passed before the last batch was accepted
+    store_p50_ms: float
+    store_p99_ms: float
+    store_max_ms: float
+    node_p50_ms: float
+    node_p99_ms: float
+    node_max_ms: float
+    # run_at to the handler's start (fire, commit, wake-up, claim, gRPC): what a user sees
+    handler_p50_ms: float
+    handler_p99_ms: float
+    handler_max_ms: float
+
+
+@dataclass
+class RssRun:
+    pending: int
+    load_seconds: float
+    settle_seconds: float
+    rss_kib: int
+    hwm_kib: int
+    ticks: int
+
+
+@dataclass
+class BacklogRun:
+    """End to end and lateness with ``pending`` tasks due tomorrow, beside the same phase's
+    run on an empty table (``pending`` 0), measured back to back."""
+
+    pending: int
+    load_seconds: float
+    end_to_end: EndToEndRun
+    lateness: LatenessRun
+
+
+@dataclass
+class Report:
+    started_at: str
+    machine: dict[str, Any]
+    postgres: dict[str, Any]
+    params: dict[str, Any]
+    raw: RawCeilings | None = None
+    submit: list[SubmitRun] = field(default_factory=list)
+    fire: FireRun | None = None
+    end_to_end: list[EndToEndRun] = field(default_factory=list)
+    lateness: LatenessRun | None = None
+    rss: list[RssRun] = field(default_factory=list)
+    backlog: list[BacklogRun] = field(default_factory=list)
+
+    def best_end_to_end(self) -> EndToEndRun | None:
+        return max(self.end_to_end, key=lambda r: r.tasks_per_s, default=None)
+
+    def ratios(self) -> dict[str, float]:
+        """chronoq figure / raw ceiling, for each figure that has one."""
+        out: dict[str, float] = {}
+        raw = self.raw
+        if raw is None:
+            return out
+        for run in self.submit:
+            out[f"submit_{run.submitters}_vs_raw_insert"] = (
+                run.tasks_per_s / raw.insert_with(run.submitters)
+            )
+        if self.fire is not None:
+            out["fire_vs_raw_fire"] = self.fire.tasks_per_s / raw.fire_per_s
+        for e2e in self.end_to_end:
+            out[f"e2e_{e2e.layout}_vs_raw_pipeline"] = e2e.tasks_per_s / raw.pipeline_per_s
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.raw is not None:
+            data["raw"]["pipeline_per_s"] = self.raw.pipeline_per_s
+        best = self.best_end_to_end()
+        data["end_to_end_best"] = None if best is None else {
+            "layout": best.layout, "tasks_per_s": best.tasks_per_s,
+        }
+        if len(self.rss) >= 2:
+            data["rss_growth_kib"] = self.rss[-1].rss_kib - self.rss[0].rss_kib
+        data["ratios"] = self.ratios()
+        data["targets"] = {
+            "submit_batched_per_s": TARGET_SUBMIT_PER_S,
+            "end_to_end_per_s": {f"{w}x{c}": t for (w, c), t in TARGET_E2E_PER_S.items()},
+            "end_to_end_vs_raw_pipeline": TARGET_E2E_VS_RAW,
+            "lateness_p99_ms": TARGET_P99_MS,
+            "lateness_due_rate": TARGET_DUE_RATE,
+        }
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    tasks: int
+    workers: int
+    concurrency: int
+    due_rate: int
+    lateness_seconds: float
+    pending_sizes: tuple[int, ...]
+    backlog_sizes: tuple[int, ...]
+    submitters: tuple[int, ...]
+    layouts: tuple[str, ...]
+    phases: tuple[str, ...]
+    rss_settle_seconds: float
+    logs: Path
+    claim_on_ack: bool = True  # workers' claims ride on their ack batches
+
+
+@dataclass
+class Context:
+    opts: Options
+    db: Databases
+    console: Console
+    report: Report
+    postgres: int | None = None  # the embedded server's postmaster, for its CPU time

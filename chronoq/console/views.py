@@ -1,0 +1,176 @@
+"""What the console's pages show, as JSON-ready dicts: tasks, schedules, queues. Pure.
+
+The gRPC API has no per-queue counts, so the queues page tallies a bounded scan of the
+non-final states (``QueueTally``) and says when the scan was cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from chronoq.models import Schedule, Task, TaskState
+from chronoq.recurrence import Cron, Every, next_fire
+
+#: States whose tasks the queues page counts (final states grow forever: not counted).
+COUNTED_STATES = (TaskState.SCHEDULED, TaskState.READY, TaskState.RUNNING, TaskState.DEAD)
+#: States from which a task may be cancelled, or requeued.
+CANCELLABLE = frozenset(
+    {TaskState.SCHEDULED, TaskState.READY, TaskState.RUNNING, TaskState.DEAD}
+)
+REQUEUEABLE = frozenset({TaskState.DEAD})
+#: Upcoming occurrences listed per schedule.
+NEXT_OCCURRENCES = 5
+#: Characters of a last error shown in a list (the task page shows it whole).
+ERROR_PREVIEW = 200
+
+
+def iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
+
+
+def state_name(state: TaskState) -> str:
+    return state.name.lower()
+
+
+def parse_state(text: str) -> TaskState | None:
+    """A state by its lower-case name; ``""`` or ``"any"`` is None (every state)."""
+    name = text.strip().lower()
+    if name in ("", "any"):
+        return None
+    try:
+        return TaskState[name.upper()]
+    except KeyError:
+        known = ", ".join(state_name(s) for s in TaskState)
+        raise ValueError(f"state: {text!r} is not one of any, {known}") from None
+
+
+def task_summary(task: Task) -> dict[str, Any]:
+    """A row of the task list (no payload: the task page shows it)."""
+    return {
+        "id": task.id,
+        "namespace": task.namespace,
+        "queue": task.queue,
+        "state": state_name(task.state),
+        "run_at": iso(task.run_at),
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "priority": task.priority,
+        "payload_bytes": len(task.payload),
+        "last_error": (task.last_error or "")[:ERROR_PREVIEW],
+        "cancellable": task.state in CANCELLABLE,
+        "requeueable": task.state in REQUEUEABLE,
+    }
+
+
+def task_detail(task: Task) -> dict[str, Any]:
+    """Every field of a task, for its page (the payload is shown apart)."""
+    return {
+        **task_summary(task),
+        "last_error": task.last_error or "",
+        "idempotency_key": task.idempotency_key or "",
+        "partition": task.partition,
+        "bucket": task.bucket,
+        "misfire_policy": task.misfire_policy.name.lower(),
+        "misfire_grace_s": task.misfire_grace.total_seconds(),
+        "lease_timeout_s": task.lease_timeout.total_seconds(),
+        "backoff_initial_s": task.backoff_initial.total_seconds(),
+        "backoff_max_s": task.backoff_max.total_seconds(),
+        "worker_id": task.worker_id or "",
+        "created_at": iso(task.created_at),
+        "fired_at": iso(task.fired_at),
+        "lease_until": iso(task.lease_until),
+        "finished_at": iso(task.finished_at),
+    }
+
+
+def in_window(task: Task, start: datetime | None, end: datetime | None) -> bool:
+    """Whether a task's ``run_at`` falls in [start, end) (either side open when None)."""
+    return (start is None or task.run_at >= start) and (end is None or task.run_at < end)
+
+
+def next_occurrences(schedule: Schedule, count: int = NEXT_OCCURRENCES) -> list[datetime]:
+    """The schedule's next ``count`` fire times from its ``next_fire_at`` (none when paused)."""
+    if schedule.paused:
+        return []
+    out = [schedule.next_fire_at]
+    while len(out) < count:
+        out.append(next_fire(schedule.spec.rule, out[-1]))
+    return out
+
+
+def schedule_row(schedule: Schedule) -> dict[str, Any]:
+    rule = schedule.spec.rule
+    if isinstance(rule, Cron):
+        text = f"cron {rule.expression} ({rule.timezone})"
+    else:
+        text = f"every {_seconds(rule)} s"
+    return {
+        "name": schedule.spec.name,
+        "namespace": schedule.spec.namespace,
+        "queue": schedule.spec.queue,
+        "rule": text,
+        "paused": schedule.paused,
+        "paused_reason": schedule.paused_reason or "",
+        "next": [iso(t) for t in next_occurrences(schedule)],
+        "last_fire_at": iso(schedule.last_fire_at),
+        "created_total": schedule.created_total,
+        "skipped_total": schedule.skipped_total,
+    }
+
+
+def _seconds(rule: Every) -> str:
+    return f"{rule.interval.total_seconds():g}"
+
+
+@dataclass
+class QueueRow:
+    queue: str
+    counts: dict[str, int] = field(default_factory=dict)
+    oldest_ready: datetime | None = None
+    rate: float = 0.0
+    burst: float = 0.0
+
+
+@dataclass
+class QueueTally:
+    """Per-queue counts of a namespace from a bounded scan, state by state."""
+
+    rows: dict[str, QueueRow] = field(default_factory=dict)
+    cut_states: set[TaskState] = field(default_factory=set)  # scanned only in part
+
+    def add(self, tasks: Iterable[Task]) -> None:
+        for task in tasks:
+            row = self.rows.setdefault(task.queue, QueueRow(task.queue))
+            name = state_name(task.state)
+            row.counts[name] = row.counts.get(name, 0) + 1
+            if task.state is TaskState.READY:
+                since = task.fired_at or task.run_at
+                if row.oldest_ready is None or since < row.oldest_ready:
+                    row.oldest_ready = since
+
+    def cut(self, state: TaskState) -> None:
+        self.cut_states.add(state)
+
+    def as_json(self, limits: Mapping[str, tuple[float, float]], now: datetime) -> dict[str, Any]:
+        for queue, (rate, burst) in limits.items():
+            row = self.rows.setdefault(queue, QueueRow(queue))
+            row.rate, row.burst = rate, burst
+        return {
+            "states": [state_name(s) for s in COUNTED_STATES],
+            "cut_states": sorted(state_name(s) for s in self.cut_states),
+            "queues": [
+                {
+                    "queue": row.queue,
+                    "counts": {state_name(s): row.counts.get(state_name(s), 0)
+                               for s in COUNTED_STATES},
+                    "ready_age_s": (now - row.oldest_ready).total_seconds()
+                    if row.oldest_ready is not None else None,
+                    "rate": row.rate,
+                    "burst": row.burst,
+                }
+                for row in sorted(self.rows.values(), key=lambda r: r.queue)
+            ],
+        }

@@ -1,0 +1,574 @@
+"""A replicated PostgreSQL on loopback: N members, each a Patroni process that runs its own
+postgres, with Patroni's leader lock in the stack's etcd.
+
+Each member listens on an address of its own (``127.0.0.2``, ``.3``, ...), PostgreSQL and
+Patroni's REST API alike, so the multi-host DSN names them all and a member's role is asked
+from its REST API. Faults are what an operator or a crash does to real processes: SIGKILL of
+the primary's postmaster (its Patroni restarts it), SIGKILL of a whole member (Patroni and
+its postgres: killing Patroni alone leaves postgres running, so its PID is read from
+``postmaster.pid``), a switchover through the REST API. ``stop`` ends everything by PID and
+always runs from ``__exit__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from chronoq.embedded import processes
+from chronoq.embedded.ha.config import (
+    MEMBER_HOSTS,
+    SUPERUSER,
+    MemberAddress,
+    Topology,
+    member_addresses,
+    member_config,
+    multi_host_dsn,
+    topology,
+)
+from chronoq.embedded.ha.install import (
+    PatroniError,
+    ensure_patroni,
+    postgres_bin_dir,
+    run_as,
+)
+from chronoq.embedded.supervisor import Child
+
+# Loopback only: never let http_proxy and friends intercept Patroni's REST API.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+#: Seconds for one REST call; Patroni answers in ms unless it is stuck.
+API_TIMEOUT_S = 2.0
+#: Seconds a member gets to stop (Patroni stops its postgres first) before SIGKILL.
+STOP_TIMEOUT_S = 20.0
+_LOG_TAIL_LINES = 30
+_POLL_S = 0.1
+PASSWORDS_FILE = "ha-passwords.json"
+#: A write that proves the store takes commits (in the ``postgres`` database, never chronoq's).
+PROBE_SQL = (
+    "CREATE TABLE IF NOT EXISTS chronoq_ha_probe (id int PRIMARY KEY, at timestamptz);"
+    "INSERT INTO chronoq_ha_probe VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()"
+)
+PROBE_TIMEOUT_S = 5.0
+
+
+def _free_ports(hosts: Sequence[str]) -> list[int]:
+    """A free TCP port on each of ``hosts``, all bound at once so none is handed out twice."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in hosts]
+    try:
+        for sock, host in zip(sockets, hosts, strict=True):
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+@dataclass
+class Member:
+    """One member's files and its Patroni process."""
+
+    address: MemberAddress
+    home: Path  # owned by the member's account: data, config, pgpass
+    log_file: Path
+    socket_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.address.name
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "patroni.yml"
+
+    @property
+    def patroni_pid(self) -> int | None:
+        """Patroni's PID while it runs (reaps it once it exited)."""
+        if self.process is not None and self.process.poll() is None:
+            return self.process.pid
+        return None
+
+    @property
+    def postmaster_pid(self) -> int | None:
+        """The postmaster's PID from ``postmaster.pid``, while that process is a live postgres."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = abs(int((self.data_dir / "postmaster.pid").read_text().splitlines()[0]))
+            if processes.process_name(pid) == "postgres":
+                return pid
+        return None
+
+
+class PatroniCluster:
+    """Start, fault and stop N Patroni members on the stack's etcd; a context manager."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        etcd_endpoints: Sequence[str],
+        *,
+        members: int = 3,
+        durable: bool = False,
+        scope: str | None = None,
+    ) -> None:
+        """Describe the cluster; nothing runs until ``start``.
+
+        Args:
+            workdir: Member ``pgN`` keeps its data, config and log in ``workdir/pgN``; a
+                workdir kept across runs starts from its data (restart: ~10 s).
+            etcd_endpoints: ``host:port`` of the etcd Patroni keeps its leader lock in.
+            members: 2..5; 3 keeps a synchronous standby through the loss of any one member.
+            durable: False turns fsync off: a process crash loses nothing, a machine crash may.
+            scope: Patroni's cluster name (its etcd keys); default: unique to the workdir.
+        """
+        self.workdir = Path(workdir).resolve()
+        self.etcd_endpoints = list(etcd_endpoints)
+        self.durable = durable
+        self.scope = scope or f"chronoq-{secrets.token_hex(4)}"
+        ports = _free_ports([MEMBER_HOSTS[i // 2] for i in range(2 * members)])
+        self.addresses = member_addresses(members, ports)
+        self.members = {
+            a.name: Member(
+                a,
+                home=self.workdir / a.name,
+                log_file=self.workdir / f"{a.name}.log",
+                socket_dir=Path("/tmp") / f"cqha-{secrets.token_hex(4)}",
+            )
+            for a in self.addresses
+        }
+        self._user: pwd.struct_passwd | None = None
+        self._patroni: Path | None = None
+        self._bin_dir: Path | None = None
+        self._passwords: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"PatroniCluster(workdir={str(self.workdir)!r}, members={list(self.members)})"
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    @property
+    def password(self) -> str:
+        """The superuser's password (generated on the first start, kept in the workdir)."""
+        return self._load_passwords()["superuser"]
+
+    def dsn_for(self, database: str) -> str:
+        """The multi-host DSN of ``database``: it reaches whichever member is primary."""
+        return multi_host_dsn(self.addresses, self.password, database)
+
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            self._bin_dir = postgres_bin_dir()
+        return self._bin_dir
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Install what is missing, start every member, wait for a leader and a sync standby.
+
+        Raises:
+            PatroniUnavailable: Patroni cannot be installed or run here.
+            PatroniError: the members did not become ready in time (with their log tails).
+        """
+        self._user = run_as()
+        self._patroni = ensure_patroni()
+        _ = self.bin_dir
+        try:
+            self._prepare()
+            for member in self.members.values():
+                self._spawn(member)
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop every member (SIGTERM to Patroni, which stops its postgres), then SIGKILL what
+        is left, postgres processes included, by PID. Safe to call repeatedly."""
+        for member in self.members.values():
+            if (pid := member.patroni_pid) is not None:
+                _signal(pid, signal.SIGCONT)
+                _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for member in self.members.values():
+            if member.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    member.process.wait(max(0.1, deadline - time.monotonic()))
+        for member in self.members.values():
+            self._kill(member)
+            shutil.rmtree(member.socket_dir, ignore_errors=True)
+
+    def __enter__(self) -> PatroniCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def wait_ready(self, timeout: float = 120.0) -> Topology:
+        """Wait until a leader runs, every other member streams, and one is synchronous."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.topology()
+            if seen is not None and seen.ready(len(self.members)):
+                return seen
+            if all(m.patroni_pid is None for m in self.members.values()):
+                raise PatroniError(f"every Patroni member exited:\n{self.log_tails()}")
+            if time.monotonic() > deadline:
+                raise PatroniError(
+                    f"the PostgreSQL members were not ready within {timeout:g} s "
+                    f"(last seen: {seen}):\n{self.log_tails()}"
+                )
+            time.sleep(_POLL_S)
+
+    def wait_writable(self, timeout: float = 60.0) -> str:
+        """Wait until the primary commits a write (acknowledged by the synchronous standby);
+        return its name. Roles alone are not enough: Patroni reports those of before a fault
+        until its next loop, and the others name a dead leader until its key expires."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.topology()
+            if seen is not None and seen.writable() and seen.leader is not None:
+                if self._says_primary(seen.leader) and self._commits(seen.leader):
+                    return seen.leader
+            if time.monotonic() > deadline:
+                raise PatroniError(f"no writable primary within {timeout:g} s (seen: {seen})")
+            time.sleep(_POLL_S)
+
+    # -- what runs ---------------------------------------------------------------------------
+
+    def topology(self) -> Topology | None:
+        """Roles as Patroni reports them (from the first member that answers), else None."""
+        for member in self.members.values():
+            if member.patroni_pid is None:
+                continue
+            with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
+                with _HTTP.open(f"{member.address.api_url}/cluster", timeout=API_TIMEOUT_S) as r:
+                    return topology(json.loads(r.read()))
+        return None
+
+    def _commits(self, name: str) -> bool:
+        """Whether member ``name`` commits a write within ``PROBE_TIMEOUT_S`` (a commit waits
+        for the synchronous standby, whatever statement_timeout says: psql is cut off)."""
+        try:
+            self.run_sql(PROBE_SQL, on=name, timeout=PROBE_TIMEOUT_S)
+        except PatroniError:
+            return False
+        return True
+
+    def _says_primary(self, name: str) -> bool:
+        """Whether member ``name``'s own REST API answers 200 on ``/primary``."""
+        member = self.members[name]
+        if member.patroni_pid is None:
+            return False
+        try:
+            with _HTTP.open(f"{member.address.api_url}/primary", timeout=API_TIMEOUT_S) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+
+    def leader(self) -> str | None:
+        seen = self.topology()
+        return seen.leader if seen is not None else None
+
+    def state(self) -> list[dict[str, Any]]:
+        """Each member's addresses and PIDs (for ``dev.json``)."""
+        return [
+            {
+                "name": m.name,
+                "postgres": f"{m.address.host}:{m.address.pg_port}",
+                "api": m.address.api_url,
+                "patroni_pid": m.patroni_pid,
+                "postmaster_pid": m.postmaster_pid,
+                "log": str(m.log_file),
+            }
+            for m in self.members.values()
+        ]
+
+    def children(self) -> list[Child]:
+        """One supervised child per member: Patroni's PID; restarted with its data."""
+        return [
+            Child(
+                f"PostgreSQL {m.name} (Patroni)",
+                pid=lambda m=m: m.patroni_pid,  # type: ignore[misc]
+                start=lambda n=m.name: self.restart_member(n),  # type: ignore[misc]
+            )
+            for m in self.members.values()
+        ]
+
+    def log_tails(self) -> str:
+        return "\n".join(f"--- {m.log_file}\n{_tail(m.log_file)}" for m in self.members.values())
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def kill_postmaster(self, name: str | None = None) -> str:
+        """SIGKILL the postmaster of ``name`` (default: the leader); its Patroni is left to
+        notice. Returns the member's name."""
+        member = self._member(name)
+        pid = member.postmaster_pid
+        if pid is None:
+            raise PatroniError(f"{member.name} has no running postmaster")
+        _signal(pid, signal.SIGKILL)
+        return member.name
+
+    def kill_member(self, name: str | None = None) -> str:
+        """SIGKILL Patroni and every postgres process of ``name`` (default: the leader), as a
+        lost machine would; ``restart_member`` brings it back. Returns the member's name."""
+        member = self._member(name)
+        self._kill(member)
+        return member.name
+
+    def kill_standby(self) -> str:
+        """Kill a synchronous standby whole (writes wait until another becomes synchronous)."""
+        seen = self._topology()
+        candidates = seen.sync_standbys or tuple(
+            n for n in self.members if n != seen.leader and self.members[n].patroni_pid
+        )
+        if not candidates:
+            raise PatroniError(f"no standby to kill (seen: {seen})")
+        return self.kill_member(candidates[0])
+
+    def switchover(self, candidate: str | None = None, timeout: float = 60.0) -> str:
+        """Graceful switchover through the leader's REST API; returns the new leader once it
+        takes writes. Waits first for a synchronous standby to switch to (Patroni refuses a
+        switchover without one, e.g. right after a failover)."""
+        self.wait_writable(timeout)
+        seen = self._topology()
+        if seen.leader is None:
+            raise PatroniError("no leader to switch over from")
+        body: dict[str, str] = {"leader": seen.leader}
+        if candidate is not None:
+            body["candidate"] = candidate
+        request = urllib.request.Request(
+            f"{self.members[seen.leader].address.api_url}/switchover",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with _HTTP.open(request, timeout=timeout) as reply:
+                reply.read()
+        except urllib.error.HTTPError as exc:
+            raise PatroniError(f"switchover refused: {exc.code} {exc.read().decode()}") from exc
+        except (OSError, urllib.error.URLError) as exc:
+            raise PatroniError(f"switchover failed: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            new = self.topology()
+            if new is not None and new.writable() and new.leader != seen.leader:
+                assert new.leader is not None
+                return new.leader
+            if time.monotonic() > deadline:
+                raise PatroniError(f"no new leader within {timeout:g} s (seen: {new})")
+            time.sleep(_POLL_S)
+
+    def restart_member(self, name: str, timeout: float = 120.0) -> None:
+        """Start a member that is down again, on its data; wait until its postgres runs."""
+        member = self.members[name]
+        if member.patroni_pid is None:
+            self._kill(member)  # its postgres may outlive a killed Patroni
+            self._spawn(member)
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.topology()
+            if seen is not None and name in seen.running:
+                return
+            if member.patroni_pid is None:
+                raise PatroniError(f"{name} exited while starting:\n{_tail(member.log_file)}")
+            if time.monotonic() > deadline:
+                raise PatroniError(f"{name} did not run within {timeout:g} s (seen: {seen})")
+            time.sleep(_POLL_S)
+
+    # -- SQL ---------------------------------------------------------------------------------
+
+    def run_sql(
+        self, sql: str, database: str = "postgres", *, on: str | None = None, timeout: float = 60
+    ) -> str:
+        """Run ``sql`` with psql on member ``on`` (default: the current primary); unaligned,
+        tuples-only output."""
+        member = self._member(on)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env |= {"PGPASSWORD": self.password, "PGCONNECT_TIMEOUT": "10", "LC_ALL": "C"}
+        cmd = [str(self.bin_dir / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"]
+        cmd += ["-h", member.address.host, "-p", str(member.address.pg_port), "-U", SUPERUSER]
+        cmd += ["-d", database, "-c", sql]
+        try:
+            result = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise PatroniError(f"psql timed out running {sql!r}") from exc
+        if result.returncode != 0:
+            raise PatroniError(f"psql failed running {sql!r}: {result.stderr.strip()}")
+        return result.stdout
+
+    def ensure_database(self, name: str) -> str:
+        """Create ``name`` on the primary if missing (the standbys replicate it); its DSN."""
+        literal = "'" + name.replace("'", "''") + "'"
+        exists = f"SELECT 1 FROM pg_database WHERE datname = {literal}"
+        if not self.run_sql(exists).strip():
+            self.run_sql('CREATE DATABASE "' + name.replace('"', '""') + '"')
+        # A commit waits for the standby's flush, not its replay, and asyncpg tries the hosts
+        # of a DSN in order: it gives up on a standby that has not replayed the database yet
+        # ("does not exist") instead of moving on to the primary. So wait for every member.
+        deadline = time.monotonic() + 30
+        for member in self.members:
+            while not self.run_sql(exists, on=member).strip():
+                if time.monotonic() > deadline:
+                    raise PatroniError(f"database {name!r} did not reach {member} within 30 s")
+                time.sleep(_POLL_S)
+        return self.dsn_for(name)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _member(self, name: str | None) -> Member:
+        if name is None:
+            name = self._topology().leader
+            if name is None:
+                raise PatroniError("no leader now")
+        if name not in self.members:
+            raise PatroniError(f"no member {name!r}; members: {', '.join(self.members)}")
+        return self.members[name]
+
+    def _topology(self) -> Topology:
+        seen = self.topology()
+        if seen is None:
+            raise PatroniError("no Patroni member answers")
+        return seen
+
+    def _load_passwords(self) -> dict[str, str]:
+        if self._passwords:
+            return self._passwords
+        path = self.workdir / PASSWORDS_FILE
+        with contextlib.suppress(FileNotFoundError):
+            self._passwords = json.loads(path.read_text())
+            return self._passwords
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fresh = {k: secrets.token_urlsafe(24) for k in ("superuser", "replication")}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(fresh, out)
+        self._passwords = fresh
+        return fresh
+
+    def _prepare(self) -> None:
+        """Member directories owned by the member's account, and each member's config."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        passwords = self._load_passwords()
+        user = self._user
+        if user is not None:
+            _traversable(self.workdir)
+        for member in self.members.values():
+            for directory in (member.home, member.socket_dir):
+                directory.mkdir(parents=True, exist_ok=True)
+                directory.chmod(0o700)
+                if user is not None:
+                    os.chown(directory, user.pw_uid, user.pw_gid)
+            config = member_config(
+                scope=self.scope,
+                member=member.address,
+                etcd_hosts=self.etcd_endpoints,
+                data_dir=str(member.data_dir),
+                bin_dir=str(self.bin_dir),
+                socket_dir=str(member.socket_dir),
+                pgpass=str(member.home / "pgpass"),
+                superuser_password=passwords["superuser"],
+                replication_password=passwords["replication"],
+                durable=self.durable,
+            )
+            fd = os.open(member.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(config, out, indent=2)
+            if user is not None:
+                os.chown(member.config_file, user.pw_uid, user.pw_gid)
+
+    def _spawn(self, member: Member) -> None:
+        assert self._patroni is not None
+        user = self._user
+        for lock in processes.clear_stale_locks(member.data_dir):
+            del lock  # a killed member's postmaster.pid: postgres refuses to start on it
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LC_ALL": "C.UTF-8",
+            "LANG": "C.UTF-8",
+            "HOME": str(member.home),
+        }
+        with member.log_file.open("ab") as log:
+            member.process = subprocess.Popen(
+                [str(self._patroni), str(member.config_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=member.home,
+                user=user.pw_uid if user else None,
+                group=user.pw_gid if user else None,
+                extra_groups=[] if user else None,
+                start_new_session=True,  # a Ctrl-C aimed at chronoq must not reach it
+            )
+
+    def _kill(self, member: Member) -> None:
+        """SIGKILL Patroni and every postgres process on the member's data directory."""
+        if (pid := member.patroni_pid) is not None:
+            _signal(pid, signal.SIGKILL)
+        if member.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                member.process.wait(10)
+        deadline = time.monotonic() + 10
+        while pids := processes.server_pids(member.data_dir, self.bin_dir):
+            for pid in pids:
+                _signal(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise PatroniError(f"postgres processes {pids} of {member.name} survived SIGKILL")
+            time.sleep(0.02)
+
+
+def _traversable(path: Path) -> None:
+    """o+x (pass, not list) on ``path`` and its parents, so the member's account reaches it."""
+    for p in (path, *path.parents):
+        mode = p.stat().st_mode
+        if not mode & 0o001:
+            p.chmod(mode | 0o001)
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError as exc:
+        return f"<cannot read: {exc}>"
+    return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+
+def scratch_dir(prefix: str = "cqha-") -> Path:
+    """A fresh directory for a throwaway cluster."""
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,1 @@
+"""Small, tested recipes for using chronoq from web frameworks (not installed with chronoq)."""

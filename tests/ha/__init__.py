@@ -1,0 +1,1 @@
+"""A replicated store under Patroni: failover, fencing, unconfirmed commits."""

@@ -1,0 +1,86 @@
+"""The console's HTTP edge without a cluster: sessions, CSRF, JSON errors, no node answering.
+
+The address points at a closed port: every gRPC call fails UNAVAILABLE, which the pages must
+show as a clean error (HTTP 503 with the reason), not a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from chronoq.console.guard import CSRF_HEADER, SESSION_COOKIE
+from chronoq.console.server import Console, ConsoleSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def console() -> AsyncIterator[Console]:
+    settings = ConsoleSettings(address=f"127.0.0.1:{closed_port()}", port=0, refresh=0.5)
+    console = Console(settings)
+    await console.start()
+    try:
+        yield console
+    finally:
+        await console.stop()
+
+
+async def test_session_csrf_and_errors(console: Console) -> None:
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies for an IP address
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.get(f"{console.origin}/") as r:
+            assert r.status == 401 and "printed" in await r.text()
+        async with http.get(f"{console.origin}/login?key=wrong") as r:
+            assert r.status == 401
+        async with http.get(console.url) as r:  # follows the redirect to the overview
+            assert r.status == 200 and r.url.path == "/"
+            page = await r.text()
+            assert r.headers["X-Frame-Options"] == "DENY"
+            assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+        assert any(c.key == SESSION_COOKIE and c["httponly"] for c in jar)
+        match = re.search(r'name="csrf-token" content="([^"]+)"', page)
+        assert match is not None
+        csrf = match.group(1)
+
+        async with http.get(f"{console.origin}/api/overview") as r:
+            overview = await r.json()
+            assert r.status == 200 and overview["ok"] is False
+            assert [a["reachable"] for a in overview["addresses"]] == [False]
+        async with http.get(f"{console.origin}/api/tasks", params={"namespace": "default"}) as r:
+            assert r.status == 503 and "UNAVAILABLE" in (await r.json())["error"]
+        async with http.get(f"{console.origin}/api/tasks", params={"state": "lost"}) as r:
+            assert r.status == 400 and "state" in (await r.json())["error"]
+        async with http.get(f"{console.origin}/api/queues", params={"namespace": "no spaces"}) as r:
+            assert r.status == 400 and "namespace" in (await r.json())["error"]
+
+        body = {"namespace": "default", "ids": ["x"]}
+        async with http.post(f"{console.origin}/api/tasks/cancel", json=body) as r:
+            assert r.status == 403 and CSRF_HEADER in (await r.json())["error"]
+        headers = {CSRF_HEADER: csrf}
+        async with http.post(f"{console.origin}/api/tasks/cancel", data="ids=x",
+                             headers={**headers, "Content-Type": "text/plain"}) as r:
+            assert r.status == 415
+        async with http.post(f"{console.origin}/api/tasks/cancel", json=body,
+                             headers={**headers, "Origin": "http://evil.example"}) as r:
+            assert r.status == 403
+        async with http.post(f"{console.origin}/api/tasks/cancel", json={"ids": []},
+                             headers=headers) as r:
+            assert r.status == 400 and "ids" in (await r.json())["error"]
+        async with http.post(f"{console.origin}/api/tasks/cancel", json=body,
+                             headers=headers) as r:
+            result = await r.json()
+            assert r.status == 200 and result["results"][0]["ok"] is False
+        async with http.post(f"{console.origin}/api/queues/limit", headers=headers,
+                             json={"queue": "q", "rate": "fast"}) as r:
+            assert r.status == 400 and "rate" in (await r.json())["error"]
