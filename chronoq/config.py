@@ -64,6 +64,10 @@ class NodeSettings:
     # task fired on one node wakes the long-polls of all at once (claim_poll is then only a
     # slow fallback). False: the claim_poll re-check is the only path between nodes.
     ready_notices: bool = True
+    # The wheel fires a task straight to a worker stream of this node that waits on its queue
+    # and has free credits (SCHEDULED -> RUNNING in one write; see chronoq.node.handoff).
+    # False: fired tasks always go READY and wait for a claim.
+    handoff: bool = True
     # Owners keep the tasks due within this horizon in a timing wheel (at most wheel_capacity)
     # and fire each at its instant; the tick fires the rest. 0: the tick alone (firing up to a
     # tick late).

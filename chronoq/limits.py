@@ -71,6 +71,8 @@ MAX_LEASES_PER_CALL = 1000
 MAX_QUEUES_PER_CLAIM = 100
 #: Tasks per Claim.
 MAX_CLAIM_TASKS = 1000
+#: Credits a worker stream may have outstanding (tasks the node may push it unasked).
+MAX_STREAM_CREDITS = 10_000
 #: Task ids per Requeue.
 MAX_REQUEUE_IDS = 1000
 #: Tasks or schedules per page of a list call.

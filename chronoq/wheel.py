@@ -34,6 +34,8 @@ class Due:
     task_id: str
     partition: int
     at: int
+    #: (namespace, queue) when known: lets the owner hand the task to a waiting worker.
+    key: tuple[str, str] | None = None
 
 
 class TimingWheel:
@@ -66,18 +68,24 @@ class TimingWheel:
         """How many more entries fit."""
         return self.capacity - len(self._entries)
 
-    def add(self, task_id: str, partition: int, at: int) -> bool:
+    def add(
+        self, task_id: str, partition: int, at: int, key: tuple[str, str] | None = None
+    ) -> bool:
         """Hold ``task_id`` until ``at``; False when the wheel is full (the tick fires it).
 
-        Adding a held task again moves it to the new instant.
+        Adding a held task again moves it to the new instant (a known key is kept).
         """
         held = self._entries.get(task_id)
         if held is None and len(self._entries) >= self.capacity:
             self.refused += 1
             return False
-        if held is not None and held.at == at and held.partition == partition:
-            return True
-        self._entries[task_id] = Due(task_id, partition, at)
+        if held is not None:
+            key = key or held.key
+            if held.at == at and held.partition == partition:
+                if key != held.key:
+                    self._entries[task_id] = Due(task_id, partition, at, key)
+                return True
+        self._entries[task_id] = Due(task_id, partition, at, key)
         heapq.heappush(self._heap, (at, next(self._seq), task_id))
         self._maybe_compact()
         return True

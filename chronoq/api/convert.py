@@ -51,6 +51,13 @@ def to_duration(d: timedelta) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=seconds, nanos=nanos)
 
 
+@functools.lru_cache(maxsize=1024)
+def _shared_duration(d: timedelta) -> duration_pb2.Duration:
+    """A Duration to copy into a message field (a field assignment copies it, so the cached
+    instance is never changed): a task's durations take few distinct values."""
+    return to_duration(d)
+
+
 @functools.lru_cache(maxsize=1024)  # a task's durations take few distinct values
 def _duration_fields(d: timedelta) -> tuple[int, int]:
     us = d // _US
@@ -190,7 +197,8 @@ def state_from_pb(value: int) -> TaskState | None:
 
 
 def task_to_pb(task: Task) -> tasks_pb2.Task:
-    return tasks_pb2.Task(
+    """A task for the wire; on every claim and listing, so kept to one constructor call."""
+    pb = tasks_pb2.Task(
         id=task.id,
         namespace=task.namespace,
         queue=task.queue,
@@ -202,10 +210,10 @@ def task_to_pb(task: Task) -> tasks_pb2.Task:
         max_attempts=task.max_attempts,
         priority=task.priority,
         misfire_policy=state_policy_to_pb(task.misfire_policy),
-        misfire_grace=to_duration(task.misfire_grace),
-        lease_timeout=to_duration(task.lease_timeout),
-        backoff_initial=to_duration(task.backoff_initial),
-        backoff_max=to_duration(task.backoff_max),
+        misfire_grace=_shared_duration(task.misfire_grace),
+        lease_timeout=_shared_duration(task.lease_timeout),
+        backoff_initial=_shared_duration(task.backoff_initial),
+        backoff_max=_shared_duration(task.backoff_max),
         partition=task.partition,
         bucket=task.bucket,
         last_error=task.last_error or "",
@@ -215,8 +223,10 @@ def task_to_pb(task: Task) -> tasks_pb2.Task:
         lease_until=to_timestamp(task.lease_until),
         finished_at=to_timestamp(task.finished_at),
         content_type=task.content_type,
-        trace_context=dict(task.trace_context),
     )
+    if task.trace_context:
+        pb.trace_context.update(task.trace_context)
+    return pb
 
 
 def _opt_ts(pb: tasks_pb2.Task, name: str) -> datetime | None:

@@ -76,11 +76,27 @@ def bench_throughput(
         str | None, _opt("LAYOUTS", "Worker layouts end to end: in-process, processes.")
     ] = None,
     phases: Annotated[
-        str | None, _opt("PHASES", "Phases to run: raw, submit, fire, e2e, lateness, rss.")
+        str | None,
+        _opt("PHASES", "Phases to run: raw, submit, fire, e2e, lateness, rss; also backlog."),
     ] = None,
     rss_settle_seconds: Annotated[
         float | None,
         _opt("RSS_SETTLE_SECONDS", "How long a node fires before its memory is read.", min=0.0),
+    ] = None,
+    backlog_sizes: Annotated[
+        str | None,
+        _opt(
+            "BACKLOG_SIZES",
+            "Comma-separated counts of tasks due tomorrow for the backlog phase (1M, 10M).",
+        ),
+    ] = None,
+    protocol: Annotated[
+        str | None,
+        _opt(
+            "PROTOCOL",
+            "How workers get tasks: stream (pushed), riding (claims on acks and long-polls, "
+            "the protocol before streams), claims (long-polls only).",
+        ),
     ] = None,
 ) -> None:
     """Measure submit, firing and claim throughput, and firing cost against pending-set size.
@@ -110,6 +126,8 @@ def bench_throughput(
                     layouts=layouts,
                     phases=phases,
                     rss_settle_seconds=rss_settle_seconds,
+                    backlog_sizes=backlog_sizes,
+                    protocol=protocol,
                 )
             )
         except ValueError as exc:  # a malformed list option

@@ -56,6 +56,11 @@ def duration(value: str | timedelta) -> timedelta:
         raise typer.BadParameter(_problem(exc)) from None
 
 
+def duration_opt(*names: str, envvar: str, help: str) -> Any:
+    """A duration option (250ms, 30s, 5m, 1h, 2d) parsed into a ``timedelta``."""
+    return typer.Option(*names, parser=duration, metavar="DURATION", envvar=envvar, help=help)
+
+
 def instant(value: str | datetime) -> datetime:
     """Parse an ISO 8601 time with a zone."""
     if isinstance(value, datetime):

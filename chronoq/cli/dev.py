@@ -20,7 +20,7 @@ from chronoq.cli.common import (
     PartitionsOpt,
     PortOpt,
     TickMsOpt,
-    duration,
+    duration_opt,
     env,
     err,
     fail,
@@ -202,12 +202,7 @@ def demo(
     ] = None,
     over: Annotated[
         timedelta | None,
-        typer.Option(
-            parser=duration,
-            metavar="DURATION",
-            envvar=env("DEMO_OVER"),
-            help="Spread run_at uniformly over this long.",
-        ),
+        duration_opt(envvar=env("DEMO_OVER"), help="Spread run_at uniformly over this long."),
     ] = None,
     workers: Annotated[
         int | None, typer.Option(envvar=env("DEMO_WORKERS"), min=1, help="Workers (in-process).")

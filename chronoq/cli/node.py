@@ -307,6 +307,15 @@ def node(
             "ready tasks (the default); off: they find them by polling.",
         ),
     ] = None,
+    handoff: Annotated[
+        Switch | None,
+        typer.Option(
+            "--handoff",
+            envvar=env("HANDOFF"),
+            help="on: the timing wheel fires a task straight to a worker stream of this node "
+            "that waits on its queue (the default); off: fired tasks wait for a claim.",
+        ),
+    ] = None,
     schedules_per_namespace: Annotated[
         int | None,
         _num_opt(
@@ -362,8 +371,9 @@ def _serve(params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int)
     from chronoq.node.settings_from import NodeOptions, settings_from
 
     given = {k: v for k, v in params.items() if k in NodeOptions.names()}
-    if given["ready_notices"] is not None:
-        given["ready_notices"] = given["ready_notices"] is Switch.on
+    for switch in ("ready_notices", "handoff"):
+        if given[switch] is not None:
+            given[switch] = given[switch] is Switch.on
     options = NodeOptions(**given)
     if options.etcd is None and any(options.etcd_access.values()):
         raise typer.BadParameter("etcd credentials and TLS need --etcd too", param_hint="--etcd-*")

@@ -18,7 +18,7 @@ from chronoq.cli.common import (
     JsonOpt,
     NamespaceOpt,
     call,
-    duration,
+    duration_opt,
     env,
     err,
     given,
@@ -109,10 +109,8 @@ def submit(
     ] = None,
     in_: Annotated[
         timedelta | None,
-        typer.Option(
+        duration_opt(
             "--in",
-            parser=duration,
-            metavar="DURATION",
             envvar=env("SUBMIT_IN"),
             help="Run after this delay: 250ms, 30s, 5m, 1h, 2d. Default: now.",
         ),
@@ -144,11 +142,8 @@ def submit(
     ] = None,
     lease_timeout: Annotated[
         timedelta | None,
-        typer.Option(
-            parser=duration,
-            metavar="DURATION",
-            envvar=env("SUBMIT_LEASE_TIMEOUT"),
-            help="A worker's lease per attempt, e.g. 30s.",
+        duration_opt(
+            envvar=env("SUBMIT_LEASE_TIMEOUT"), help="A worker's lease per attempt, e.g. 30s."
         ),
     ] = None,
     misfire: Annotated[
@@ -157,11 +152,8 @@ def submit(
     ] = None,
     misfire_grace: Annotated[
         timedelta | None,
-        typer.Option(
-            parser=duration,
-            metavar="DURATION",
-            envvar=env("SUBMIT_MISFIRE_GRACE"),
-            help="How late 'skip' still fires, e.g. 60s.",
+        duration_opt(
+            envvar=env("SUBMIT_MISFIRE_GRACE"), help="How late 'skip' still fires, e.g. 60s."
         ),
     ] = None,
     count: Annotated[

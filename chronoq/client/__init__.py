@@ -1,9 +1,10 @@
 """The Python client and worker SDK of chronoq: async ``Client``, blocking ``SyncClient``,
 task definitions (``TaskRegistry``) and the ``Worker``."""
 
-from chronoq.client.client import Client, ClusterStatus, MemberStatus, NewTask, Submitted
+from chronoq.client.client import Client
 from chronoq.client.registry import TaskDefinition, TaskOptions, TaskRegistry
 from chronoq.client.sync import SyncClient
+from chronoq.client.values import ClusterStatus, MemberStatus, NewTask, Submitted
 from chronoq.client.worker import FatalTaskError, Handler, TaskContext, Worker, WorkerStats
 
 __all__ = [

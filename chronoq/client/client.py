@@ -8,7 +8,6 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -17,17 +16,23 @@ import grpc
 from chronoq import errors, tracing
 from chronoq.api import convert
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
-from chronoq.client.payload import Payload
-from chronoq.client.payload import encode as encode_payload
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
+from chronoq.client.remote import translate
+from chronoq.client.stream import OnTasks, WorkStream
+from chronoq.client.values import (
+    BucketCount,
+    ClusterStatus,
+    MemberStatus,
+    NewTask,
+    PartitionStatus,
+    Submitted,
+)
 from chronoq.models import (
     DEFAULT_NAMESPACE,
-    OCTET_STREAM,
     TASK_DEFAULTS,
     AckOutcome,
     HeartbeatOutcome,
     Lease,
-    MisfirePolicy,
     Page,
     Schedule,
     Task,
@@ -59,115 +64,6 @@ STORE_RETRY_PAUSE_S = (0.1, 1.0)  # first pause, and the cap of the doubling
 
 T = TypeVar("T")
 Method = Callable[[NodeStubs], Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class NewTask:
-    """A task to submit; unset fields take the node's defaults.
-
-    ``payload``: bytes are sent as they are (``content_type`` default
-    ``application/octet-stream``); any other value is sent as JSON (``application/json``),
-    and a value JSON cannot hold raises ``PayloadNotJSON`` before anything is sent."""
-
-    queue: str
-    run_at: datetime | None = None
-    delay: timedelta | None = None
-    payload: Payload = b""
-    content_type: str | None = None
-    idempotency_key: str | None = None
-    max_attempts: int | None = None
-    backoff_initial: timedelta | None = None
-    backoff_max: timedelta | None = None
-    lease_timeout: timedelta | None = None
-    priority: int = TASK_DEFAULTS.priority
-    misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
-    misfire_grace: timedelta | None = None
-
-    def to_pb(self, namespace: str) -> tasks_pb2.TaskSpec:
-        payload, content_type = encode_payload(self.payload, self.content_type)
-        pb = tasks_pb2.TaskSpec(
-            namespace=namespace,
-            queue=self.queue,
-            payload=payload,
-            content_type="" if content_type == OCTET_STREAM else content_type,
-            idempotency_key=self.idempotency_key or "",
-            priority=self.priority,
-            misfire_policy=convert.state_policy_to_pb(self.misfire_policy),
-        )
-        if self.run_at is not None and self.delay is not None:
-            raise errors.BadRequest("set run_at or delay, not both")
-        run_at = convert.to_timestamp(self.run_at)
-        if run_at is not None:
-            pb.run_at.CopyFrom(run_at)
-        elif self.delay is not None:
-            pb.delay.FromTimedelta(self.delay)
-        else:
-            pb.delay.FromTimedelta(timedelta(0))
-        if self.max_attempts is not None:
-            if self.max_attempts < 0:
-                raise errors.BadRequest("max_attempts: must be >= 1")
-            pb.retry.max_attempts = self.max_attempts
-        if self.backoff_initial is not None:
-            pb.retry.backoff_initial.FromTimedelta(self.backoff_initial)
-        if self.backoff_max is not None:
-            pb.retry.backoff_max.FromTimedelta(self.backoff_max)
-        if self.lease_timeout is not None:
-            pb.lease_timeout.FromTimedelta(self.lease_timeout)
-        if self.misfire_grace is not None:
-            pb.misfire_grace.FromTimedelta(self.misfire_grace)
-        tracing.inject(pb.trace_context)  # no-op unless tracing is on
-        return pb
-
-
-@dataclass(frozen=True)
-class Submitted:
-    task: Task
-    created: bool  # False: an earlier submit with the same idempotency key won
-
-
-@dataclass(frozen=True)
-class BucketCount:
-    bucket: int
-    starts_at: datetime
-    pending: int
-
-
-@dataclass(frozen=True)
-class MemberStatus:
-    node_id: str
-    address: str
-    owned_partitions: int
-    lateness_p50_ms: float
-    lateness_p99_ms: float
-    fired_total: int
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    partition: int
-    owner: str
-    fencing_token: int
-    watermark_bucket: int
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    cluster: str
-    node_id: str
-    now: datetime
-    partitions: int
-    bucket_seconds: int
-    members: list[MemberStatus] = field(default_factory=list)
-    ownership: list[PartitionStatus] = field(default_factory=list)
-    buckets: list[BucketCount] = field(default_factory=list)
-    firing_partitions: list[int] = field(default_factory=list)  # what this node fires now
-
-
-def translate(exc: grpc.aio.AioRpcError) -> errors.RemoteError:
-    """A gRPC error as the chronoq error of its status code."""
-    code = exc.code()
-    cls = errors.remote_error_class(code.name)
-    return cls(f"{code.name}: {exc.details() or 'no details'}", code.name)
 
 
 class Client:
@@ -285,7 +181,9 @@ class Client:
             self._pool.answered(index)
             return reply
 
-    def _ack_timeout(self) -> float:
+    @property
+    def ack_timeout(self) -> float:
+        """The deadline of acks and heartbeats: the client's timeout, at most ``ACK_TIMEOUT``."""
         return min(self.timeout, ACK_TIMEOUT)
 
     def _keyed(self, task: NewTask) -> tuple[NewTask, bool]:
@@ -530,19 +428,46 @@ class Client:
         )
         return [convert.task_from_pb(t) for t in resp.tasks]
 
+    async def open_work(
+        self,
+        queues: Sequence[str],
+        *,
+        worker_id: str,
+        credits: int,
+        on_tasks: OnTasks,
+    ) -> WorkStream:
+        """Open a work stream on the picked node (see ``chronoq.client.stream``): the node
+        pushes up to ``credits`` tasks to ``on_tasks`` without being asked again."""
+        index = self._pool.pick()
+        node = self._pool.nodes[index]
+        stream = WorkStream(node.workers.Work(metadata=self._metadata), node.address, on_tasks)
+        try:
+            await stream.start(self.namespace, queues, worker_id, credits)
+        except errors.Unavailable:
+            self._pool.failed(index)
+            await stream.close(grace=0)
+            raise
+        return stream
+
+    def stream_failed(self, stream: WorkStream) -> None:
+        """A stream's node failed it: pass the node over for a while, as after a failed call."""
+        for index, node in enumerate(self._pool.nodes):
+            if node.address == stream.address:
+                self._pool.failed(index)
+
     async def heartbeat(self, leases: Sequence[Lease]) -> builtins.list[HeartbeatOutcome]:
         req = worker_pb2.HeartbeatRequest(
             namespace=self.namespace, leases=[convert.lease_to_pb(lease) for lease in leases]
         )
         resp = await self._call(
-            lambda n: n.workers.Heartbeat, req, timeout=self._ack_timeout(), retry=True
+            lambda n: n.workers.Heartbeat, req, timeout=self.ack_timeout, retry=True
         )
         return [HeartbeatOutcome(r.task_id, r.ok, r.cancelled, r.error) for r in resp.results]
 
     async def complete(self, lease: Lease) -> Task:
         req = worker_pb2.CompleteRequest(namespace=self.namespace, lease=convert.lease_to_pb(lease))
         reply = await self._call(
-            lambda n: n.workers.Complete, req, timeout=self._ack_timeout(), retry=True
+            lambda n: n.workers.Complete, req, timeout=self.ack_timeout, retry=True
         )
         return convert.task_from_pb(reply)
 
@@ -551,7 +476,7 @@ class Client:
             namespace=self.namespace, leases=[convert.lease_to_pb(lease) for lease in leases]
         )
         resp = await self._call(
-            lambda n: n.workers.CompleteBatch, req, timeout=self._ack_timeout(), retry=True
+            lambda n: n.workers.CompleteBatch, req, timeout=self.ack_timeout, retry=True
         )
         return [AckOutcome(r.task_id, r.ok, r.error) for r in resp.results]
 
@@ -579,7 +504,7 @@ class Client:
             ),
         )
         resp = await self._call(
-            lambda n: n.workers.CompleteBatch, req, timeout=self._ack_timeout(), retry=True
+            lambda n: n.workers.CompleteBatch, req, timeout=self.ack_timeout, retry=True
         )
         return (
             [AckOutcome(r.task_id, r.ok, r.error) for r in resp.results],
@@ -600,14 +525,14 @@ class Client:
         if retry_after is not None:
             req.retry_after.FromTimedelta(retry_after)
         reply = await self._call(
-            lambda n: n.workers.Fail, req, timeout=self._ack_timeout(), retry=True
+            lambda n: n.workers.Fail, req, timeout=self.ack_timeout, retry=True
         )
         return convert.task_from_pb(reply)
 
     async def release(self, lease: Lease) -> Task:
         req = worker_pb2.ReleaseRequest(namespace=self.namespace, lease=convert.lease_to_pb(lease))
         reply = await self._call(
-            lambda n: n.workers.Release, req, timeout=self._ack_timeout(), retry=True
+            lambda n: n.workers.Release, req, timeout=self.ack_timeout, retry=True
         )
         return convert.task_from_pb(reply)
 

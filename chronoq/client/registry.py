@@ -29,9 +29,10 @@ from datetime import datetime, timedelta
 from typing import Any, overload
 
 from chronoq import errors
-from chronoq.client.client import Client, NewTask, Submitted
+from chronoq.client.client import Client
 from chronoq.client.payload import Payload
 from chronoq.client.sync import SyncClient
+from chronoq.client.values import NewTask, Submitted
 from chronoq.client.worker import Handler, Worker, WorkerStats
 from chronoq.limits import check_name
 from chronoq.models import MisfirePolicy

@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from chronoq import errors
-from chronoq.client.client import Client, ClusterStatus, NewTask, Submitted
+from chronoq.client.client import Client
+from chronoq.client.values import ClusterStatus, NewTask, Submitted
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     TASK_DEFAULTS,

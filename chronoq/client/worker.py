@@ -1,17 +1,20 @@
 """The worker SDK: run handlers by queue, heartbeat for them, stop gracefully.
 
-A worker claims at most ``concurrency`` tasks at a time, runs each task's handler, renews
+A worker runs at most ``concurrency`` tasks at a time, runs each task's handler, renews
 leases in one batched heartbeat, acknowledges successes in batches and reports failures with
-the exception text. Claims, heartbeats and acks run as separate tasks, each call with its own
-deadline, so none waits behind a call stuck on a frozen node. While tasks flow, the claim for
-the slots an ack batch frees rides on that batch (one round trip per batch, not two); the
-long-polling claim loop takes over when a riding claim comes back short or fails, and with a
-node that does not know riding claims. An ack that fails is retried
+the exception text. Tasks come over one stream to one node (``WorkerService.Work``): the
+worker grants the slots it has free, the node pushes tasks into them as they become ready,
+and acks go up the same stream with the slots they free. A stream that ends is opened again,
+on another node while that one is suspect; a node without streams gets the previous
+protocol: a long-polling claim loop, with the claim for the slots an ack batch frees riding
+on that batch. Heartbeats, failures and releases are separate calls, each with its own
+deadline, so none waits behind a call stuck on a frozen node. An ack that fails is retried
 (completes are safe to repeat: the same lease token gets the same answer) until shortly
 before its lease would expire, and only then given up with a log line: the task then runs
 again, as at-least-once allows. On ``stop()`` (SIGINT/SIGTERM with
-``install_signal_handlers``) it stops claiming, lets in-flight handlers finish within
-``stop_grace`` and releases the rest, so no task waits for a lease to expire.
+``install_signal_handlers``) it stops taking tasks, lets in-flight handlers finish within
+``stop_grace`` and releases the rest (and whatever was pushed meanwhile), so no task waits
+for a lease to expire.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from chronoq import errors, tracing
 from chronoq.client.client import Client
 from chronoq.client.pacing import pacer
 from chronoq.client.payload import decode as decode_payload
+from chronoq.client.stream import WorkStream
 from chronoq.errors import PayloadNotJSON
+from chronoq.limits import MAX_STREAM_CREDITS
 from chronoq.models import AckOutcome, Lease, Task
 from chronoq.signals import on_stop_signals
 
@@ -165,8 +170,11 @@ class Worker:
 
     ``rates`` (queue → handler starts per second in this process) paces queues whose
     downstream has a limit, e.g. ``Worker(client, handlers, rates={"emails": 50})``.
-    ``claim_on_ack`` (default on) lets each ack batch claim the slots it frees (see the
-    module's docstring); off, only the claim loop claims.
+    ``stream`` (default on) uses the streaming protocol: one ``Work`` call to one node that
+    pushes tasks as they become ready, within the slots the worker has said are free, and
+    answers acks on the same call. Off, or against a node that does not know it, the worker
+    long-polls with ``Claim``; then ``claim_on_ack`` (default on) lets each ack batch claim
+    the slots it frees (see the module's docstring).
     """
 
     def __init__(
@@ -182,6 +190,7 @@ class Worker:
         ack_delay: timedelta = timedelta(milliseconds=2),
         rates: Mapping[str, float] | None = None,
         claim_on_ack: bool = True,
+        stream: bool = True,
     ) -> None:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
@@ -209,6 +218,11 @@ class Worker:
         self._ack_senders: set[asyncio.Task[None]] = set()
         self._ack_slots = asyncio.Semaphore(ACK_BATCHES_IN_FLIGHT)
         self.claim_on_ack = claim_on_ack
+        self.stream = stream
+        self._stream: WorkStream | None = None
+        self._granted = 0  # credits the open stream's node holds (granted, not yet pushed)
+        self._stream_outage = _Outage("work stream")
+        self._unwanted: list[Task] = []  # pushed while stopping: released after the stream
         self._reserved = 0  # slots promised to claims in flight (running + reserved <= cap)
         self._riding = 0  # ack batches in flight that carry a claim
         self._gathering = False  # the ack flusher holds acks it has not handed to a sender
@@ -230,7 +244,10 @@ class Worker:
         beats = asyncio.create_task(self._heartbeats(), name="chronoq-heartbeats")
         acks = asyncio.create_task(self._ack_flusher(), name="chronoq-acks")
         try:
-            await self._claim_loop()
+            if self.stream:
+                await self._stream_loop()
+            if not self._stopping.is_set():
+                await self._claim_loop()
             await self._drain()
         finally:
             beats.cancel()
@@ -249,11 +266,95 @@ class Worker:
         """Slots neither running a task nor promised to a claim in flight."""
         return self.concurrency - len(self._running) - self._reserved
 
+    def _grantable(self) -> int:
+        """Slots free for the stream to fill: not running, not granted, not being claimed
+        (and never past what a node lets a stream hold)."""
+        return max(0, min(self._free(), MAX_STREAM_CREDITS) - self._granted)
+
+    async def _stream_loop(self) -> None:
+        """Work over one stream at a time until stopped; returns early (the claim loop takes
+        over) only when the node does not know the streaming protocol."""
+        queues = list(self.handlers)
+        while not self._stopping.is_set():
+            self._granted = self._grantable()
+            try:
+                stream = await self.client.open_work(
+                    queues, worker_id=self.worker_id, credits=self._granted, on_tasks=self._pushed
+                )
+            except errors.Unavailable as exc:
+                self._granted = 0
+                if self._stream_outage.failures:
+                    await _sleep_unless(self._stopping, CLAIM_RETRY_DELAY)
+                self._stream_outage.failed(exc)
+                continue
+            self._stream = stream
+            try:
+                await self._feed(stream)
+            finally:
+                self._stream = None
+                await stream.close()
+                self._granted = 0
+            await self._release_stopped()
+            why = stream.ended.result()
+            if why is None:
+                self._stream_outage.ended()
+                continue
+            if why.code == "UNIMPLEMENTED":
+                log.info("%s does not serve work streams: long-polling claims", stream.address)
+                self.stream = False
+                return
+            if isinstance(why, errors.BadRequest):
+                log.error("%s refused the work stream (claims instead): %s", stream.address, why)
+                self.stream = False
+                return
+            self.client.stream_failed(stream)
+            if self._stream_outage.failures:
+                await _sleep_unless(self._stopping, CLAIM_RETRY_DELAY)
+            self._stream_outage.failed(why)
+
+    async def _feed(self, stream: WorkStream) -> None:
+        """Grant the stream each slot that frees, until stopping or the stream ends. Credits
+        wait ``ack_delay`` first: most then ride on the ack batch of the tasks that freed
+        them, in the same message."""
+        while not self._stopping.is_set() and stream.open:
+            # Cleared before the count: a slot freed from here on wakes the wait below.
+            self._slot_free.clear()
+            credits = self._grantable()
+            if credits:
+                self._granted += credits
+                try:
+                    await stream.grant(credits)
+                except errors.Unavailable:
+                    return  # the stream ended: the loop opens another
+            freed: asyncio.Future[Any] = asyncio.ensure_future(self._slot_free.wait())
+            waits: set[asyncio.Future[Any]] = {freed, stream.ended}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                freed.cancel()
+            if self.ack_delay and not self._stopping.is_set():
+                await asyncio.sleep(self.ack_delay)
+
+    async def _pushed(self, tasks: list[Task]) -> None:
+        """Tasks the node pushed: started, or (stopping) kept to be released once the stream
+        is closed, so the stream's reader never waits on a release."""
+        self._granted = max(0, self._granted - len(tasks))
+        self._stream_outage.ended()
+        if self._stopping.is_set():
+            self.stats.claimed += len(tasks)
+            self._unwanted.extend(tasks)
+            return
+        await self._take(tasks)
+
+    async def _release_stopped(self) -> None:
+        """Release, all at once, what was pushed while stopping."""
+        tasks, self._unwanted = self._unwanted, []
+        if tasks:
+            await asyncio.shield(asyncio.gather(*(self._release(t) for t in tasks)))
+
     def _ack_will_claim(self) -> bool:
         """An ack batch is about to claim (or is claiming) for the free slots."""
-        return self.claim_on_ack and (
-            self._riding > 0 or self._gathering or not self._acks.empty()
-        )
+        return self.claim_on_ack and (self._riding > 0 or self._gathering or not self._acks.empty())
 
     async def _claim_loop(self) -> None:
         queues = list(self.handlers)
@@ -388,7 +489,12 @@ class Worker:
             finally:
                 self._gathering = False
             ask = 0
-            if self.claim_on_ack and not self._riding and not self._stopping.is_set():
+            if (
+                self.claim_on_ack
+                and not self.stream
+                and not self._riding
+                and not self._stopping.is_set()
+            ):
                 # One riding claim at a time: the slots freed meanwhile gather for the next
                 # one instead of splitting the worker's capacity into small claims.
                 ask = max(0, self._free())
@@ -405,6 +511,11 @@ class Worker:
         """One attempt at completing ``acks``, claiming ``ask`` more on the way if asked;
         the slots reserved for the claim are given back whatever happens."""
         leases = [a.lease for a in acks]
+        stream = self._stream
+        if stream is not None and stream.open:
+            credits = 0 if self._stopping.is_set() else self._grantable()
+            self._granted += credits
+            return await stream.complete(leases, credits=credits, timeout=self.client.ack_timeout)
         if not ask:
             return await self.client.complete_many(leases)
         try:

@@ -6,6 +6,7 @@ rows match what ``Store.submit`` writes for a spec with the server's defaults.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -14,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of, partition_of
+from chronoq.ids import time_ordered_ids
 from chronoq.models import DEFAULT_NAMESPACE, TASK_DEFAULTS, TaskState
 
 QUEUE = "bench"
@@ -59,8 +61,11 @@ def task_rows(
 ) -> Iterator[tuple[Any, ...]]:
     """``count`` SCHEDULED task rows (``COPY_COLUMNS``) with run_at evenly over [first, +spread)."""
     step = spread / count if count else timedelta(0)
+    ids: list[uuid.UUID] = []
     for i in range(count):
-        task_id = uuid.uuid4()
+        if not ids:  # ids as the store makes them, a thousand at a time
+            ids = time_ordered_ids(min(1000, count - i), time.time_ns() // 1_000_000)[::-1]
+        task_id = ids.pop()
         run_at = first + step * i
         yield (
             task_id,

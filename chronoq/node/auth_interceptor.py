@@ -4,8 +4,9 @@ A ``grpc.aio`` server interceptor sees only the method name and the metadata, no
 so for chronoq methods it wraps the handler's behaviour: the wrapper reads the token from the
 ``authorization: Bearer <token>`` metadata, finds the request's namespaces (``namespace`` of
 the request, or of its ``task`` / each of its ``tasks``), checks them against the token's
-grant and only then calls the servicer. Health and reflection stay open, so probes and
-``grpcurl list`` need no token.
+grant and only then calls the servicer (a stream: on its first message, which names its
+namespace; nothing reaches the servicer before it passes). Health and reflection stay open,
+so probes and ``grpcurl list`` need no token.
 
 A request type with no namespace anywhere is a cluster-wide call: ``ClusterService.Status``
 (read-only) takes any valid token, every other one (``Drain``, ...) a ``*`` token.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -165,14 +166,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not method.startswith(GUARDED_PREFIX):
             return handler
-        if handler.unary_unary is None:
-            # Streaming requests cannot be checked before the servicer reads them: refuse
-            # (UNIMPLEMENTED) rather than serve them unguarded.
-            log.error("auth: %s is a streaming method, which the interceptor cannot guard", method)
-            return None
         token = bearer_token(
             _metadata_value(handler_call_details.invocation_metadata, "authorization")
         )
+        if handler.stream_stream is not None:
+            # A stream is checked on its first message (which names its namespace, as
+            # ``WorkRequest.open`` does); nothing reaches the servicer before that.
+            return grpc.stream_stream_rpc_method_handler(
+                self._guard_stream(method, token, handler.stream_stream),  # type: ignore[arg-type]
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_unary is None:
+            # Other streaming shapes are not guarded: refuse them (UNIMPLEMENTED) rather than
+            # serve them unguarded.
+            log.error("auth: %s is a streaming method, which the interceptor cannot guard", method)
+            return None
         return grpc.unary_unary_rpc_method_handler(
             self._guard(method, token, handler.unary_unary),  # type: ignore[arg-type]
             request_deserializer=handler.request_deserializer,
@@ -182,29 +191,73 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _guard(self, method: str, token: str | None, behavior: Behavior) -> Behavior:
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             namespaces = request_namespaces(request)
-            try:
-                check_call(self._tokens(), token, namespaces, method)
-            except ChronoqError as exc:
-                log.info("auth: %s refused from %s: %s", method, context.peer(), exc.message)
-                await context.abort(code_for(exc), exc.message)
-            if self.open_calls is None:
-                return await behavior(request, context)
-            with self.open_calls.track(token, namespaces, method) as call:
-                try:
-                    return await behavior(request, context)
-                except asyncio.CancelledError:
-                    if call.refused is None or call.task is None:
-                        raise  # the caller went away, or the server stops
-                    call.task.uncancel()
-                    refused = call.refused
-            message = (
-                "bearer token revoked during the call"
-                if isinstance(refused, Unauthenticated)
-                else f"{refused.message} (the token file changed during the call)"
+            await self._check(method, token, namespaces, context)
+            return await self._tracked(
+                method, token, namespaces, context, lambda: behavior(request, context)
             )
-            await context.abort(code_for(refused), message)
 
         return guarded
+
+    def _guard_stream(self, method: str, token: str | None, behavior: Behavior) -> Behavior:
+        async def guarded(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            first = None
+            with contextlib.suppress(StopAsyncIteration):
+                first = await anext(requests)
+            # A stream closed before its first message names no namespace: checked as one
+            # of the default namespace, so the servicer can say what is missing.
+            namespaces = request_namespaces(first) if first is not None else {DEFAULT_NAMESPACE}
+            await self._check(method, token, namespaces, context)
+
+            async def replayed() -> AsyncIterator[Any]:
+                if first is not None:
+                    yield first
+                async for request in requests:
+                    yield request
+
+            return await self._tracked(
+                method, token, namespaces, context, lambda: behavior(replayed(), context)
+            )
+
+        return guarded
+
+    async def _check(
+        self,
+        method: str,
+        token: str | None,
+        namespaces: set[str] | None,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        try:
+            check_call(self._tokens(), token, namespaces, method)
+        except ChronoqError as exc:
+            log.info("auth: %s refused from %s: %s", method, context.peer(), exc.message)
+            await context.abort(code_for(exc), exc.message)
+
+    async def _tracked(
+        self,
+        method: str,
+        token: str | None,
+        namespaces: set[str] | None,
+        context: grpc.aio.ServicerContext[Any, Any],
+        serve: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """Serve the call; with a token file, end it when its token stops passing."""
+        if self.open_calls is None:
+            return await serve()
+        with self.open_calls.track(token, namespaces, method) as call:
+            try:
+                return await serve()
+            except asyncio.CancelledError:
+                if call.refused is None or call.task is None:
+                    raise  # the caller went away, or the server stops
+                call.task.uncancel()
+                refused = call.refused
+        message = (
+            "bearer token revoked during the call"
+            if isinstance(refused, Unauthenticated)
+            else f"{refused.message} (the token file changed during the call)"
+        )
+        await context.abort(code_for(refused), message)
 
 
 def api_security(

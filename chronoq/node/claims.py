@@ -21,7 +21,7 @@ from typing import Protocol
 from chronoq.clock import Clock
 from chronoq.errors import ChronoqError
 from chronoq.models import Lease, Task
-from chronoq.node.readiness import LongPollSlots, ReadyNotifier
+from chronoq.node.readiness import LongPollSlots, ReadyNotifier, Watch
 from chronoq.store import Store
 
 log = logging.getLogger("chronoq.node")
@@ -149,23 +149,31 @@ class Claims:
         namespace: str,
         queues: Sequence[str],
         worker_id: str,
-        max_tasks: int,
+        max_tasks: int | Callable[[], int],
         wait: timedelta,
+        *,
+        hold_slot: bool = True,
     ) -> list[Task]:
         """Claim up to ``max_tasks``; wait up to ``wait`` (clipped to the caller's deadline)
-        for one to become ready. ``TooManyLongPolls`` if a waiting claim is over a cap."""
+        for one to become ready. ``TooManyLongPolls`` if a waiting claim is over a cap.
+
+        ``max_tasks`` may be a callable, read at each attempt: a worker stream's credits grow
+        while it waits. ``hold_slot=False``: the caller holds a long-poll slot already."""
+        want = max_tasks if callable(max_tasks) else functools.partial(int, max_tasks)
         seconds = wait_within_deadline(wait.total_seconds(), caller.time_remaining())
-        once = functools.partial(self._claim_once, caller, namespace, queues, worker_id, max_tasks)
+        once = functools.partial(self.claim_once, caller, namespace, queues, worker_id)
         if seconds <= 0:
-            return await once()
+            return await once(want())
+        if not hold_slot:
+            return await self._long_poll(namespace, queues, want, seconds, once)
         with self.slots.hold(namespace):
-            return await self._long_poll(namespace, queues, max_tasks, seconds, once)
+            return await self._long_poll(namespace, queues, want, seconds, once)
 
     async def _long_poll(
         self,
         namespace: str,
         queues: Sequence[str],
-        max_tasks: int,
+        want: Callable[[], int],
         seconds: float,
         once: Callable[..., Awaitable[list[Task]]],
     ) -> list[Task]:
@@ -178,7 +186,8 @@ class Claims:
                 # A first claim where others wait already and nothing woke them would find
                 # nothing: it joins them at no cost (also after queueing for a lane, so a
                 # thousand workers arriving at once at an idle queue cost a few statements).
-                tasks = await once(unless_quiet=not woken)
+                max_tasks = want()
+                tasks = await once(max_tasks, unless_quiet=not woken)
                 remaining = deadline - loop.time()
                 if tasks or remaining <= 0:
                     break
@@ -187,10 +196,10 @@ class Claims:
                 woken = True
         if len(tasks) == max_tasks:
             # Local only: the other nodes heard of these tasks from whoever made them ready.
-            self._notifier.wake(dict.fromkeys(watch.keys, WAKE_FANOUT))
+            self.wake_more(watch.keys)
         return tasks
 
-    async def _claim_once(
+    async def claim_once(
         self,
         caller: Caller,
         namespace: str,
@@ -200,6 +209,8 @@ class Claims:
         *,
         unless_quiet: bool = False,
     ) -> list[Task]:
+        if max_tasks <= 0:
+            return []
         if unless_quiet and self._notifier.quiet(namespace, queues):
             return []
         async with self.lanes.lane(namespace):
@@ -221,6 +232,23 @@ class Claims:
             self._release_soon(namespace, tasks)
             return []
         return tasks
+
+    def watch(self, namespace: str, queues: Sequence[str]) -> Watch:
+        """Register a waiter on ``queues`` (before its claim, so no wake-up is missed)."""
+        return self._notifier.watch(namespace, queues)
+
+    def wake_more(self, keys: Sequence[tuple[str, str]]) -> None:
+        """A claim took a full batch: wake a few more waiters of its queues on this node
+        (a notice of "N tasks ready" may have counted fewer than there are)."""
+        self._notifier.wake(dict.fromkeys(keys, WAKE_FANOUT))
+
+    def pass_on(self, keys: Sequence[tuple[str, str]]) -> None:
+        """A waiter was woken but cannot claim (no credit left): wake another in its place."""
+        self._notifier.wake(dict.fromkeys(keys, 1))
+
+    def limited_keys(self) -> set[tuple[str, str]] | None:
+        """The queues with a dispatch limit as last read, None before the first read."""
+        return None if self._limits_read == float("-inf") else self._limited
 
     async def _limited_queues(self) -> set[tuple[str, str]]:
         now = asyncio.get_running_loop().time()

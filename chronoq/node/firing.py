@@ -14,6 +14,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -130,6 +131,10 @@ class Firer:
         if self._metrics is not None:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
         return total
+
+    def ready(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Tasks made ready outside a fire (a failed hand-off's, given back): wake claims."""
+        self._on_ready(FireResult(ready_by_queue=Counter(counts)))
 
     def record(self, result: FireResult) -> None:
         """Count a statement fired outside the tick (the timing wheel's) as the tick's own:

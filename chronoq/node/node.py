@@ -45,7 +45,7 @@ from chronoq.node.housekeeping import (
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
-from chronoq.node.precise import PreciseFirer
+from chronoq.node.precise import PreciseFirer, Scheduled
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
@@ -358,8 +358,11 @@ class Node:
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
             task_service, server
         )
+        worker_service = WorkerService(self.store, self.api_clock, s, self.notifier, self.metrics)
+        if self.precise is not None and s.handoff:
+            self.precise.handoff = worker_service.handoff
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            WorkerService(self.store, self.api_clock, s, self.notifier, self.metrics), server
+            worker_service, server
         )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ClusterService(self.store, self.api_clock, s, self.ownership, self.firer), server
@@ -439,7 +442,7 @@ class Node:
         if self.firer is not None:
             self.firer.poke()
 
-    def _scheduled(self, now: datetime, tasks: Iterable[tuple[str, datetime]]) -> None:
+    def _scheduled(self, now: datetime, tasks: Iterable[Scheduled]) -> None:
         """Submitted tasks due within the wheel's horizon enter it: here if this node owns
         their partition, else through a notice to the node that does."""
         if self.precise is None:

@@ -17,17 +17,21 @@ of the previous window, so a task is read about once however often the loop runs
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from chronoq.buckets import partition_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
+from chronoq.errors import ChronoqError
 from chronoq.node.firing import Firer
+from chronoq.node.handoff import HandOff, Plan
 from chronoq.store import Store
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 from chronoq.wheel import Due, TimingWheel
@@ -35,6 +39,8 @@ from chronoq.wheel import Due, TimingWheel
 log = logging.getLogger("chronoq.firing")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: A task a submit created SCHEDULED: (id, run_at, (namespace, queue)).
+Scheduled = tuple[str, datetime, tuple[str, str]]
 _US = timedelta(microseconds=1)
 #: Loads per horizon: a task is in the wheel at least 3/4 of the horizon before it is due.
 LOADS_PER_HORIZON = 4
@@ -48,6 +54,9 @@ MAX_SLEEP = 0.25
 FIRE_BATCH = 2000
 #: Fire statements per pass at most before the loop yields (then it runs again at once).
 FIRE_ROUNDS = 10
+#: A failed hand-off's tasks are given back within this many seconds or left to their leases
+#: (the shortest lease is a second: past it a task may be someone else's again).
+UNLEASE_WITHIN = 0.5
 #: Seconds before the fire loop retries a failed pass, doubled per failure (up to the
 #: supervisor's cap): its interval may be zero, which must not make an outage a busy loop.
 FIRE_RETRY = 0.05
@@ -65,6 +74,7 @@ class PreciseStats:
     offered: int = 0  # tasks entered at submit (on this node or told by another)
     statements: int = 0
     fired: int = 0
+    handed_off: int = 0  # of ``fired``, leased straight to a worker stream of this node
     errors: int = 0
 
 
@@ -81,6 +91,7 @@ class PreciseFirer:
         horizon: timedelta,
         capacity: int,
         node_id: str = "",
+        handoff: HandOff | None = None,
     ) -> None:
         self._store = store
         self._ownership = ownership
@@ -89,12 +100,15 @@ class PreciseFirer:
         self.horizon = horizon
         self.load_every = min(horizon.total_seconds() / LOADS_PER_HORIZON, MAX_LOAD_EVERY)
         self.node_id = node_id
+        #: Worker streams of this node that fired tasks may go to directly (see handoff).
+        self.handoff = handoff
         self.wheel = TimingWheel(capacity)
         self.stats = PreciseStats()
         self._loaded_until: datetime | None = None  # the wheel holds what is due before this
         self._epoch = 0  # bumped by ``forget``: a load in flight then records nothing
         self._extra: set[int] = set()  # partitions to read again in full at the next load
         self._fire_wake = asyncio.Event()
+        self._unleasing: set[asyncio.Task[None]] = set()
         self._load_wake = asyncio.Event()
         self._pass_started = 0.0
         self.last_ok = time.monotonic()  # when the last load reached the store
@@ -173,17 +187,23 @@ class PreciseFirer:
         return added
 
     def _enter(
-        self, rows: Sequence[tuple[str, int, datetime]], owned: Mapping[int, int], epoch: int
+        self,
+        rows: Sequence[tuple[str, int, datetime, str, str]],
+        owned: Mapping[int, int],
+        epoch: int,
     ) -> int:
         if epoch != self._epoch:
             # Ownership moved while we read: keep the rows of partitions held all along.
             still = self._ownership.owned()
             rows = [r for r in rows if still.get(r[1]) == owned.get(r[1])]
-        return self._add((task_id, p, instant_of(run_at)) for task_id, p, run_at in rows)
+        return self._add(
+            Due(task_id, p, instant_of(run_at), (namespace, queue))
+            for task_id, p, run_at, namespace, queue in rows
+        )
 
-    def _add(self, entries: Iterable[tuple[str, int, int]]) -> int:
+    def _add(self, entries: Iterable[Due]) -> int:
         first = self.wheel.next_at()
-        added = sum(1 for e in entries if self.wheel.add(*e))
+        added = sum(1 for d in entries if self.wheel.add(d.task_id, d.partition, d.at, d.key))
         nxt = self.wheel.next_at()
         if nxt is not None and (first is None or nxt < first):
             self._fire_wake.set()  # an earlier instant than the fire loop sleeps for
@@ -191,20 +211,21 @@ class PreciseFirer:
 
     # ---------------------------------------------------------------- submits
 
-    def offer(self, scheduled: Iterable[tuple[str, datetime]], now: datetime) -> list[Due]:
-        """Tasks just submitted (id, run_at): those due within the horizon and of an owned
-        partition enter the wheel; returns the other near-future ones (for their owners)."""
+    def offer(self, scheduled: Iterable[Scheduled], now: datetime) -> list[Due]:
+        """Tasks just submitted (id, run_at, (namespace, queue)): those due within the
+        horizon and of an owned partition enter the wheel; returns the other near-future ones
+        (for their owners, who learn id, partition and instant only)."""
         until = now + self.horizon
         partitions = self._store.partitions
         owned = self._ownership.owned()
-        mine: list[tuple[str, int, int]] = []
+        mine: list[Due] = []
         others: list[Due] = []
-        for task_id, run_at in scheduled:
+        for task_id, run_at, key in scheduled:
             if run_at > until:
                 continue
             p = partition_of(uuid.UUID(task_id).bytes, partitions)
             if p in owned:
-                mine.append((task_id, p, instant_of(run_at)))
+                mine.append(Due(task_id, p, instant_of(run_at), key))
             else:
                 others.append(Due(task_id, p, instant_of(run_at)))
         if mine:
@@ -216,15 +237,41 @@ class PreciseFirer:
         ``partitions`` again (a notice too large to list every task names them instead;
         None: every partition)."""
         owned = self._ownership.owned()
-        self.stats.offered += self._add(
-            (d.task_id, d.partition, d.at) for d in entries if d.partition in owned
-        )
+        self.stats.offered += self._add(d for d in entries if d.partition in owned)
         wanted = set(owned) if partitions is None else {p for p in partitions if p in owned}
         if wanted:
             self._extra |= wanted
             self._load_wake.set()
 
     # ---------------------------------------------------------------- firing
+
+    def _settle_late(self, plan: Plan, now: datetime, statement: asyncio.Future[Any]) -> None:
+        """A handing-off statement whose pass failed or was cancelled: deliver what it leased
+        when it did finish; when it failed, its outcome is unknown (the commit may have
+        landed), so the tasks it may have leased are given back, no attempt used."""
+        if statement.cancelled() or statement.exception() is not None:
+            plan.cancel()
+            job = asyncio.get_running_loop().create_task(
+                self._unlease(plan.leases, now), name="chronoq-handoff-unlease"
+            )
+            self._unleasing.add(job)
+            job.add_done_callback(self._unleasing.discard)
+        else:
+            self.stats.handed_off += plan.settle(statement.result().leased)
+
+    async def _unlease(self, leases: Mapping[str, str], now: datetime) -> None:
+        try:
+            async with asyncio.timeout(UNLEASE_WITHIN):
+                ready = await self._store.release_handed(leases, now, self._clock.now())
+        except (ChronoqError, TimeoutError) as exc:
+            log.warning(
+                "could not give back %d tasks of a failed hand-off (their leases expire): %s",
+                len(leases),
+                exc,
+            )
+            return
+        if ready:
+            self._firer.ready(ready)
 
     def _fire_interval(self) -> float:
         """Seconds from the last pass's start to the next: until the wheel's first instant."""
@@ -256,9 +303,26 @@ class PreciseFirer:
             if not mine:
                 return
             fences = {d.partition: owned[d.partition] for d in mine}
-            result = await self._store.fire_listed(
-                fences, now, [d.task_id for d in mine], node_id=self.node_id
+            plan = self.handoff.plan(mine) if self.handoff is not None else None
+            statement = asyncio.ensure_future(
+                self._store.fire_listed(
+                    fences,
+                    now,
+                    [d.task_id for d in mine],
+                    node_id=self.node_id,
+                    leases=plan.leases if plan is not None else None,
+                )
             )
+            try:
+                # Shielded when it hands off: whatever it leased must reach its stream or go
+                # back, even if this pass is cancelled meanwhile.
+                result = await (asyncio.shield(statement) if plan is not None else statement)
+            except BaseException:
+                if plan is not None:
+                    statement.add_done_callback(functools.partial(self._settle_late, plan, now))
+                raise
+        if plan is not None:
+            self.stats.handed_off += plan.settle(result.leased)
         self.stats.statements += 1
         self.stats.fired += result.fired
         self._firer.record(result)

@@ -17,9 +17,9 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
 
-from chronoq.errors import ChronoqError, TooManyLongPolls
+from chronoq.errors import TooManyLongPolls
+from chronoq.node.broadcast import NOTICE_BYTES, Broadcast, Notices
 
 log = logging.getLogger("chronoq.node")
 
@@ -223,8 +223,6 @@ class LongPollSlots:
 
 #: The PostgreSQL channel on which nodes tell each other which queues have new ready tasks.
 READY_CHANNEL = "chronoq_ready"
-#: A NOTIFY payload must stay under 8000 bytes: notices are split below this.
-NOTICE_BYTES = 7000
 #: Local notices go out at once; those made while one is in flight are gathered and sent
 #: as the next NOTIFY, so a busy node sends about one per round trip to the store however
 #: many tasks become ready, and a quiet one adds no delay. Waiting to gather (10 ms here
@@ -266,80 +264,39 @@ def decode_notice(payload: str) -> tuple[str, dict[Key, int]]:
     return str(doc.get("node", "")), ready
 
 
-class ReadyNotices(Protocol):
-    """Where notices go and come from (the store: NOTIFY and LISTEN on PostgreSQL)."""
-
-    async def announce(self, channel: str, payloads: Sequence[str]) -> None: ...
-
-    async def listen(self, channel: str, on_notice: Callable[[str], None]) -> Listening: ...
-
-
-class Listening(Protocol):
-    @property
-    def closed(self) -> bool: ...
-
-    async def close(self) -> None: ...
-
-
-class ReadyBroadcast:
+class ReadyBroadcast(Broadcast[dict[Key, int]]):
     """Tasks made ready on one node wake the long-polls of every node at once.
 
     Local notices (fired, submitted due, retried, released, requeued) are sent at once as
     one NOTIFY on ``READY_CHANNEL`` (those made meanwhile gather into the next one); every
-    node keeps one listening connection whose notices wake its own waiters (its own notices
-    are skipped: they woke its waiters already). Delivery is best effort: a lost notice
-    costs the probe's fallback interval, never a task.
+    node's listener wakes its own waiters. Delivery is best effort: a lost notice costs the
+    probe's fallback interval, never a task.
     """
 
-    def __init__(self, notifier: ReadyNotifier, notices: ReadyNotices, node_id: str) -> None:
-        self._notifier = notifier
-        self._notices = notices
-        self.node_id = node_id
-        self._pending: Counter[Key] = Counter()
-        self._flush: asyncio.Task[None] | None = None
-        self._listening: Listening | None = None
-        self.sent = 0
-        self.heard = 0
+    channel = READY_CHANNEL
 
-    @property
-    def listening(self) -> bool:
-        return self._listening is not None and not self._listening.closed
+    def __init__(self, notifier: ReadyNotifier, notices: Notices, node_id: str) -> None:
+        super().__init__(notices, node_id)
+        self._notifier = notifier
+        self._pending: Counter[Key] = Counter()
 
     def publish(self, ready: Mapping[Key, int]) -> None:
         """Queue local notices for the other nodes (called by ``ReadyNotifier.notify``)."""
         self._pending.update(ready)
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.get_running_loop().create_task(
-                self._send(), name="chronoq-ready-publish"
-            )
+        self._send_soon()
 
-    async def _send(self) -> None:
-        while self._pending:
-            ready, self._pending = self._pending, Counter()
-            try:
-                await self._notices.announce(READY_CHANNEL, encode_notices(self.node_id, ready))
-                self.sent += 1
-            except ChronoqError as exc:
-                log.debug("ready notices not sent (the probe covers them): %s", exc)
+    def _has_pending(self) -> bool:
+        return bool(self._pending)
 
-    def _heard(self, payload: str) -> None:
-        try:
-            sender, ready = decode_notice(payload)
-        except (ValueError, TypeError):
-            log.debug("ignored a malformed notice on %s", READY_CHANNEL)
-            return
-        if sender != self.node_id:
-            self.heard += 1
-            self._notifier.wake(ready)
+    def _take_payloads(self) -> list[str]:
+        ready, self._pending = self._pending, Counter()
+        return encode_notices(self.node_id, ready)
 
-    async def keep_listening(self) -> None:
-        """One pass of the listener loop: (re)open the listening connection if it is not up."""
-        if self.listening:
-            return
-        if self._listening is not None:
-            log.warning("lost the %s listening connection: reconnecting", READY_CHANNEL)
-            self._listening = None  # said once: failed reconnects are the loop's to report
-        self._listening = await self._notices.listen(READY_CHANNEL, self._heard)
+    def _decode(self, payload: str) -> tuple[str, dict[Key, int]]:
+        return decode_notice(payload)
+
+    def _deliver(self, body: dict[Key, int]) -> None:
+        self._notifier.wake(body)
 
     def probe_interval(self, every: float) -> float:
         """The store re-check's interval: ``every`` while no notice can be heard, a slow
@@ -348,9 +305,3 @@ class ReadyBroadcast:
             return every
         return max(every, min(every * PROBE_SLOWDOWN, PROBE_FALLBACK_MAX))
 
-    async def close(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-        if self._listening is not None:
-            await self._listening.close()
-            self._listening = None

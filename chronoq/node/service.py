@@ -7,7 +7,7 @@ import functools
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,9 +57,12 @@ from chronoq.limits import (
 from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
 from chronoq.node.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.firing import Firer
+from chronoq.node.handoff import HandOff
 from chronoq.node.metrics import NodeMetrics
+from chronoq.node.precise import Scheduled
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
+from chronoq.node.work_stream import WorkSession, first_of, opened
 from chronoq.ratelimit import Quotas
 from chronoq.store import Store
 from chronoq.timeslice import Timeslice, converted
@@ -86,9 +89,9 @@ class _Servicer:
         self._clock = clock
         self._settings = settings
         self._notifier = notifier
-        #: Called with (now, (id, run_at) of each task a submit created SCHEDULED): the node
-        #: enters the near-future ones into its owners' timing wheels.
-        self.on_scheduled: Callable[[datetime, Iterable[tuple[str, datetime]]], None] = (
+        #: Called with (now, (id, run_at, (namespace, queue)) of each task a submit created
+        #: SCHEDULED): the node enters the near-future ones into its owners' timing wheels.
+        self.on_scheduled: Callable[[datetime, Iterable[Scheduled]], None] = (
             lambda _now, _tasks: None
         )
 
@@ -146,7 +149,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         self.on_scheduled(
             now,
             (
-                (o.task.id, o.task.run_at)
+                (o.task.id, o.task.run_at, (o.task.namespace, o.task.queue))
                 for o in outcomes
                 if o.created and o.task.state is TaskState.SCHEDULED
             ),
@@ -191,7 +194,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             self.on_scheduled(
                 now,
                 (
-                    (i, s.run_at)
+                    (i, s.run_at, (s.namespace, s.queue))
                     for s, (i, created) in zip(specs, accepted, strict=True)
                     if created and s.run_at > now
                 ),
@@ -314,6 +317,8 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             LongPollSlots(settings.long_polls_per_namespace, settings.long_polls_per_node),
             FairLanes(claim_lanes(settings.pool_size)),
         )
+        #: The streams fired tasks are handed to (see ``chronoq.node.handoff``).
+        self.handoff = HandOff(self.claims.limited_keys)
 
     def _claim_args(
         self, request: worker_pb2.ClaimRequest, context: Ctx, field: str = ""
@@ -406,9 +411,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             )
         except BaseException:
             if claiming is not None:  # the caller gets an error, so not the tasks: give back
-                claiming.add_done_callback(
-                    functools.partial(self._give_back, namespace)
-                )
+                claiming.add_done_callback(functools.partial(self._give_back, namespace))
             raise
         self._metrics.completed.inc(sum(1 for o in outcomes if o.ok))
         response = worker_pb2.CompleteBatchResponse(
@@ -438,6 +441,27 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         except ChronoqError as exc:
             log.warning("claim riding on an ack failed (acks answered): %s", exc)
             return []
+
+    @translated
+    async def Work(self, request_iterator: AsyncIterator[Any], context: Ctx) -> None:
+        """The streaming worker protocol (see ``chronoq.node.work_stream``)."""
+        first = await first_of(request_iterator)
+        namespace, queues, worker_id = opened(first, context.peer() or "")
+        session = WorkSession(
+            self.claims,
+            self._store,
+            self._clock,
+            context,
+            context.write,
+            namespace=namespace,
+            queues=queues,
+            worker_id=worker_id,
+            on_completed=lambda outcomes: self._metrics.completed.inc(
+                sum(1 for o in outcomes if o.ok)
+            ),
+            handoff=self.handoff,
+        )
+        await session.run(first, request_iterator)
 
     @translated
     async def Fail(self, request: worker_pb2.FailRequest, context: Ctx) -> tasks_pb2.Task:

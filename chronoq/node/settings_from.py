@@ -61,6 +61,7 @@ class NodeOptions:
     long_polls_per_namespace: int | None = None
     long_polls_per_node: int | None = None
     ready_notices: bool | None = None
+    handoff: bool | None = None
     schedules_per_namespace: int | None = None
     queue_limits_per_namespace: int | None = None
 
@@ -96,6 +97,7 @@ _SAME_NAME = (
     "long_polls_per_namespace",
     "long_polls_per_node",
     "ready_notices",
+    "handoff",
     "schedules_per_namespace",
     "queue_limits_per_namespace",
 )

@@ -6,22 +6,17 @@ node sends, after the insert committed, one NOTIFY on ``SOON_CHANNEL`` per batch
 tasks: their ids, partitions and instants while they fit in one notice, else only the
 partitions, which their owners then read again (one statement). Notices go out at once, and
 while one is in flight the next ones gather into a single NOTIFY, so a busy node sends about
-one per round trip, never one per task. Delivery is best effort: a lost notice costs the
-owner's next load, never a task.
+one per round trip, never one per task (``chronoq.node.broadcast``). Delivery is best effort:
+a lost notice costs the owner's next load, never a task.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from chronoq.errors import ChronoqError
-from chronoq.node.readiness import NOTICE_BYTES, Listening, ReadyNotices
+from chronoq.node.broadcast import NOTICE_BYTES, Broadcast, Notices
 from chronoq.wheel import Due
-
-log = logging.getLogger("chronoq.node")
 
 #: The PostgreSQL channel of near-future submits.
 SOON_CHANNEL = "chronoq_soon"
@@ -66,28 +61,21 @@ def decode_soon(payload: str) -> tuple[str, list[Due], list[int] | None]:
     return str(doc.get("node", "")), due, partitions
 
 
-class SoonBroadcast:
+class SoonBroadcast(Broadcast[tuple[list[Due], list[int] | None]]):
     """Sends this node's near-future submits to the other nodes and hears theirs."""
+
+    channel = SOON_CHANNEL
 
     def __init__(
         self,
-        notices: ReadyNotices,
+        notices: Notices,
         node_id: str,
         on_told: Callable[[list[Due], list[int] | None], None],
     ) -> None:
-        self._notices = notices
-        self.node_id = node_id
+        super().__init__(notices, node_id)
         self._on_told = on_told
         self._pending: list[Due] = []
         self._overflow: set[int] = set()  # partitions of tasks past MAX_PENDING
-        self._flush: asyncio.Task[None] | None = None
-        self._listening: Listening | None = None
-        self.sent = 0
-        self.heard = 0
-
-    @property
-    def listening(self) -> bool:
-        return self._listening is not None and not self._listening.closed
 
     def publish(self, due: Iterable[Due]) -> None:
         """Queue near-future tasks of partitions this node does not own."""
@@ -96,44 +84,19 @@ class SoonBroadcast:
             # Past this size the notice names partitions anyway: keep only those.
             self._overflow.update(d.partition for d in self._pending)
             self._pending = []
-        if (self._pending or self._overflow) and (self._flush is None or self._flush.done()):
-            self._flush = asyncio.get_running_loop().create_task(
-                self._send(), name="chronoq-soon-publish"
-            )
+        self._send_soon()
 
-    async def _send(self) -> None:
-        while self._pending or self._overflow:
-            due, self._pending = self._pending, []
-            overflow, self._overflow = self._overflow, set()
-            payload = encode_soon(self.node_id, due, overflow)
-            try:
-                await self._notices.announce(SOON_CHANNEL, [payload])
-                self.sent += 1
-            except ChronoqError as exc:
-                log.debug("near-future notice not sent (owners load them anyway): %s", exc)
+    def _has_pending(self) -> bool:
+        return bool(self._pending or self._overflow)
 
-    def _heard(self, payload: str) -> None:
-        try:
-            sender, due, partitions = decode_soon(payload)
-        except (ValueError, TypeError):
-            log.debug("ignored a malformed notice on %s", SOON_CHANNEL)
-            return
-        if sender != self.node_id:
-            self.heard += 1
-            self._on_told(due, partitions)
+    def _take_payloads(self) -> list[str]:
+        due, self._pending = self._pending, []
+        overflow, self._overflow = self._overflow, set()
+        return [encode_soon(self.node_id, due, overflow)]
 
-    async def keep_listening(self) -> None:
-        """One pass of the listener loop: (re)open the listening connection if it is not up."""
-        if self.listening:
-            return
-        if self._listening is not None:
-            log.warning("lost the %s listening connection: reconnecting", SOON_CHANNEL)
-            self._listening = None
-        self._listening = await self._notices.listen(SOON_CHANNEL, self._heard)
+    def _decode(self, payload: str) -> tuple[str, tuple[list[Due], list[int] | None]]:
+        sender, due, partitions = decode_soon(payload)
+        return sender, (due, partitions)
 
-    async def close(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-        if self._listening is not None:
-            await self._listening.close()
-            self._listening = None
+    def _deliver(self, body: tuple[list[Due], list[int] | None]) -> None:
+        self._on_told(*body)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -113,10 +114,11 @@ class OwnerStatements(Connected):
         *,
         limit: int,
         lanes: int = DUE_SOON_LANES,
-    ) -> list[tuple[str, int, datetime]]:
-        """(task id, partition, run_at) of the SCHEDULED tasks of ``partitions`` due in
-        (``after``, ``until``], earliest first, at most ``limit``: what an owner's timing
-        wheel holds. Reads the current and next buckets' index ranges only; fires nothing."""
+    ) -> list[tuple[str, int, datetime, str, str]]:
+        """(task id, partition, run_at, namespace, queue) of the SCHEDULED tasks of
+        ``partitions`` due in (``after``, ``until``], earliest first, at most ``limit``: what
+        an owner's timing wheel holds. Reads the current and next buckets' index ranges only;
+        fires nothing."""
         if not partitions or limit <= 0 or until <= after:
             return []
         first, last = bucket_of(after, self.bucket_seconds), bucket_of(until, self.bucket_seconds)
@@ -124,36 +126,71 @@ class OwnerStatements(Connected):
             rows = await conn.fetch(
                 q("due_soon"), list(partitions), first, last, after, until, limit, lanes
             )
-        return [(str(r["id"]), r["partition"], r["run_at"]) for r in rows]
+        return [
+            (str(r["id"]), r["partition"], r["run_at"], r["namespace"], r["queue"]) for r in rows
+        ]
 
     async def fire_listed(
-        self, owned: Mapping[int, int], now: datetime, task_ids: Sequence[str], *, node_id: str = ""
+        self,
+        owned: Mapping[int, int],
+        now: datetime,
+        task_ids: Sequence[str],
+        *,
+        node_id: str = "",
+        leases: Mapping[str, str] | None = None,
     ) -> FireResult:
         """Fire the listed tasks of owned partitions (partition → token) that are still
         SCHEDULED and due at ``now`` (``run_at <= now`` in the statement too), fenced like
         ``fire_due``. A row the statement cannot fire is left to ``fire_due``, which sets it
-        aside; nothing is retried here."""
+        aside; nothing is retried here.
+
+        ``leases`` (task id → worker id) hands those tasks straight to their workers in the
+        same write: RUNNING, leased as by a claim; they come back in ``FireResult.leased``."""
         result = FireResult()
         if not owned or not task_ids:
             return result
         bucket = bucket_of(now, self.bucket_seconds)
+        args: list[Any] = [
+            list(owned),
+            list(owned.values()),
+            bucket,
+            now,
+            [parse_task_id(t) for t in task_ids],
+            node_id,
+            ms_of(self.horizon),
+        ]
+        if leases:
+            args += [
+                [parse_task_id(t) for t in leases],
+                list(leases.values()),
+                *self.lease_bounds_ms,
+            ]
         async with self.connection() as conn:
             try:
-                rows = await conn.fetch(
-                    q("fire_ids"),
-                    list(owned),
-                    list(owned.values()),
-                    bucket,
-                    now,
-                    [parse_task_id(t) for t in task_ids],
-                    node_id,
-                    ms_of(self.horizon),
-                )
+                rows = await conn.fetch(q("fire_ids_leasing" if leases else "fire_ids"), *args)
             except POISON as exc:
                 log.debug("listed fire failed on a row's data (the tick isolates it): %s", exc)
                 return result
         _count_fired(result, rows)
         return result
+
+    async def release_handed(
+        self, leases: Mapping[str, str], fired_at: datetime, now: datetime
+    ) -> Counter[tuple[str, str]]:
+        """Give back the tasks a hand-off fired at ``fired_at`` may have leased (task id →
+        worker id) when its outcome is unknown, unless their leases ran out by ``now``; the
+        ready count per (namespace, queue)."""
+        if not leases:
+            return Counter()
+        async with self.connection() as conn:
+            rows = await conn.fetch(
+                q("release_handed"),
+                [parse_task_id(t) for t in leases],
+                list(leases.values()),
+                fired_at,
+                now,
+            )
+        return Counter((r["namespace"], r["queue"]) for r in rows)
 
     async def _quarantine(
         self,
@@ -250,7 +287,10 @@ def _count_fired(result: FireResult, rows: Sequence[Any]) -> None:
             result.skipped += 1
         else:
             result.fired += 1
-            result.ready_by_queue[(r["namespace"], r["queue"])] += 1
+            if r.get("leased"):
+                result.leased.append(task_of(r))
+            else:
+                result.ready_by_queue[(r["namespace"], r["queue"])] += 1
             result.lateness.append(r["lateness"])
             if r.get("trace_context") is not None:  # chronoq.tracing: a fire span
                 result.traced.append((r["trace_context"], r["lateness"]))

@@ -213,13 +213,70 @@ WHERE t.id = ANY($5::uuid[]) AND t.partition = fence.partition AND t.state = 0
   AND (t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz)
 RETURNING {{fired_row}};
 
+-- name: fire_ids_leasing
+-- fire_ids, handing some of the listed tasks straight to workers: those in $8 (each with
+-- its worker in $9, the same position) go SCHEDULED -> RUNNING, leased as by claim (lease
+-- timeout saturated into [$10, $11] ms), in the same write that fires them: the hand-off to
+-- a worker stream waiting on this node. A task its misfire policy skips is skipped, never
+-- leased; the others fire READY as in fire_ids. Fenced the same way.
+{{owned_fences}},
+target AS (
+    SELECT t.id,
+           (t.misfire_policy = 1
+            AND t.run_at < $4::timestamptz
+                - least(greatest(t.misfire_grace_ms, 0), $7::bigint) * interval '1 ms') AS skip,
+           array_position($8::uuid[], t.id) AS slot,
+           t.attempt
+    FROM tasks t JOIN fence ON t.partition = fence.partition
+    WHERE t.id = ANY($5::uuid[]) AND t.state = 0
+      AND (t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz)
+    FOR UPDATE OF t
+),
+plan AS (
+    -- a task whose attempt counter is at its end is fired READY (claims set it aside)
+    SELECT g.id, g.skip, (g.slot IS NOT NULL AND NOT g.skip AND g.attempt < 2147483647) AS leased,
+           g.slot
+    FROM target g
+)
+UPDATE tasks t
+SET state = CASE WHEN p.skip THEN 6 WHEN p.leased THEN 2 ELSE 1 END,
+    attempt = CASE WHEN p.leased THEN t.attempt + 1 ELSE t.attempt END,
+    worker_id = CASE WHEN p.leased THEN ($9::text[])[p.slot] ELSE t.worker_id END,
+    lease_until = CASE WHEN p.leased
+                       THEN $4::timestamptz + least(greatest(t.lease_timeout_ms, $10::bigint),
+                                                    $11::bigint) * interval '1 ms'
+                       ELSE t.lease_until END,
+    fired_at = $4,
+    fired_by = $6,
+    fire_token = (SELECT f.token FROM partition_fences f WHERE f.partition = t.partition),
+    finished_at = CASE WHEN p.skip THEN $4 END,
+    last_error = CASE WHEN p.skip
+                      THEN 'skipped by misfire policy: fired later than its grace period'
+                      ELSE t.last_error END
+FROM plan p
+WHERE t.id = p.id
+RETURNING {{fired_row}}, p.leased, {{task_row}};
+
+-- name: release_handed
+-- Gives back what a hand-off may have leased when its statement's outcome is unknown: the
+-- listed tasks ($1) still RUNNING under the worker each was offered to ($2), fired at that
+-- statement's instant ($3) and leased past now ($4), go READY without using an attempt (as
+-- release does). A task whose lease ran out is the reaper's.
+UPDATE tasks t
+SET state = 1, lease_until = NULL, worker_id = NULL,
+    retry_base = least(t.retry_base, 2147483646) + 1
+FROM unnest($1::uuid[], $2::text[]) AS h(id, worker_id)
+WHERE t.id = h.id AND t.state = 2 AND t.worker_id = h.worker_id AND t.fired_at = $3
+  AND t.lease_until > $4
+RETURNING t.namespace, t.queue;
+
 -- name: due_soon
 -- The SCHEDULED tasks of the listed partitions ($1) due in ($4, $5], from buckets $2..$3 (the
 -- current and the next): the owner's timing wheel. Per partition a loose index scan of
 -- tasks_due lists its (bucket, namespace) lanes, at most $7, one probe each, and each lane
 -- reads its run_at range only: rows examined = the due-soon rows, whatever is pending later.
 -- At most $6 rows, earliest first. Read only: firing them is fenced (fire_ids).
-SELECT d.id, l.partition, d.run_at
+SELECT d.id, l.partition, d.run_at, l.namespace, d.queue
 FROM unnest($1::smallint[]) AS p(partition) CROSS JOIN LATERAL (
     WITH RECURSIVE walk (bucket, namespace, lanes) AS (
         (SELECT t.bucket, t.namespace, 1
@@ -240,7 +297,7 @@ FROM unnest($1::smallint[]) AS p(partition) CROSS JOIN LATERAL (
     )
     SELECT p.partition, walk.bucket, walk.namespace FROM walk
 ) l CROSS JOIN LATERAL (
-    SELECT t.id, t.run_at FROM tasks t
+    SELECT t.id, t.run_at, t.queue FROM tasks t
     WHERE t.state = 0 AND t.partition = l.partition AND t.bucket = l.bucket
       AND t.namespace = l.namespace AND t.run_at > $4 AND t.run_at <= $5
     ORDER BY t.run_at

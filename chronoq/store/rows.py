@@ -45,6 +45,7 @@ class FireResult:
     # (stored trace context, lateness) of each fired task that carries a trace context
     traced: list[tuple[str, float]] = field(default_factory=list)
     quarantined: list[Task] = field(default_factory=list)  # due rows set aside as DEAD
+    leased: list[Task] = field(default_factory=list)  # fired straight to a worker (RUNNING)
     # Partitions where a namespace filled its share of the batch (or more namespaces had due
     # rows than the batch has rows): they may have more due rows.
     unfinished: set[int] = field(default_factory=set)

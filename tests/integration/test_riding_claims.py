@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import grpc
 import pytest
 
 from chronoq import errors
 from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
-from chronoq.client import Client, NewTask, TaskContext, Worker
+from chronoq.client import Client, NewTask, TaskContext, Worker, WorkerStats
 from chronoq.clock import ManualClock
 from chronoq.models import Lease, TaskState
 from chronoq.node import Node
@@ -124,8 +125,10 @@ async def test_a_bad_riding_claim_is_refused_before_the_acks_are_written(
     assert (await client.get(task.id)).state is TaskState.RUNNING
 
 
-async def test_a_worker_runs_each_task_once_with_claims_riding_on_acks(client: Client) -> None:
-    count = 400
+async def run_flow(client: Client, count: int, **worker_options: Any) -> WorkerStats:
+    """Run ``count`` ready tasks through one worker (concurrency 16); asserts what any
+    protocol must give: each task once, at attempt 1, never more at once than the
+    concurrency, every one SUCCEEDED and nothing dropped."""
     await client.submit_many([NewTask(queue="flow") for _ in range(count)])
     runs: Counter[tuple[str, int]] = Counter()
     in_flight = peak = 0
@@ -138,7 +141,7 @@ async def test_a_worker_runs_each_task_once_with_claims_riding_on_acks(client: C
         await asyncio.sleep(0.001)
         in_flight -= 1
 
-    worker = Worker(client, {"flow": handler}, concurrency=16, claim_wait=timedelta(seconds=1))
+    worker = Worker(client, {"flow": handler}, concurrency=16, **worker_options)
     run = asyncio.create_task(worker.run())
     try:
         deadline = asyncio.get_running_loop().time() + 30
@@ -149,8 +152,13 @@ async def test_a_worker_runs_each_task_once_with_claims_riding_on_acks(client: C
         worker.stop()
         stats = await run
     assert len(runs) == count and set(runs.values()) == {1}  # once each, at attempt 1
-    assert stats.claimed == count and stats.acks_dropped == 0
-    assert stats.claimed_on_ack > 0  # the riding path carried part of the flow
-    assert peak <= 16  # riding claims never exceed the concurrency
+    assert stats.claimed == count and stats.acks_dropped == 0 and stats.released == 0
+    assert peak <= 16  # never more than the concurrency
     done = await client.list(queue="flow", state=TaskState.SUCCEEDED, page_size=1000)
     assert len(done.tasks) == count
+    return stats
+
+
+async def test_a_worker_runs_each_task_once_with_claims_riding_on_acks(client: Client) -> None:
+    stats = await run_flow(client, 400, claim_wait=timedelta(seconds=1), stream=False)
+    assert stats.claimed_on_ack > 0  # the riding path carried part of the flow

@@ -63,6 +63,8 @@ QUERY_STATES = {
     "expired_leases": {S.RUNNING},
     "fire_due": {S.SCHEDULED, S.READY, S.SKIPPED},
     "fire_ids": {S.SCHEDULED, S.READY, S.SKIPPED},
+    "fire_ids_leasing": {S.SCHEDULED, S.READY, S.RUNNING, S.SKIPPED},
+    "release_handed": {S.RUNNING, S.READY},
     "heartbeat": {S.RUNNING},
     "insert_task_ids": {S.READY},
     "insert_tasks": {S.READY},
@@ -79,7 +81,8 @@ QUERY_STATES = {
 _STATE_NUMBER = re.compile(
     r"\bstate\s*(?:=|<>|!=)\s*(\d+)\b"  # state = 1
     r"|\bstate\s+(?:NOT\s+)?IN\s*\(([\d,\s]+)\)"  # state IN (0, 1, 2)
-    r"|\bTHEN\s+(\d+)\s+ELSE\s+(\d+)\b",  # SET state = CASE ... THEN 6 ELSE 1 END
+    r"|\bTHEN\s+(\d+)\s+ELSE\s+(\d+)\b"  # SET state = CASE ... THEN 6 ELSE 1 END
+    r"|\bstate\s*=\s*CASE\s+WHEN\s+[\w.]+\s+THEN\s+(\d+)\s+WHEN",  # ... THEN 6 WHEN b THEN 2
     re.IGNORECASE,
 )
 

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from chronoq import errors
-from chronoq.client.client import translate
+from chronoq.client.remote import translate
 from chronoq.node.status import code_for
 
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from chronoq.api import convert
 from chronoq.api.v1 import tasks_pb2
-from chronoq.client.client import NewTask
 from chronoq.client.payload import MAX_JSON_DEPTH, decode, encode, is_json
+from chronoq.client.values import NewTask
 from chronoq.errors import InvalidArgument, PayloadNotJSON
 from chronoq.limits import MAX_CONTENT_TYPE, check_content_type
 from chronoq.models import APPLICATION_JSON, OCTET_STREAM, TaskDefaults

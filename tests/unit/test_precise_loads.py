@@ -18,21 +18,22 @@ from chronoq.wheel import Due
 
 START = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
 PARTITIONS = 8
+KEY = ("default", "q")
 
 
 class FakeStore:
     partitions = PARTITIONS
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, int, datetime]] = []
+        self.rows: list[tuple[str, int, datetime]] = []  # (id, partition, run_at)
         self.windows: list[tuple[tuple[int, ...], datetime, datetime]] = []
 
     async def due_soon(
         self, partitions: Sequence[int], after: datetime, until: datetime, *, limit: int
-    ) -> list[tuple[str, int, datetime]]:
+    ) -> list[tuple[str, int, datetime, str, str]]:
         self.windows.append((tuple(partitions), after, until))
         got = [r for r in self.rows if r[1] in partitions and after < r[2] <= until]
-        return sorted(got, key=lambda r: r[2])[:limit]
+        return [(*r, "default", "q") for r in sorted(got, key=lambda r: r[2])[:limit]]
 
     async def fire_listed(
         self, owned: Mapping[int, int], now: datetime, ids: Sequence[str], *, node_id: str = ""
@@ -117,9 +118,14 @@ async def test_submits_enter_here_or_go_to_their_owner() -> None:
     mine, theirs, later = _task(3), _task(4), _task(3)
     soon = START + timedelta(seconds=1)
     others = precise.offer(
-        [(mine, soon), (theirs, soon), (later, START + timedelta(seconds=30))], START
+        [
+            (mine, soon, KEY),
+            (theirs, soon, KEY),
+            (later, START + timedelta(seconds=30), KEY),
+        ],
+        START,
     )
     assert mine in precise.wheel and later not in precise.wheel  # beyond the horizon
-    assert others == [Due(theirs, 4, instant_of(soon))]
+    assert others == [Due(theirs, 4, instant_of(soon))]  # id, partition, instant: no key
     precise.told([Due("x", 3, 1), Due("y", 4, 1)], None)  # None: read every partition again
     assert "x" in precise.wheel and "y" not in precise.wheel

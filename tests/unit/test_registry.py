@@ -111,6 +111,10 @@ def test_sync_client_has_every_call_of_the_async_client() -> None:
         }
 
     sync, asynchronous = calls(SyncClient), calls(Client)
+    # A work stream pushes tasks to a callback on the event loop: a worker's call, not one
+    # that a blocking caller makes.
+    for name in ("open_work", "stream_failed"):
+        del asynchronous[name]
     for name, params in asynchronous.items():
         assert name in sync, f"SyncClient lacks {name}"
         assert sync[name] == params, name

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoq.node.readiness import NOTICE_BYTES, ReadyNotifier
+from chronoq.node.broadcast import NOTICE_BYTES
+from chronoq.node.readiness import ReadyNotifier
 from chronoq.node.soon import MAX_PENDING, SoonBroadcast, decode_soon, encode_soon
 from chronoq.wheel import Due
 

@@ -121,3 +121,35 @@ class ReleaseRequest(_message.Message):
     namespace: str
     lease: Lease
     def __init__(self, namespace: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class WorkOpen(_message.Message):
+    __slots__ = ("namespace", "queues", "worker_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    worker_id: str
+    def __init__(self, namespace: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class WorkRequest(_message.Message):
+    __slots__ = ("open", "credits", "complete", "ack_seq")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    open: WorkOpen
+    credits: int
+    complete: _containers.RepeatedCompositeFieldContainer[Lease]
+    ack_seq: int
+    def __init__(self, open: _Optional[_Union[WorkOpen, _Mapping]] = ..., credits: _Optional[int] = ..., complete: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ack_seq: _Optional[int] = ...) -> None: ...
+
+class WorkResponse(_message.Message):
+    __slots__ = ("tasks", "ack_seq", "acked")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[_tasks_pb2.Task]
+    ack_seq: int
+    acked: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_tasks_pb2.Task, _Mapping]]] = ..., ack_seq: _Optional[int] = ..., acked: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...

@@ -65,6 +65,11 @@ class WorkerServiceStub:
                 request_serializer=chronoq_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=chronoq_dot_v1_dot_tasks__pb2.Task.FromString,
                 _registered_method=True)
+        self.Work = channel.stream_stream(
+                '/chronoq.v1.WorkerService/Work',
+                request_serializer=chronoq_dot_v1_dot_worker__pb2.WorkRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_worker__pb2.WorkResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -106,6 +111,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Work(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +149,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=chronoq_dot_v1_dot_worker__pb2.ReleaseRequest.FromString,
                     response_serializer=chronoq_dot_v1_dot_tasks__pb2.Task.SerializeToString,
+            ),
+            'Work': grpc.stream_stream_rpc_method_handler(
+                    servicer.Work,
+                    request_deserializer=chronoq_dot_v1_dot_worker__pb2.WorkRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_worker__pb2.WorkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +318,33 @@ class WorkerService:
             '/chronoq.v1.WorkerService/Release',
             chronoq_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
             chronoq_dot_v1_dot_tasks__pb2.Task.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Work(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/chronoq.v1.WorkerService/Work',
+            chronoq_dot_v1_dot_worker__pb2.WorkRequest.SerializeToString,
+            chronoq_dot_v1_dot_worker__pb2.WorkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,7 @@ from typing import Any
 
 from chronoq.bench.raw import BenchError
 from chronoq.bench.throughput.handler import noop, take_handler_starts
+from chronoq.bench.throughput.results import PROTOCOLS, worker_protocol
 from chronoq.client import Client, Worker
 from chronoq.config import NodeSettings
 from chronoq.diagnostics.task_rows import QUEUE
@@ -148,14 +149,15 @@ async def serve_node(dsn: str) -> None:
 
 
 async def serve_worker(
-    address: str, concurrency: int, worker_id: str, claim_on_ack: bool
+    address: str, concurrency: int, worker_id: str, protocol: str
 ) -> None:
     client = Client(address, timeout=60)
     try:
         await client.wait_ready(30)
         worker = Worker(
             client, {QUEUE: noop}, concurrency=concurrency, worker_id=worker_id,
-            claim_on_ack=claim_on_ack,
+            stream=worker_protocol(protocol)[0],
+            claim_on_ack=worker_protocol(protocol)[1],
         )
         on_stop(worker.stop)
         say("READY", worker_id)
@@ -176,10 +178,10 @@ def child_main(argv: Sequence[str]) -> None:
     worker.add_argument("--address", required=True)
     worker.add_argument("--concurrency", type=int, default=64)
     worker.add_argument("--id", default=f"bench-{os.getpid()}")
-    worker.add_argument("--claim-on-ack", action=argparse.BooleanOptionalAction, default=True)
+    worker.add_argument("--protocol", choices=PROTOCOLS, default="stream")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.role == "node":
         asyncio.run(serve_node(args.dsn))
     else:
-        asyncio.run(serve_worker(args.address, args.concurrency, args.id, args.claim_on_ack))
+        asyncio.run(serve_worker(args.address, args.concurrency, args.id, args.protocol))

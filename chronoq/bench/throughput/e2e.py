@@ -29,7 +29,7 @@ async def phase_e2e(ctx: Context) -> None:
         run = await end_to_end(ctx, layout)
         ctx.report.end_to_end.append(run)
         ctx.console.print(
-            f"end to end, workers {layout}: {run.tasks_per_s:,.0f} tasks/s "
+            f"end to end, workers {layout}, {ctx.opts.protocol}: {run.tasks_per_s:,.0f} tasks/s "
             f"({run.completed:,} in {run.seconds:.2f} s; "
             f"{run.pg_transactions_per_task:.3f} PostgreSQL transactions per task; CPU per "
             f"task: node {run.node_cpu_us_per_task:.0f} µs, workers "
@@ -79,4 +79,5 @@ async def end_to_end(ctx: Context, layout: str, backlog: int = 0) -> EndToEndRun
         workers_cpu_us_per_task=cpu[1] * 1e6 / opts.tasks,
         postgres_cpu_us_per_task=cpu[2] * 1e6 / opts.tasks,
         claimed_on_ack=results.counts.get("claimed_on_ack", 0),
+        protocol=opts.protocol,
     )

@@ -92,6 +92,7 @@ class EndToEndRun:
     workers_cpu_us_per_task: float = 0.0
     postgres_cpu_us_per_task: float = 0.0
     claimed_on_ack: int = 0
+    protocol: str = "stream"  # how the workers got tasks (``PROTOCOLS``)
 
 
 @dataclass
@@ -191,6 +192,15 @@ class Report:
         return data
 
 
+#: How benchmark workers get tasks (``Options.protocol``).
+PROTOCOLS = ("stream", "riding", "claims")
+
+
+def worker_protocol(protocol: str) -> tuple[bool, bool]:
+    """The ``Worker`` arguments ``(stream, claim_on_ack)`` of a protocol of ``PROTOCOLS``."""
+    return protocol == "stream", protocol != "claims"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Options:
     tasks: int
@@ -205,7 +215,9 @@ class Options:
     phases: tuple[str, ...]
     rss_settle_seconds: float
     logs: Path
-    claim_on_ack: bool = True  # workers' claims ride on their ack batches
+    #: How workers get tasks: ``stream`` (pushed on a Work stream), ``riding`` (claims that
+    #: ride on ack batches, plus long-polls), ``claims`` (long-polls only).
+    protocol: str = "stream"
 
 
 @dataclass

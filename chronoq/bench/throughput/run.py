@@ -32,6 +32,7 @@ from chronoq.bench.throughput.results import (
     LAYOUTS,
     MAX_BACKLOG,
     PHASES,
+    PROTOCOLS,
     Context,
     Options,
     Report,
@@ -58,7 +59,7 @@ def main(
     layouts: str = ",".join(LAYOUTS),
     phases: str = ",".join(DEFAULT_PHASES),
     rss_settle_seconds: float = 5.0,
-    claim_on_ack: bool = True,
+    protocol: str = "stream",
 ) -> None:
     """Run the throughput benchmark and print its table (and write JSON to ``json_out``).
 
@@ -82,8 +83,9 @@ def main(
         phases: Which phases to run: raw, submit, fire, e2e, lateness, rss (the default), and
             backlog.
         rss_settle_seconds: How long a node runs its firing loop before its memory is read.
-        claim_on_ack: Workers claim on their ack batches (False: separate claims only, as
-            before riding claims, for comparison).
+        protocol: How workers get tasks: ``stream`` (the streaming protocol), ``riding``
+            (long-polls and claims riding on acks, the protocol before streams) or ``claims``
+            (long-polls only), for comparison.
     """
     with contextlib.ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cqbench-")))
@@ -94,7 +96,9 @@ def main(
             rss_settle_seconds=rss_settle_seconds, logs=Path(root) / "logs",
             backlog_sizes=backlog_sizes,
         )
-        opts = dataclasses.replace(opts, claim_on_ack=claim_on_ack)
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+        opts = dataclasses.replace(opts, protocol=protocol)
         opts.logs.mkdir(parents=True, exist_ok=True)
         # Not a terminal (CI, a pipe): wide enough for the table, instead of rich's 80 columns.
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)

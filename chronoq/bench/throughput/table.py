@@ -65,7 +65,8 @@ def render(report: Report) -> Table:
     for e2e in report.end_to_end:
         mark = " (best)" if e2e is best and len(report.end_to_end) > 1 else ""
         table.add_row(
-            f"end to end, {e2e.workers} workers x {e2e.concurrency}, {e2e.layout}{mark}",
+            f"end to end, {e2e.workers} workers x {e2e.concurrency}, {e2e.layout}, "
+            f"{e2e.protocol}{mark}",
             rate(e2e.tasks_per_s),
             (f"pipeline {rate(raw.pipeline_per_s)} (claim+complete "
              f"{rate(raw.claim_complete_best[1])}, {raw.claim_complete_best[0]} conn)")

@@ -11,7 +11,7 @@ from typing import Any
 
 from chronoq.bench.throughput.children import Child
 from chronoq.bench.throughput.handler import noop, take_handler_starts
-from chronoq.bench.throughput.results import Options
+from chronoq.bench.throughput.results import Options, worker_protocol
 from chronoq.client import Client, Worker
 from chronoq.diagnostics.task_rows import QUEUE
 
@@ -46,7 +46,8 @@ async def running_workers(
         workers = [
             Worker(
                 c, {QUEUE: noop}, concurrency=concurrency, worker_id=f"bench-{i}",
-                claim_on_ack=opts.claim_on_ack,
+                stream=worker_protocol(opts.protocol)[0],
+                claim_on_ack=worker_protocol(opts.protocol)[1],
             )
             for i, c in enumerate(clients)
         ]
@@ -68,7 +69,7 @@ async def running_workers(
                 f"worker-{i}",
                 ["worker", "--address", address, "--concurrency", str(concurrency),
                  "--id", f"bench-{i}",
-                 "--claim-on-ack" if opts.claim_on_ack else "--no-claim-on-ack"],
+                 "--protocol", opts.protocol],
                 logs,
             )
             for i in range(count)

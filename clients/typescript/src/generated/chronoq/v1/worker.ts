@@ -10,8 +10,10 @@ import {
   type CallOptions,
   type ChannelCredentials,
   Client,
+  type ClientDuplexStream,
   type ClientOptions,
   type ClientUnaryCall,
+  type handleBidiStreamingCall,
   type handleUnaryCall,
   makeGenericClientConstructor,
   type Metadata,
@@ -111,6 +113,43 @@ export interface FailRequest {
 export interface ReleaseRequest {
   namespace: string;
   lease: Lease | undefined;
+}
+
+/**
+ * The streaming worker protocol: one call per worker, both ways, instead of a claim and an
+ * ack round trip per batch. The node pushes tasks as soon as they are ready, never more than
+ * the worker's credits (the slots it has said are free); the worker streams acks, each batch
+ * answered by the results with the same ack_seq. Heartbeats, failures and releases stay
+ * unary calls (to any node). A stream that breaks loses nothing: tasks pushed on it stay
+ * leased to the worker (their acks may go on another stream or by CompleteBatch), tasks
+ * claimed for it but not sent are released.
+ */
+export interface WorkOpen {
+  namespace: string;
+  /** at least one */
+  queues: string[];
+  workerId: string;
+}
+
+export interface WorkRequest {
+  /** the first message, and only it */
+  open:
+    | WorkOpen
+    | undefined;
+  /** more tasks the worker can take now (added to its credits) */
+  credits: number;
+  /** acks: RUNNING -> SUCCEEDED, at most 1000 per message */
+  complete: Lease[];
+  /** names the acks' answer; set when complete is not empty */
+  ackSeq: number;
+}
+
+export interface WorkResponse {
+  /** leased to this worker, as by Claim */
+  tasks: Task[];
+  /** the acks these results answer (0: none) */
+  ackSeq: number;
+  acked: AckResult[];
 }
 
 function createBaseClaimRequest(): ClaimRequest {
@@ -1293,6 +1332,337 @@ export const ReleaseRequest: MessageFns<ReleaseRequest> = {
   },
 };
 
+function createBaseWorkOpen(): WorkOpen {
+  return { namespace: "", queues: [], workerId: "" };
+}
+
+export const WorkOpen: MessageFns<WorkOpen> = {
+  encode(message: WorkOpen, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    for (const v of message.queues) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.workerId !== "") {
+      writer.uint32(26).string(message.workerId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WorkOpen {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWorkOpen();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.queues.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.workerId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WorkOpen {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      queues: globalThis.Array.isArray(object?.queues) ? object.queues.map((e: any) => globalThis.String(e)) : [],
+      workerId: isSet(object.workerId)
+        ? globalThis.String(object.workerId)
+        : isSet(object.worker_id)
+        ? globalThis.String(object.worker_id)
+        : "",
+    };
+  },
+
+  toJSON(message: WorkOpen): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.queues?.length) {
+      obj.queues = message.queues;
+    }
+    if (message.workerId !== "") {
+      obj.workerId = message.workerId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WorkOpen>, I>>(base?: I): WorkOpen {
+    return WorkOpen.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WorkOpen>, I>>(object: I): WorkOpen {
+    const message = createBaseWorkOpen();
+    message.namespace = object.namespace ?? "";
+    message.queues = object.queues?.map((e) => e) || [];
+    message.workerId = object.workerId ?? "";
+    return message;
+  },
+};
+
+function createBaseWorkRequest(): WorkRequest {
+  return { open: undefined, credits: 0, complete: [], ackSeq: 0 };
+}
+
+export const WorkRequest: MessageFns<WorkRequest> = {
+  encode(message: WorkRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.open !== undefined) {
+      WorkOpen.encode(message.open, writer.uint32(10).fork()).join();
+    }
+    if (message.credits !== 0) {
+      writer.uint32(16).uint32(message.credits);
+    }
+    for (const v of message.complete) {
+      Lease.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.ackSeq !== 0) {
+      writer.uint32(32).uint64(message.ackSeq);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WorkRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWorkRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.open = WorkOpen.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.credits = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.complete.push(Lease.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.ackSeq = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WorkRequest {
+    return {
+      open: isSet(object.open) ? WorkOpen.fromJSON(object.open) : undefined,
+      credits: isSet(object.credits) ? globalThis.Number(object.credits) : 0,
+      complete: globalThis.Array.isArray(object?.complete) ? object.complete.map((e: any) => Lease.fromJSON(e)) : [],
+      ackSeq: isSet(object.ackSeq)
+        ? globalThis.Number(object.ackSeq)
+        : isSet(object.ack_seq)
+        ? globalThis.Number(object.ack_seq)
+        : 0,
+    };
+  },
+
+  toJSON(message: WorkRequest): unknown {
+    const obj: any = {};
+    if (message.open !== undefined) {
+      obj.open = WorkOpen.toJSON(message.open);
+    }
+    if (message.credits !== 0) {
+      obj.credits = Math.round(message.credits);
+    }
+    if (message.complete?.length) {
+      obj.complete = message.complete.map((e) => Lease.toJSON(e));
+    }
+    if (message.ackSeq !== 0) {
+      obj.ackSeq = Math.round(message.ackSeq);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WorkRequest>, I>>(base?: I): WorkRequest {
+    return WorkRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WorkRequest>, I>>(object: I): WorkRequest {
+    const message = createBaseWorkRequest();
+    message.open = (object.open !== undefined && object.open !== null) ? WorkOpen.fromPartial(object.open) : undefined;
+    message.credits = object.credits ?? 0;
+    message.complete = object.complete?.map((e) => Lease.fromPartial(e)) || [];
+    message.ackSeq = object.ackSeq ?? 0;
+    return message;
+  },
+};
+
+function createBaseWorkResponse(): WorkResponse {
+  return { tasks: [], ackSeq: 0, acked: [] };
+}
+
+export const WorkResponse: MessageFns<WorkResponse> = {
+  encode(message: WorkResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.tasks) {
+      Task.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.ackSeq !== 0) {
+      writer.uint32(16).uint64(message.ackSeq);
+    }
+    for (const v of message.acked) {
+      AckResult.encode(v!, writer.uint32(26).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WorkResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWorkResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tasks.push(Task.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.ackSeq = longToNumber(reader.uint64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.acked.push(AckResult.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WorkResponse {
+    return {
+      tasks: globalThis.Array.isArray(object?.tasks) ? object.tasks.map((e: any) => Task.fromJSON(e)) : [],
+      ackSeq: isSet(object.ackSeq)
+        ? globalThis.Number(object.ackSeq)
+        : isSet(object.ack_seq)
+        ? globalThis.Number(object.ack_seq)
+        : 0,
+      acked: globalThis.Array.isArray(object?.acked) ? object.acked.map((e: any) => AckResult.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: WorkResponse): unknown {
+    const obj: any = {};
+    if (message.tasks?.length) {
+      obj.tasks = message.tasks.map((e) => Task.toJSON(e));
+    }
+    if (message.ackSeq !== 0) {
+      obj.ackSeq = Math.round(message.ackSeq);
+    }
+    if (message.acked?.length) {
+      obj.acked = message.acked.map((e) => AckResult.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WorkResponse>, I>>(base?: I): WorkResponse {
+    return WorkResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WorkResponse>, I>>(object: I): WorkResponse {
+    const message = createBaseWorkResponse();
+    message.tasks = object.tasks?.map((e) => Task.fromPartial(e)) || [];
+    message.ackSeq = object.ackSeq ?? 0;
+    message.acked = object.acked?.map((e) => AckResult.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 export type WorkerServiceService = typeof WorkerServiceService;
 export const WorkerServiceService = {
   claim: {
@@ -1350,6 +1720,15 @@ export const WorkerServiceService = {
     responseSerialize: (value: Task): Buffer => Buffer.from(Task.encode(value).finish()),
     responseDeserialize: (value: Buffer): Task => Task.decode(value),
   },
+  work: {
+    path: "/chronoq.v1.WorkerService/Work" as const,
+    requestStream: true as const,
+    responseStream: true as const,
+    requestSerialize: (value: WorkRequest): Buffer => Buffer.from(WorkRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): WorkRequest => WorkRequest.decode(value),
+    responseSerialize: (value: WorkResponse): Buffer => Buffer.from(WorkResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): WorkResponse => WorkResponse.decode(value),
+  },
 } as const;
 
 export interface WorkerServiceServer extends UntypedServiceImplementation {
@@ -1359,6 +1738,7 @@ export interface WorkerServiceServer extends UntypedServiceImplementation {
   completeBatch: handleUnaryCall<CompleteBatchRequest, CompleteBatchResponse>;
   fail: handleUnaryCall<FailRequest, Task>;
   release: handleUnaryCall<ReleaseRequest, Task>;
+  work: handleBidiStreamingCall<WorkRequest, WorkResponse>;
 }
 
 export interface WorkerServiceClient extends Client {
@@ -1443,6 +1823,9 @@ export interface WorkerServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: Task) => void,
   ): ClientUnaryCall;
+  work(): ClientDuplexStream<WorkRequest, WorkResponse>;
+  work(options: Partial<CallOptions>): ClientDuplexStream<WorkRequest, WorkResponse>;
+  work(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<WorkRequest, WorkResponse>;
 }
 
 export const WorkerServiceClient = makeGenericClientConstructor(
@@ -1465,6 +1848,17 @@ export type DeepPartial<T> = T extends Builtin ? T
 type KeysOfUnion<T> = T extends T ? keyof T : never;
 export type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
+
+function longToNumber(int64: { toString(): string }): number {
+  const num = globalThis.Number(int64.toString());
+  if (num > globalThis.Number.MAX_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is larger than Number.MAX_SAFE_INTEGER");
+  }
+  if (num < globalThis.Number.MIN_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
+  }
+  return num;
+}
 
 function isSet(value: any): boolean {
   return value !== null && value !== undefined;

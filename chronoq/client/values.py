@@ -1,0 +1,116 @@
+"""What the client's calls take and give: a task to submit, a submit's outcome, the cluster's
+status. Plain values (``NewTask.to_pb`` writes a task as the wire wants it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from chronoq import errors, tracing
+from chronoq.api import convert
+from chronoq.api.v1 import tasks_pb2
+from chronoq.client.payload import Payload
+from chronoq.client.payload import encode as encode_payload
+from chronoq.models import OCTET_STREAM, TASK_DEFAULTS, MisfirePolicy, Task
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewTask:
+    """A task to submit; unset fields take the node's defaults.
+
+    ``payload``: bytes are sent as they are (``content_type`` default
+    ``application/octet-stream``); any other value is sent as JSON (``application/json``),
+    and a value JSON cannot hold raises ``PayloadNotJSON`` before anything is sent."""
+
+    queue: str
+    run_at: datetime | None = None
+    delay: timedelta | None = None
+    payload: Payload = b""
+    content_type: str | None = None
+    idempotency_key: str | None = None
+    max_attempts: int | None = None
+    backoff_initial: timedelta | None = None
+    backoff_max: timedelta | None = None
+    lease_timeout: timedelta | None = None
+    priority: int = TASK_DEFAULTS.priority
+    misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
+    misfire_grace: timedelta | None = None
+
+    def to_pb(self, namespace: str) -> tasks_pb2.TaskSpec:
+        payload, content_type = encode_payload(self.payload, self.content_type)
+        pb = tasks_pb2.TaskSpec(
+            namespace=namespace,
+            queue=self.queue,
+            payload=payload,
+            content_type="" if content_type == OCTET_STREAM else content_type,
+            idempotency_key=self.idempotency_key or "",
+            priority=self.priority,
+            misfire_policy=convert.state_policy_to_pb(self.misfire_policy),
+        )
+        if self.run_at is not None and self.delay is not None:
+            raise errors.BadRequest("set run_at or delay, not both")
+        run_at = convert.to_timestamp(self.run_at)
+        if run_at is not None:
+            pb.run_at.CopyFrom(run_at)
+        elif self.delay is not None:
+            pb.delay.FromTimedelta(self.delay)
+        else:
+            pb.delay.FromTimedelta(timedelta(0))
+        if self.max_attempts is not None:
+            if self.max_attempts < 0:
+                raise errors.BadRequest("max_attempts: must be >= 1")
+            pb.retry.max_attempts = self.max_attempts
+        if self.backoff_initial is not None:
+            pb.retry.backoff_initial.FromTimedelta(self.backoff_initial)
+        if self.backoff_max is not None:
+            pb.retry.backoff_max.FromTimedelta(self.backoff_max)
+        if self.lease_timeout is not None:
+            pb.lease_timeout.FromTimedelta(self.lease_timeout)
+        if self.misfire_grace is not None:
+            pb.misfire_grace.FromTimedelta(self.misfire_grace)
+        tracing.inject(pb.trace_context)  # no-op unless tracing is on
+        return pb
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task: Task
+    created: bool  # False: an earlier submit with the same idempotency key won
+
+
+@dataclass(frozen=True)
+class BucketCount:
+    bucket: int
+    starts_at: datetime
+    pending: int
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    node_id: str
+    address: str
+    owned_partitions: int
+    lateness_p50_ms: float
+    lateness_p99_ms: float
+    fired_total: int
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: int
+    owner: str
+    fencing_token: int
+    watermark_bucket: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    cluster: str
+    node_id: str
+    now: datetime
+    partitions: int
+    bucket_seconds: int
+    members: list[MemberStatus] = field(default_factory=list)
+    ownership: list[PartitionStatus] = field(default_factory=list)
+    buckets: list[BucketCount] = field(default_factory=list)
+    firing_partitions: list[int] = field(default_factory=list)  # what this node fires now

@@ -1,0 +1,126 @@
+"""The hand-off: an owner fires a task straight to a worker stream waiting on this node.
+
+Without it a task due now takes two writes and a wake-up before a handler starts: the fire
+(SCHEDULED → READY), a notice that wakes a waiting claim, and the claim (READY → RUNNING).
+When the timing wheel fires tasks of a queue on which a worker stream of this node has free
+credits, the fire statement leases them to that stream's worker in the same write
+(``fire_ids_leasing``), and the node pushes them on the stream at once: one statement and one
+message from the instant to the handler.
+
+A plan reserves the credits it offers before the statement and gives back what the statement
+did not use (a task skipped by its misfire policy, fired elsewhere, or a fence lost), so a
+stream never gets more tasks than it has credits for. Queues with a dispatch limit are never
+handed off: their claims take tokens from the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from chronoq.models import Task
+from chronoq.wheel import Due
+
+Key = tuple[str, str]  # (namespace, queue)
+
+
+class Taker(Protocol):
+    """What the hand-off needs of a worker stream (``WorkSession``)."""
+
+    worker_id: str
+
+    def available(self) -> int: ...
+
+    def reserve(self, n: int) -> None: ...
+
+    def deliver(self, tasks: list[Task], reserved: int) -> None: ...
+
+
+@dataclass
+class Plan:
+    """What one fire statement hands off: ``leases`` (task id → worker id) for the store,
+    and the reservations to settle with what it returns."""
+
+    leases: dict[str, str] = field(default_factory=dict)
+    _takers: dict[str, Taker] = field(default_factory=dict)  # task id → its stream
+    _reserved: dict[Taker, int] = field(default_factory=dict)
+    _settled: bool = False
+
+    def settle(self, leased: Iterable[Task]) -> int:
+        """Push each leased task to its stream; give back the credits not used. Returns the
+        number of tasks handed off."""
+        if self._settled:
+            return 0
+        self._settled = True
+        mine: dict[Taker, list[Task]] = {taker: [] for taker in self._reserved}
+        for task in leased:
+            taker = self._takers.get(task.id)
+            if taker is not None:
+                mine[taker].append(task)
+        for taker, tasks in mine.items():
+            taker.deliver(tasks, self._reserved[taker])
+        return sum(len(t) for t in mine.values())
+
+    def cancel(self) -> None:
+        """The statement failed: nothing was leased, every reservation goes back."""
+        self.settle(())
+
+
+class HandOff:
+    """The worker streams of this node, by the keys they work on."""
+
+    def __init__(self, limited: Callable[[], set[Key] | None]) -> None:
+        """``limited``: the keys with a dispatch limit, or None while not known yet (then
+        nothing is handed off)."""
+        self._limited = limited
+        self._takers: dict[Key, dict[Taker, None]] = {}
+
+    def join(self, taker: Taker, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self._takers.setdefault(key, {})[taker] = None
+
+    def leave(self, taker: Taker, keys: Iterable[Key]) -> None:
+        for key in keys:
+            takers = self._takers.get(key)
+            if takers is None:
+                continue
+            takers.pop(taker, None)
+            if not takers:
+                del self._takers[key]
+
+    def plan(self, due: Sequence[Due]) -> Plan | None:
+        """Assign due tasks of known keys to streams with free credits, oldest stream of a
+        key first (each key's streams take turns across plans); None when none can take."""
+        if not self._takers:
+            return None
+        limited = self._limited()
+        if limited is None:
+            return None
+        by_key: dict[Key, list[str]] = {}
+        for d in due:
+            if d.key is not None and d.key in self._takers and d.key not in limited:
+                by_key.setdefault(d.key, []).append(d.task_id)
+        if not by_key:
+            return None
+        plan = Plan()
+        for key, ids in by_key.items():
+            takers = self._takers[key]
+            served: list[Taker] = []
+            for taker in list(takers):
+                if not ids:
+                    break
+                n = min(taker.available(), len(ids))
+                if n <= 0:
+                    continue
+                taker.reserve(n)
+                plan._reserved[taker] = plan._reserved.get(taker, 0) + n
+                for task_id in ids[:n]:
+                    plan.leases[task_id] = taker.worker_id
+                    plan._takers[task_id] = taker
+                del ids[:n]
+                served.append(taker)
+            for taker in served:  # to the back of the key's turn
+                takers.pop(taker, None)
+                takers[taker] = None
+        return plan if plan.leases else None

@@ -1,0 +1,108 @@
+"""The hand-off plan (pure): never more tasks than a stream's free credits, credits back for
+what the statement did not lease, streams of a key take turns, limited queues never."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from chronoq.models import Task, TaskState
+from chronoq.node.handoff import HandOff, Key
+from chronoq.wheel import Due
+
+KEY: Key = ("default", "q")
+
+
+class FakeTaker:
+    def __init__(self, worker_id: str, credits: int) -> None:
+        self.worker_id = worker_id
+        self.credits = credits
+        self.held = 0
+        self.delivered: list[Task] = []
+
+    def available(self) -> int:
+        return self.credits - self.held
+
+    def reserve(self, n: int) -> None:
+        self.held += n
+
+    def deliver(self, tasks: list[Task], reserved: int) -> None:
+        self.held -= reserved
+        self.credits -= len(tasks)
+        self.delivered += tasks
+
+
+def due(n: int, key: Key | None = KEY, start: int = 0) -> list[Due]:
+    return [Due(f"t{i}", 0, 1, key) for i in range(start, start + n)]
+
+
+def task(task_id: str) -> Task:
+    return Task(
+        id=task_id,
+        namespace="default",
+        queue="q",
+        state=TaskState.RUNNING,
+        run_at=datetime(2030, 1, 1, tzinfo=UTC),
+        partition=0,
+        bucket=0,
+    )
+
+
+def test_a_plan_offers_no_more_than_the_free_credits() -> None:
+    handoff = HandOff(lambda: set())
+    a = FakeTaker("a", 3)
+    handoff.join(a, [KEY])
+    plan = handoff.plan(due(5))
+    assert plan is not None
+    assert len(plan.leases) == 3 and set(plan.leases.values()) == {"a"}
+    assert a.available() == 0  # reserved while the statement runs
+    assert handoff.plan(due(5, start=5)) is None  # nothing free to offer meanwhile
+
+
+def test_settling_delivers_the_leased_and_frees_the_rest() -> None:
+    handoff = HandOff(lambda: set())
+    a = FakeTaker("a", 4)
+    handoff.join(a, [KEY])
+    plan = handoff.plan(due(4))
+    assert plan is not None
+    leased = [task(t) for t in list(plan.leases)[:3]]  # one was fired elsewhere meanwhile
+    assert plan.settle(leased) == 3
+    assert a.delivered == leased and a.held == 0 and a.available() == 1
+    assert plan.settle(leased) == 0  # settled once
+
+
+def test_a_failed_statement_gives_every_credit_back() -> None:
+    handoff = HandOff(lambda: set())
+    a = FakeTaker("a", 2)
+    handoff.join(a, [KEY])
+    plan = handoff.plan(due(2))
+    assert plan is not None
+    plan.cancel()
+    assert a.delivered == [] and a.available() == 2
+
+
+def test_streams_of_a_key_take_turns() -> None:
+    handoff = HandOff(lambda: set())
+    a, b = FakeTaker("a", 1), FakeTaker("b", 1)
+    handoff.join(a, [KEY])
+    handoff.join(b, [KEY])
+    first = handoff.plan(due(1))
+    assert first is not None and set(first.leases.values()) == {"a"}
+    first.cancel()
+    second = handoff.plan(due(1))
+    assert second is not None and set(second.leases.values()) == {"b"}
+
+
+def test_unknown_keys_limited_queues_and_unread_limits_are_never_handed_off() -> None:
+    a = FakeTaker("a", 10)
+    limited = HandOff(lambda: {KEY})
+    limited.join(a, [KEY])
+    assert limited.plan(due(3)) is None
+    unread = HandOff(lambda: None)  # limits not read yet: a limited queue cannot be told
+    unread.join(a, [KEY])
+    assert unread.plan(due(3)) is None
+    open_ = HandOff(lambda: set())
+    open_.join(a, [KEY])
+    assert open_.plan(due(3, key=None)) is None  # told by another node: key unknown
+    assert open_.plan(due(3, key=("default", "other"))) is None  # nobody works on it
+    open_.leave(a, [KEY])
+    assert open_.plan(due(3)) is None
