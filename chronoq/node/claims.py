@@ -149,31 +149,23 @@ class Claims:
         namespace: str,
         queues: Sequence[str],
         worker_id: str,
-        max_tasks: int | Callable[[], int],
+        max_tasks: int,
         wait: timedelta,
-        *,
-        hold_slot: bool = True,
     ) -> list[Task]:
         """Claim up to ``max_tasks``; wait up to ``wait`` (clipped to the caller's deadline)
-        for one to become ready. ``TooManyLongPolls`` if a waiting claim is over a cap.
-
-        ``max_tasks`` may be a callable, read at each attempt: a worker stream's credits grow
-        while it waits. ``hold_slot=False``: the caller holds a long-poll slot already."""
-        want = max_tasks if callable(max_tasks) else functools.partial(int, max_tasks)
+        for one to become ready. ``TooManyLongPolls`` if a waiting claim is over a cap."""
         seconds = wait_within_deadline(wait.total_seconds(), caller.time_remaining())
-        once = functools.partial(self.claim_once, caller, namespace, queues, worker_id)
+        once = functools.partial(self.claim_once, caller, namespace, queues, worker_id, max_tasks)
         if seconds <= 0:
-            return await once(want())
-        if not hold_slot:
-            return await self._long_poll(namespace, queues, want, seconds, once)
+            return await once()
         with self.slots.hold(namespace):
-            return await self._long_poll(namespace, queues, want, seconds, once)
+            return await self._long_poll(namespace, queues, max_tasks, seconds, once)
 
     async def _long_poll(
         self,
         namespace: str,
         queues: Sequence[str],
-        want: Callable[[], int],
+        max_tasks: int,
         seconds: float,
         once: Callable[..., Awaitable[list[Task]]],
     ) -> list[Task]:
@@ -186,8 +178,7 @@ class Claims:
                 # A first claim where others wait already and nothing woke them would find
                 # nothing: it joins them at no cost (also after queueing for a lane, so a
                 # thousand workers arriving at once at an idle queue cost a few statements).
-                max_tasks = want()
-                tasks = await once(max_tasks, unless_quiet=not woken)
+                tasks = await once(unless_quiet=not woken)
                 remaining = deadline - loop.time()
                 if tasks or remaining <= 0:
                     break
@@ -209,8 +200,6 @@ class Claims:
         *,
         unless_quiet: bool = False,
     ) -> list[Task]:
-        if max_tasks <= 0:
-            return []
         if unless_quiet and self._notifier.quiet(namespace, queues):
             return []
         async with self.lanes.lane(namespace):

@@ -34,6 +34,7 @@ from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
 from chronoq.models import Task, TaskState
 from chronoq.node.auth_interceptor import api_security
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
+from chronoq.node.cluster_service import ClusterService, node_stats
 from chronoq.node.firing import Firer
 from chronoq.node.housekeeping import (
     DepthPoller,
@@ -49,7 +50,7 @@ from chronoq.node.precise import PreciseFirer, Scheduled
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
-from chronoq.node.service import ClusterService, TaskService, WorkerService, node_stats
+from chronoq.node.service import TaskService, WorkerService
 from chronoq.node.soon import SoonBroadcast
 from chronoq.store import FireResult, Store
 from chronoq.store.pool_logs import quiet_pool_outages

@@ -1,4 +1,5 @@
-"""gRPC servicers: validate, convert, call the store, convert back. No SQL here."""
+"""gRPC servicers of tasks and workers: validate, convert, call the store, convert back. No
+SQL here (the cluster's is ``cluster_service``, the schedules' ``schedule_service``)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,13 @@ import grpc
 from chronoq import tracing
 from chronoq.api import convert
 from chronoq.api.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
     tasks_pb2,
     tasks_pb2_grpc,
     worker_pb2,
     worker_pb2_grpc,
 )
-from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
-from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import (
     ChronoqError,
     InvalidArgument,
@@ -44,7 +41,6 @@ from chronoq.limits import (
     MAX_QUEUE_RATE,
     MAX_QUEUES_PER_CLAIM,
     MAX_REQUEUE_IDS,
-    MAX_STATUS_BUCKETS,
     MAX_TASK_ID,
     MAX_WORKER_ID,
     check_count,
@@ -56,7 +52,6 @@ from chronoq.limits import (
 )
 from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
 from chronoq.node.claims import Claims, FairLanes, claim_lanes
-from chronoq.node.firing import Firer
 from chronoq.node.handoff import HandOff
 from chronoq.node.metrics import NodeMetrics
 from chronoq.node.precise import Scheduled
@@ -493,101 +488,6 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         task = await self._store.release(convert.namespace_of(request.namespace), _lease(request))
         self._notifier.notify([(task.namespace, task.queue)])
         return convert.task_to_pb(task)
-
-
-class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        settings: NodeSettings,
-        ownership: Ownership,
-        firer: Firer,
-    ) -> None:
-        self._store = store
-        self._clock = clock
-        self._settings = settings
-        self._ownership = ownership
-        self._firer = firer
-
-    @translated
-    async def Status(
-        self, request: cluster_pb2.StatusRequest, context: Ctx
-    ) -> cluster_pb2.StatusResponse:
-        now = self._clock.now()
-        width = self._settings.bucket_seconds
-        horizon = request.bucket_horizon or 10
-        if horizon > MAX_STATUS_BUCKETS:
-            raise InvalidArgument("bucket_horizon", f"must be at most {MAX_STATUS_BUCKETS} buckets")
-        first = bucket_of(now, width)
-        counts = await self._store.pending_by_bucket(
-            list(range(self._settings.partitions)), first - 1, first + horizon - 1
-        )
-        per_bucket: dict[int, int] = {}
-        for (_p, b), n in counts.items():
-            per_bucket[b] = per_bucket.get(b, 0) + n
-        view = self._ownership.describe()
-        watermarks = {f.partition: f.watermark for f in await self._store.fences()}
-        members = []
-        for m in view.members:
-            stats = m.stats
-            if m.node_id == self._settings.node_id:
-                stats = self._local_stats()
-            members.append(
-                cluster_pb2.Member(
-                    node_id=m.node_id,
-                    address=m.address,
-                    owned_partitions=sum(1 for n, _t in view.owners.values() if n == m.node_id),
-                    lateness_p50_ms=stats.get("lateness_p50_ms", 0.0),
-                    lateness_p99_ms=stats.get("lateness_p99_ms", 0.0),
-                    fired_total=int(stats.get("fired", 0)),
-                )
-            )
-        return cluster_pb2.StatusResponse(
-            cluster=view.cluster,
-            node_id=self._settings.node_id,
-            now=convert.to_timestamp(now),
-            partitions=self._settings.partitions,
-            bucket_seconds=width,
-            members=members,
-            ownership=[
-                cluster_pb2.PartitionOwnership(
-                    partition=p,
-                    owner=node,
-                    fencing_token=token,
-                    watermark_bucket=watermarks.get(p, 0),
-                )
-                for p, (node, token) in sorted(view.owners.items())
-            ],
-            buckets=[
-                cluster_pb2.BucketCount(
-                    bucket=b,
-                    starts_at=convert.to_timestamp(bucket_start(b, width)),
-                    pending=per_bucket.get(b, 0),
-                )
-                for b in range(first - 1, first + horizon)
-            ],
-            firing_partitions=sorted(self._ownership.owned()),
-        )
-
-    @translated
-    async def Drain(
-        self, request: cluster_pb2.DrainRequest, context: Ctx
-    ) -> cluster_pb2.DrainResponse:
-        released = await self._ownership.drain()
-        return cluster_pb2.DrainResponse(node_id=self._settings.node_id, released=sorted(released))
-
-    def _local_stats(self) -> dict[str, float]:
-        return node_stats(self._firer)
-
-
-def node_stats(firer: Firer) -> dict[str, float]:
-    """The figures a node publishes about itself (status, the lab)."""
-    return {
-        "lateness_p50_ms": firer.lateness.percentile(50) * 1000,
-        "lateness_p99_ms": firer.lateness.percentile(99) * 1000,
-        "fired": float(firer.stats.fired),
-    }
 
 
 def _required_id(task_id: str) -> str:
