@@ -8,6 +8,7 @@ process), so every node computes the same place for the same task.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 DEFAULT_PARTITIONS = 256
@@ -18,12 +19,22 @@ DEFAULT_BUCKET_SECONDS = 60
 
 def bucket_of(run_at: datetime, bucket_seconds: int = DEFAULT_BUCKET_SECONDS) -> int:
     """The bucket that holds ``run_at``; exact integer math on microseconds."""
-    if run_at.tzinfo is None:
-        raise ValueError("run_at must be timezone-aware")
+    return buckets_of((run_at,), bucket_seconds)[0]
+
+
+def buckets_of(
+    run_ats: Iterable[datetime], bucket_seconds: int = DEFAULT_BUCKET_SECONDS
+) -> list[int]:
+    """``bucket_of`` of many instants (a submitted batch), the width checked once."""
     if bucket_seconds < 1:
         raise ValueError("bucket_seconds must be >= 1")
-    micros = (run_at - _EPOCH) // timedelta(microseconds=1)
-    return micros // (bucket_seconds * 1_000_000)
+    width = bucket_seconds * 1_000_000
+    out = []
+    for run_at in run_ats:
+        if run_at.tzinfo is None:
+            raise ValueError("run_at must be timezone-aware")
+        out.append((run_at - _EPOCH) // _MICROSECOND // width)
+    return out
 
 
 def bucket_start(bucket: int, bucket_seconds: int = DEFAULT_BUCKET_SECONDS) -> datetime:
@@ -33,11 +44,15 @@ def bucket_start(bucket: int, bucket_seconds: int = DEFAULT_BUCKET_SECONDS) -> d
 
 def partition_of(key: str | bytes, partitions: int = DEFAULT_PARTITIONS) -> int:
     """Stable partition of a key (a task id): first 8 bytes of BLAKE2b, modulo ``partitions``."""
+    return partitions_of((key.encode() if isinstance(key, str) else key,), partitions)[0]
+
+
+def partitions_of(keys: Iterable[bytes], partitions: int = DEFAULT_PARTITIONS) -> list[int]:
+    """``partition_of`` of many ids given as bytes, the partition count checked once."""
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
-    data = key.encode() if isinstance(key, str) else key
-    digest = hashlib.blake2b(data, digest_size=8).digest()
-    return int.from_bytes(digest, "big") % partitions
+    digest = hashlib.blake2b
+    return [int.from_bytes(digest(k, digest_size=8).digest(), "big") % partitions for k in keys]
 
 
 def average_per_bucket(
@@ -49,3 +64,4 @@ def average_per_bucket(
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)

@@ -105,9 +105,26 @@ async def run_demo(
             async with _workers(stack.addresses, opts):
                 finished = await _watch(stack, opts, stop, on_counts)
             summary = summarize_tasks([t async for t in client.iter_tasks(queue=DEMO_QUEUE)])
-            members = (await client.status(bucket_horizon=0)).members
+            members = await _members_counted(client, summary.fired)
         wall = time.monotonic() - started
     return DemoRun(summary, payloads, members, wall, finished)
+
+
+#: How long the summary waits for the nodes' published counters to catch up with the store
+#: (nodes publish their stats every second).
+STATS_CATCH_UP_SECONDS = 3.0
+
+
+async def _members_counted(client: Client, fired: int) -> list[MemberStatus]:
+    """The members' status once their published fire counters account for the ``fired``
+    tasks the store shows (each retry is a fire too, so they may count more), or the last
+    status read after ``STATS_CATCH_UP_SECONDS``."""
+    deadline = time.monotonic() + STATS_CATCH_UP_SECONDS
+    while True:
+        members = (await client.status(bucket_horizon=0)).members
+        if sum(m.fired_total for m in members) >= fired or time.monotonic() >= deadline:
+            return members
+        await asyncio.sleep(0.25)
 
 
 async def _submit(client: Client, payloads: list[DemoPayload], over: timedelta) -> None:

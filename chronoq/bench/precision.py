@@ -11,7 +11,10 @@ median over ``runs`` runs:
 - run_at → fired (the store's ``fired_at``), p50 / p99;
 - *early*: handlers started before their run_at, plus tasks fired before it (must be 0);
 - the raw ceiling of the same run: how late a bare asyncio timer in the benchmark process
-  wakes for instants at the same rate, under the same load (no store, no network).
+  wakes for instants at the same rate, under the same load (no store, no network);
+- the CPU the cluster's processes used from the first run_at until the last task completed,
+  by role (nodes, workers, PostgreSQL, etcd), in cores: a latency measured on a machine whose
+  cores are all busy measures the queue for them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
+from chronoq.bench.throughput.measure import cpu_seconds, descendants
 from chronoq.client import Client, NewTask, TaskContext, Worker
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 
@@ -71,6 +75,8 @@ class RateRun:
     timer_p50_ms: float
     timer_p99_ms: float
     submit_overran: bool
+    #: Cores each role used while the run's tasks came due and ran (CPU seconds / seconds).
+    cpu_cores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +113,10 @@ class PrecisionReport:
                     timer_p50_ms=med("timer_p50_ms"),
                     timer_p99_ms=med("timer_p99_ms"),
                     submit_overran=any(r.submit_overran for r in mine),
+                    cpu_cores={
+                        role: float(statistics.median(r.cpu_cores.get(role, 0.0) for r in mine))
+                        for role in ROLES
+                    },
                 )
             )
         return out
@@ -157,7 +167,9 @@ def main(
                     f"{result.start_p50_ms:.1f} ms, p99 {result.start_p99_ms:.1f} ms, max "
                     f"{result.start_max_ms:.1f} ms; fired p50 {result.fire_p50_ms:.1f} ms, "
                     f"p99 {result.fire_p99_ms:.1f} ms; early {result.early} "
-                    f"({result.handled:,}/{result.tasks:,} handled)"
+                    f"({result.handled:,}/{result.tasks:,} handled); CPU meanwhile: "
+                    + ", ".join(f"{role} {cores:.2f}" for role, cores in result.cpu_cores.items())
+                    + f" cores of {os.cpu_count()}"
                 )
     console.print(render(report))
     if json_out is not None:
@@ -194,7 +206,9 @@ async def _one_run(
         await _submit(addresses, news)
         overran = datetime.now(UTC) > first
         timer = asyncio.create_task(_timer_floor(first, rate, count))
+        cpu_from = asyncio.create_task(_cpu_at(first))
         await _until_done(dsn, count, within=seconds + LEAD_SECONDS + 120)
+        cpu = _cpu_used(await cpu_from)
         timer_late = await timer
     finally:
         starts = [await w.stop() for w in workers]
@@ -214,7 +228,57 @@ async def _one_run(
         timer_p50_ms=_pct(timer_late, 50) * 1e3,
         timer_p99_ms=_pct(timer_late, 99) * 1e3,
         submit_overran=overran,
+        cpu_cores=cpu,
     )
+
+
+#: The cluster's processes by role, as their command lines name them.
+ROLES = ("nodes", "workers", "PostgreSQL", "etcd")
+
+
+def _role(pid: int) -> str | None:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if "chronoq.cli node" in cmd:
+        return "nodes"
+    if _CHILD_MODULE in cmd:
+        return "workers"
+    if "postgres" in cmd:
+        return "PostgreSQL"
+    if "etcd" in cmd:
+        return "etcd"
+    return None
+
+
+def _cpu_by_pid() -> tuple[float, dict[int, tuple[str, float]]]:
+    """(monotonic time, pid → (role, CPU seconds)) of this process's descendants."""
+    out = {}
+    for pid in descendants(os.getpid()):
+        role = _role(pid)
+        if role is not None:
+            out[pid] = (role, cpu_seconds(pid))
+    return time.monotonic(), out
+
+
+async def _cpu_at(at: datetime) -> tuple[float, dict[int, tuple[str, float]]]:
+    wait = (at - datetime.now(UTC)).total_seconds()
+    if wait > 0:
+        await asyncio.sleep(wait)
+    return _cpu_by_pid()
+
+
+def _cpu_used(since: tuple[float, dict[int, tuple[str, float]]]) -> dict[str, float]:
+    """Cores each role used since the snapshot ``since`` (processes alive at both ends)."""
+    began, before = since
+    ended, after = _cpu_by_pid()
+    seconds = max(ended - began, 1e-9)
+    cores = dict.fromkeys(ROLES, 0.0)
+    for pid, (role, used) in after.items():
+        if pid in before:
+            cores[role] += (used - before[pid][1]) / seconds
+    return cores
 
 
 async def _reset(dsn: str) -> None:

@@ -98,6 +98,15 @@ def bench_throughput(
             "the protocol before streams), claims (long-polls only).",
         ),
     ] = None,
+    prefetch: Annotated[
+        int | None,
+        _opt(
+            "PREFETCH",
+            "Tasks each worker may hold beyond those it runs (0: none) [default: the "
+            "worker's, 4 x concurrency within a 20 ms horizon].",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
     """Measure submit, firing and claim throughput, and firing cost against pending-set size.
 
@@ -128,6 +137,7 @@ def bench_throughput(
                     rss_settle_seconds=rss_settle_seconds,
                     backlog_sizes=backlog_sizes,
                     protocol=protocol,
+                    prefetch=prefetch,
                 )
             )
         except ValueError as exc:  # a malformed list option

@@ -19,8 +19,8 @@ from chronoq.cli.common import (
     run,
 )
 from chronoq.client import Worker, WorkerStats
+from chronoq.client.context import Handler
 from chronoq.client.handlers import HandlerChoiceError, select_handlers
-from chronoq.client.worker import Handler
 from chronoq.models import DEFAULT_NAMESPACE
 
 
@@ -58,6 +58,17 @@ def worker(
             help="Tasks run at once.",
         ),
     ] = 10,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            "--prefetch",
+            envvar=env("WORKER_PREFETCH"),
+            min=0,
+            help="Most tasks held leased beyond those running, so a freed slot starts the next "
+            "at once; only what the slots start within 20 ms at the handlers' pace is held "
+            "[default: 4 x concurrency; 0: none].",
+        ),
+    ] = None,
     worker_id: Annotated[
         str | None,
         typer.Option(
@@ -98,7 +109,7 @@ def worker(
     rates = _rates(rate or [], handlers)
     with reported():
         tracing.configure_from_env("chronoq-worker", otlp_endpoint, strict=True)
-    stats = run(_work(address, namespace, handlers, concurrency, worker_id, rates))
+    stats = run(_work(address, namespace, handlers, concurrency, worker_id, rates, prefetch))
     out.print(
         f"worker stopped: claimed {stats.claimed}, succeeded {stats.succeeded}, "
         f"failed {stats.failed}, released {stats.released}, lost {stats.lost}"
@@ -112,10 +123,14 @@ async def _work(
     concurrency: int,
     worker_id: str | None,
     rates: dict[str, float] | None = None,
+    prefetch: int | None = None,
 ) -> WorkerStats:
     async with make_client(address, namespace) as client:
         await client.wait_ready()
-        runner = Worker(client, handlers, concurrency=concurrency, worker_id=worker_id, rates=rates)
+        runner = Worker(
+            client, handlers, concurrency=concurrency, worker_id=worker_id, rates=rates,
+            prefetch=prefetch,
+        )
         runner.install_signal_handlers()
         err.print(
             f"worker {runner.worker_id} serving {', '.join(handlers)} on {address} (Ctrl-C to stop)"

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import dataclasses
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -26,6 +24,7 @@ from chronoq.client.values import (
     NewTask,
     PartitionStatus,
     Submitted,
+    new_keys,
 )
 from chronoq.models import (
     DEFAULT_NAMESPACE,
@@ -186,33 +185,36 @@ class Client:
         """The deadline of acks and heartbeats: the client's timeout, at most ``ACK_TIMEOUT``."""
         return min(self.timeout, ACK_TIMEOUT)
 
-    def _keyed(self, task: NewTask) -> tuple[NewTask, bool]:
-        """A submit may be retried (on another node, or after a store failover left its
-        outcome unknown): give it an idempotency key if it has none, so the retry cannot
-        create a second task. True: the key is ours (whatever the node answers, the task was
-        created by this call)."""
-        if task.idempotency_key:
-            return task, False
-        return dataclasses.replace(task, idempotency_key=str(uuid.uuid4())), True
+    def _keyed(self, tasks: Sequence[NewTask]) -> list[tuple[tasks_pb2.TaskSpec, bool]]:
+        """The tasks as wire specs. A submit may be retried (on another node, or after a
+        store failover left its outcome unknown): each task without an idempotency key gets
+        one, so the retry cannot create a second task. True: the key is ours (whatever the
+        node answers, the task was created by this call). The keys are time-ordered, like
+        task ids, so a batch's entries in the key index land side by side."""
+        keys = iter(new_keys(sum(1 for t in tasks if not t.idempotency_key)))
+        return [
+            (t.to_pb(self.namespace), False)
+            if t.idempotency_key
+            else (t.to_pb(self.namespace, idempotency_key=next(keys)), True)
+            for t in tasks
+        ]
 
     # ------------------------------------------------------------------ tasks
 
     @tracing.client_span
     async def submit(self, queue: str, **fields: Any) -> Submitted:
         """Submit one task; see ``NewTask`` for the fields (run_at or delay, payload, ...)."""
-        task, ours = self._keyed(NewTask(queue=queue, **fields))
+        ((spec, ours),) = self._keyed([NewTask(queue=queue, **fields)])
         resp = await self._call(
-            lambda n: n.tasks.Submit,
-            tasks_pb2.SubmitRequest(task=task.to_pb(self.namespace)),
-            retry=True,
+            lambda n: n.tasks.Submit, tasks_pb2.SubmitRequest(task=spec), retry=True
         )
         return Submitted(convert.task_from_pb(resp.task), resp.created or ours)
 
     @tracing.client_span
     async def submit_many(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
         """Submit a batch in one request and one transaction; results in request order."""
-        keyed = [self._keyed(t) for t in tasks]
-        req = tasks_pb2.SubmitBatchRequest(tasks=[t.to_pb(self.namespace) for t, _ in keyed])
+        keyed = self._keyed(tasks)
+        req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in keyed])
         resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
         return [
             Submitted(convert.task_from_pb(t), c or ours)
@@ -223,10 +225,8 @@ class Client:
     async def submit_ids(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
         """Like ``submit_many`` but answered with (task id, created) pairs only: for bulk loads,
         where echoing every task back would cost more than inserting it."""
-        keyed = [self._keyed(t) for t in tasks]
-        req = tasks_pb2.SubmitBatchRequest(
-            tasks=[t.to_pb(self.namespace) for t, _ in keyed], ids_only=True
-        )
+        keyed = self._keyed(tasks)
+        req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in keyed], ids_only=True)
         resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
         return [
             (i, c or ours) for i, c, (_, ours) in zip(resp.ids, resp.created, keyed, strict=True)

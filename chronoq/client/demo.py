@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from chronoq import stats
-from chronoq.client.worker import FatalTaskError, Handler, TaskContext
+from chronoq.client.context import FatalTaskError, Handler, TaskContext
 from chronoq.models import Task, TaskState
 
 DEMO_QUEUE = "demo"

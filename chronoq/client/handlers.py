@@ -7,9 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from chronoq.client.context import Handler
 from chronoq.client.demo import handlers_for
 from chronoq.client.registry import TaskRegistry
-from chronoq.client.worker import Handler
 from chronoq.errors import ConfigError
 
 

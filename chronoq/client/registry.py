@@ -30,10 +30,11 @@ from typing import Any, overload
 
 from chronoq import errors
 from chronoq.client.client import Client
+from chronoq.client.context import Handler
 from chronoq.client.payload import Payload
 from chronoq.client.sync import SyncClient
 from chronoq.client.values import NewTask, Submitted
-from chronoq.client.worker import Handler, Worker, WorkerStats
+from chronoq.client.worker import Worker, WorkerStats
 from chronoq.limits import check_name
 from chronoq.models import MisfirePolicy
 

@@ -3,6 +3,7 @@ status. Plain values (``NewTask.to_pb`` writes a task as the wire wants it)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -11,6 +12,7 @@ from chronoq.api import convert
 from chronoq.api.v1 import tasks_pb2
 from chronoq.client.payload import Payload
 from chronoq.client.payload import encode as encode_payload
+from chronoq.ids import time_ordered_ids
 from chronoq.models import OCTET_STREAM, TASK_DEFAULTS, MisfirePolicy, Task
 
 
@@ -36,14 +38,15 @@ class NewTask:
     misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
     misfire_grace: timedelta | None = None
 
-    def to_pb(self, namespace: str) -> tasks_pb2.TaskSpec:
+    def to_pb(self, namespace: str, *, idempotency_key: str = "") -> tasks_pb2.TaskSpec:
+        """The task as the wire wants it; ``idempotency_key`` is used when it has none."""
         payload, content_type = encode_payload(self.payload, self.content_type)
         pb = tasks_pb2.TaskSpec(
             namespace=namespace,
             queue=self.queue,
             payload=payload,
             content_type="" if content_type == OCTET_STREAM else content_type,
-            idempotency_key=self.idempotency_key or "",
+            idempotency_key=self.idempotency_key or idempotency_key,
             priority=self.priority,
             misfire_policy=convert.state_policy_to_pb(self.misfire_policy),
         )
@@ -70,6 +73,11 @@ class NewTask:
             pb.misfire_grace.FromTimedelta(self.misfire_grace)
         tracing.inject(pb.trace_context)  # no-op unless tracing is on
         return pb
+
+
+def new_keys(count: int) -> list[str]:
+    """``count`` fresh idempotency keys: time-ordered UUIDs in their text form."""
+    return [str(key) for key in time_ordered_ids(count, time.time_ns() // 1_000_000)]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The worker SDK: run handlers by queue, heartbeat for them, stop gracefully.
 
-A worker runs at most ``concurrency`` tasks at a time, runs each task's handler, renews
+A worker runs at most ``concurrency`` tasks at a time (and holds up to ``prefetch`` more,
+leased and ready to start, while its handlers are quick), runs each task's handler, renews
 leases in one batched heartbeat, acknowledges successes in batches and reports failures with
 the exception text. Tasks come over one stream to one node (``WorkerService.Work``): the
 worker grants the slots it has free, the node pushes tasks into them as they become ready,
@@ -25,17 +26,17 @@ import inspect
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from chronoq import errors, tracing
 from chronoq.client.client import Client
+from chronoq.client.context import FatalTaskError, Handler, TaskContext
 from chronoq.client.pacing import pacer
-from chronoq.client.payload import decode as decode_payload
+from chronoq.client.prefetch import HandlerPace, prefetch_limit
 from chronoq.client.stream import WorkStream
-from chronoq.errors import PayloadNotJSON
 from chronoq.limits import MAX_STREAM_CREDITS
 from chronoq.models import AckOutcome, Lease, Task
 from chronoq.signals import on_stop_signals
@@ -54,64 +55,6 @@ CLAIM_RETRY_DELAY = 0.5
 #: Errors after which an ack is worth sending again: the node or its store did not answer,
 #: or a rate limit said "later".
 _TRANSIENT = (errors.Unavailable, errors.ResourceExhausted)
-
-
-class FatalTaskError(Exception):
-    """Raise from a handler to fail the task without retrying it (it goes DEAD)."""
-
-
-@dataclass
-class TaskContext:
-    """What a handler gets: the task, its attempt and idempotency key, and a cancel signal."""
-
-    task: Task
-    worker_id: str
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def id(self) -> str:
-        return self.task.id
-
-    @property
-    def attempt(self) -> int:
-        return self.task.attempt
-
-    @property
-    def idempotency_key(self) -> str:
-        """The client's key, or the task id when none was given: stable across attempts."""
-        return self.task.idempotency_key or self.task.id
-
-    @property
-    def payload(self) -> bytes:
-        return self.task.payload
-
-    @property
-    def content_type(self) -> str:
-        return self.task.content_type
-
-    @property
-    def data(self) -> Any:
-        """The payload decoded: the value of a JSON task, else the bytes (``payload``).
-
-        Raises:
-            FatalTaskError: a payload marked JSON that is not; no retry can change its bytes,
-                so the task goes straight to the dead letters with the reason.
-        """
-        try:
-            return decode_payload(self.task.payload, self.task.content_type)
-        except PayloadNotJSON as exc:
-            raise FatalTaskError(exc.message) from None
-
-    @property
-    def queue(self) -> str:
-        return self.task.queue
-
-    @property
-    def run_at(self) -> datetime:
-        return self.task.run_at
-
-
-Handler = Callable[[TaskContext], Awaitable[Any] | Any]
 
 
 @dataclass
@@ -133,6 +76,7 @@ class _Running:
     lease: Lease
     lease_timeout: float
     last_beat: float  # loop time the last heartbeat that renewed the lease was sent
+    started: bool = False  # False: held (prefetched), waiting for a free slot
 
     @property
     def lease_deadline(self) -> float:
@@ -174,7 +118,11 @@ class Worker:
     pushes tasks as they become ready, within the slots the worker has said are free, and
     answers acks on the same call. Off, or against a node that does not know it, the worker
     long-polls with ``Claim``; then ``claim_on_ack`` (default on) lets each ack batch claim
-    the slots it frees (see the module's docstring).
+    the slots it frees (see the module's docstring). ``prefetch`` (default: 4 x
+    ``concurrency``) is the most tasks held leased beyond the running ones, so that a freed
+    slot starts the next task without waiting for a round trip; only as many are held as the
+    slots start within 20 ms at the handlers' recent pace (``chronoq.client.prefetch``), so
+    slow handlers get none. Held tasks are heartbeated like running ones and released at stop.
     """
 
     def __init__(
@@ -191,11 +139,14 @@ class Worker:
         rates: Mapping[str, float] | None = None,
         claim_on_ack: bool = True,
         stream: bool = True,
+        prefetch: int | None = None,
     ) -> None:
         if not handlers:
             raise errors.ConfigError("a worker needs at least one handler")
         if concurrency < 1:
             raise errors.ConfigError("concurrency must be >= 1")
+        if prefetch is not None and prefetch < 0:
+            raise errors.ConfigError("prefetch must be >= 0 (0: hold nothing beyond running)")
         unknown = sorted(set(rates or {}) - set(handlers))
         if unknown:
             raise errors.ConfigError(f"rates name queues without a handler: {', '.join(unknown)}")
@@ -205,6 +156,9 @@ class Worker:
         # (its lease is heartbeated meanwhile), so a slow downstream sees at most this rate.
         self._pacers = {queue: pacer(rate) for queue, rate in (rates or {}).items()}
         self.concurrency = concurrency
+        self.prefetch = 4 * concurrency if prefetch is None else prefetch
+        self._slots = asyncio.Semaphore(concurrency)  # handlers running at once
+        self._pace = HandlerPace()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.claim_wait = claim_wait
         self.stop_grace = stop_grace.total_seconds()
@@ -263,8 +217,10 @@ class Worker:
         return self.stats
 
     def _free(self) -> int:
-        """Slots neither running a task nor promised to a claim in flight."""
-        return self.concurrency - len(self._running) - self._reserved
+        """Room for more tasks: slots, plus what may be held beyond them at the handlers'
+        pace, less what runs or is held and what claims in flight were promised."""
+        held = prefetch_limit(self.prefetch, self.concurrency, self._pace.mean)
+        return self.concurrency + held - len(self._running) - self._reserved
 
     def _grantable(self) -> int:
         """Slots free for the stream to fill: not running, not granted, not being claimed
@@ -400,6 +356,44 @@ class Worker:
 
     async def _execute(self, ctx: TaskContext) -> None:
         lease = Lease(ctx.id, ctx.attempt)
+        ran = False
+        try:
+            async with self._slots:
+                running = self._running.get(ctx.id)
+                if running is not None:
+                    running.started = True  # from here on, _drain waits for it
+                if not self._stopping.is_set():
+                    await self._handle(ctx)
+                    ran = True
+        except asyncio.CancelledError:
+            # Cancelled by us: the task was cancelled, its lease was lost, or we are stopping
+            # (in which case _drain releases it).
+            self._finish(ctx.id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any handler error fails the task
+            self._finish(ctx.id)
+            await self._fail(lease, exc)
+        else:
+            if not ran:
+                # Held until the worker was asked to stop: given back, not started.
+                self._finish(ctx.id)
+                await self._release(ctx.task)
+                return
+            running = self._running.get(ctx.id)
+            deadline = (
+                running.lease_deadline
+                if running is not None
+                else asyncio.get_running_loop().time() + ctx.task.lease_timeout.total_seconds()
+            )
+            self._finish(ctx.id)
+            self.stats.succeeded += 1
+            self._acks.put_nowait(_Ack(lease, deadline - ACK_GIVE_UP_MARGIN))
+
+    async def _handle(self, ctx: TaskContext) -> None:
+        """Run the handler of a task that has its slot, timing the slot's use (a queue's
+        pacing included) for the prefetch pace."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             handler = tracing.traced_handler(self.handlers[ctx.queue], ctx.task)
             paced = self._pacers.get(ctx.queue)
@@ -412,24 +406,8 @@ class Worker:
                 result = await asyncio.to_thread(handler, ctx)
                 if inspect.isawaitable(result):
                     await result
-        except asyncio.CancelledError:
-            # Cancelled by us: the task was cancelled, its lease was lost, or we are stopping
-            # (in which case _drain releases it).
-            self._finish(ctx.id)
-            raise
-        except Exception as exc:  # noqa: BLE001 - any handler error fails the task
-            self._finish(ctx.id)
-            await self._fail(lease, exc)
-        else:
-            running = self._running.get(ctx.id)
-            deadline = (
-                running.lease_deadline
-                if running is not None
-                else asyncio.get_running_loop().time() + ctx.task.lease_timeout.total_seconds()
-            )
-            self._finish(ctx.id)
-            self.stats.succeeded += 1
-            self._acks.put_nowait(_Ack(lease, deadline - ACK_GIVE_UP_MARGIN))
+        finally:
+            self._pace.add(loop.time() - began)
 
     def _finish(self, task_id: str) -> None:
         self._running.pop(task_id, None)
@@ -577,7 +555,13 @@ class Worker:
         return keep
 
     async def _drain(self) -> None:
-        """Give in-flight handlers ``stop_grace`` to finish, then release what is left."""
+        """Release the held tasks at once, give in-flight handlers ``stop_grace`` to finish,
+        then release what is left."""
+        held = [r for r in self._running.values() if not r.started]
+        for r in held:
+            r.job.cancel()
+        await asyncio.gather(*(r.job for r in held), return_exceptions=True)
+        await asyncio.gather(*(self._release(r.ctx.task) for r in held))
         jobs = [r.job for r in self._running.values()]
         if jobs:
             await asyncio.wait(jobs, timeout=self.stop_grace)

@@ -12,11 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
+from asyncpg.pgproto.pgproto import UUID as PgUUID
 
 from chronoq import tracecontext
-from chronoq.buckets import bucket_of, partition_of
+from chronoq.buckets import bucket_of, buckets_of, partitions_of
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
-from chronoq.ids import time_ordered_ids
+from chronoq.ids import time_ordered_id_bytes
 from chronoq.limits import MAX_ERROR_MESSAGE, MAX_PAGE_SIZE
 from chronoq.models import (
     OCTET_STREAM,
@@ -171,17 +172,18 @@ class TaskStatements(Connected):
         self, specs: Sequence[TaskSpec], now: datetime
     ) -> tuple[list[uuid.UUID], list[list[Any]]]:
         """New ids and the column arrays of ``insert_tasks``; due tasks start READY."""
-        # Time-ordered: a batch's index entries land side by side (see chronoq.ids).
-        ids = time_ordered_ids(len(specs), time.time_ns() // 1_000_000)
-        cols: list[list[Any]] = [[] for _ in range(18)]
+        # Time-ordered: a batch's index entries land side by side (see chronoq.ids). As the
+        # driver's own UUID type, which it encodes and prints without a detour through ints.
+        raw = time_ordered_id_bytes(len(specs), time.time_ns() // 1_000_000)
+        ids: list[uuid.UUID] = [PgUUID(b) for b in raw]
         ready, scheduled = int(TaskState.READY), int(TaskState.SCHEDULED)
-        for task_id, s in zip(ids, specs, strict=True):
-            row = (
+        rows = [
+            (
                 task_id,
                 s.namespace,
                 s.queue,
-                partition_of(task_id.bytes, self.partitions),
-                bucket_of(s.run_at, self.bucket_seconds),
+                partition,
+                bucket,
                 s.run_at,
                 ready if s.run_at <= now else scheduled,
                 s.priority,
@@ -196,9 +198,15 @@ class TaskStatements(Connected):
                 None if s.content_type == OCTET_STREAM else s.content_type,  # NULL: bytes
                 tracecontext.to_json(s.trace_context),  # NULL: untraced
             )
-            for col, value in zip(cols, row, strict=True):
-                col.append(value)
-        return ids, cols
+            for task_id, partition, bucket, s in zip(
+                ids,
+                partitions_of(raw, self.partitions),
+                buckets_of((s.run_at for s in specs), self.bucket_seconds),
+                specs,
+                strict=True,
+            )
+        ]
+        return ids, [list(col) for col in zip(*rows, strict=True)] if rows else []
 
     async def _insert_columns_sliced(
         self, specs: Sequence[TaskSpec], now: datetime

@@ -128,6 +128,84 @@ async def test_concurrency_limit_is_respected(live: tuple[Node, Client]) -> None
     assert peak == 3
 
 
+async def _running_count(client: Client) -> int:
+    return len((await client.list(state=TaskState.RUNNING, page_size=100)).tasks)
+
+
+async def test_quick_handlers_get_tasks_held_beyond_their_slots(live: tuple[Node, Client]) -> None:
+    """Once its handlers prove quick, a worker holds up to ``prefetch`` leased tasks beyond
+    its running ones; they start only when a slot frees, are heartbeated meanwhile, and go back
+    to READY at once when it stops."""
+    _, client = live
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def quick(ctx: TaskContext) -> None:
+        pass
+
+    async def blocks(ctx: TaskContext) -> None:
+        started.append(ctx.id)
+        await gate.wait()
+
+    worker = Worker(
+        client, {"quick": quick, "block": blocks}, concurrency=2, prefetch=3,
+        stop_grace=timedelta(seconds=0.5),
+    )
+    run = asyncio.create_task(worker.run())
+    try:
+        warm = await client.submit_many([NewTask(queue="quick") for _ in range(20)])
+
+        async def warmed() -> bool:
+            return all(
+                [(await client.get(s.task.id)).state is TaskState.SUCCEEDED for s in warm]
+            )
+
+        await until(warmed)
+        blocked = await client.submit_many(
+            [NewTask(queue="block", lease_timeout=timedelta(seconds=1.5)) for _ in range(10)]
+        )
+
+        async def holding() -> bool:
+            return await _running_count(client) == 5
+
+        await until(holding)  # 2 running, 3 held
+        await asyncio.sleep(2.5)  # past the 1.5 s lease: only heartbeats keep the held ones
+        assert len(started) == 2  # never more handlers than slots
+        running = (await client.list(state=TaskState.RUNNING, page_size=100)).tasks
+        assert len(running) == 5 and all(t.attempt == 1 for t in running)
+    finally:
+        worker.stop()
+        stats = await asyncio.wait_for(run, 10)
+    assert stats.released == 5  # the 3 held at once, the 2 stuck after the grace
+    states = [(await client.get(s.task.id)) for s in blocked]
+    assert all(t.state is TaskState.READY and t.worker_id is None for t in states)
+
+
+async def test_slow_handlers_get_nothing_held(live: tuple[Node, Client]) -> None:
+    """Handlers that take longer than the horizon: the worker takes no more tasks than it
+    runs (a finished task may still be RUNNING in the store until its ack lands, so the
+    worker's own count is the one to look at)."""
+    _, client = live
+    peak = 0
+
+    async def slow(ctx: TaskContext) -> None:
+        nonlocal peak
+        peak = max(peak, worker.stats.claimed - worker.stats.succeeded)
+        await asyncio.sleep(0.3)
+
+    subs = await client.submit_many([NewTask(queue="slow") for _ in range(8)])
+    worker = Worker(client, {"slow": slow}, concurrency=2, prefetch=50)
+    run = asyncio.create_task(worker.run())
+
+    async def done() -> bool:
+        return all([(await client.get(s.task.id)).state is TaskState.SUCCEEDED for s in subs])
+
+    await until(done)
+    worker.stop()
+    await run
+    assert peak <= 2
+
+
 async def test_heartbeats_keep_a_long_task_leased(live: tuple[Node, Client]) -> None:
     _, client = live
     attempts: list[int] = []

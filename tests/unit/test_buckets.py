@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoq.buckets import average_per_bucket, bucket_of, bucket_start, partition_of
+from chronoq.buckets import (
+    average_per_bucket,
+    bucket_of,
+    bucket_start,
+    buckets_of,
+    partition_of,
+    partitions_of,
+)
 
 aware = st.datetimes(
     min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
@@ -63,3 +70,22 @@ def test_partitions_spread_evenly() -> None:
 def test_average_per_bucket_arithmetic() -> None:
     assert average_per_bucket(10_000_000) == pytest.approx(10_000_000 / 1440)
     assert average_per_bucket(1440) == 1
+
+
+@given(st.lists(aware, max_size=20), st.integers(min_value=1, max_value=3600))
+def test_a_batch_gets_the_buckets_of_its_instants(run_ats: list[datetime], width: int) -> None:
+    assert buckets_of(run_ats, width) == [bucket_of(r, width) for r in run_ats]
+
+
+@given(st.lists(st.binary(min_size=16, max_size=16), max_size=20), st.integers(1, 4096))
+def test_a_batch_gets_the_partitions_of_its_ids(keys: list[bytes], partitions: int) -> None:
+    assert partitions_of(keys, partitions) == [partition_of(k, partitions) for k in keys]
+
+
+def test_a_batch_refuses_what_one_refuses() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        buckets_of([datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1)])
+    with pytest.raises(ValueError, match="bucket_seconds"):
+        buckets_of([], 0)
+    with pytest.raises(ValueError, match="partitions"):
+        partitions_of([], 0)

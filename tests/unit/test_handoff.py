@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronoq.limits import MAX_CLAIM_TASKS
 from chronoq.models import Task, TaskState
 from chronoq.node.handoff import HandOff, Key
+from chronoq.node.work_stream import QUIET_CLAIM, claim_size
 from chronoq.wheel import Due
 
 KEY: Key = ("default", "q")
@@ -106,3 +111,31 @@ def test_unknown_keys_limited_queues_and_unread_limits_are_never_handed_off() ->
     assert open_.plan(due(3, key=("default", "other"))) is None  # nobody works on it
     open_.leave(a, [KEY])
     assert open_.plan(due(3)) is None
+
+
+@given(
+    free=st.integers(1, 20_000),
+    more=st.booleans(),
+    last=st.integers(0, 20_000),
+    handoff=st.booleans(),
+)
+def test_a_claim_fills_at_least_one_credit_and_never_more_than_are_free(
+    free: int, more: bool, last: int, handoff: bool
+) -> None:
+    assert 1 <= claim_size(free, more=more, last=last, handoff=handoff) <= min(free, MAX_CLAIM_TASKS)
+
+
+@given(free=st.integers(2, 20_000), last=st.integers(0, 20_000))
+def test_in_light_traffic_a_claim_leaves_half_the_credits_to_the_hand_off(
+    free: int, last: int
+) -> None:
+    n = claim_size(free, more=False, last=last, handoff=True)
+    assert n <= free - free // 2 or free > MAX_CLAIM_TASKS
+    assert n >= min(free - free // 2, QUIET_CLAIM, MAX_CLAIM_TASKS)
+
+
+def test_under_load_or_without_hand_offs_a_claim_takes_every_free_credit() -> None:
+    assert claim_size(160, more=True, last=80, handoff=True) == 160
+    assert claim_size(160, more=False, last=3, handoff=False) == 160
+    assert claim_size(160, more=False, last=3, handoff=True) == QUIET_CLAIM
+    assert claim_size(160, more=False, last=30, handoff=True) == 60  # twice what it found

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoq.buckets import partition_of
-from chronoq.ids import time_ordered_ids
+from chronoq.ids import time_ordered_id_bytes, time_ordered_ids
 
 MS = st.integers(min_value=0, max_value=(1 << 48) - 1)
 
@@ -23,6 +23,16 @@ def test_ids_are_version_7_and_carry_their_millisecond(unix_ms: int, count: int)
         assert task_id.version == 7 and task_id.variant == uuid.RFC_4122
         assert task_id.int >> 80 == unix_ms
         assert uuid.UUID(str(task_id)) == task_id  # survives the text form
+
+
+@given(MS, st.integers(min_value=0, max_value=50))
+def test_the_bytes_are_the_ids(unix_ms: int, count: int) -> None:
+    raw = time_ordered_id_bytes(count, unix_ms)
+    assert all(len(b) == 16 for b in raw) and len(set(raw)) == count
+    for b in raw:
+        task_id = uuid.UUID(bytes=b)
+        assert task_id.version == 7 and task_id.variant == uuid.RFC_4122
+        assert task_id.int >> 80 == unix_ms
 
 
 @given(MS, st.integers(min_value=1, max_value=10_000))

@@ -149,7 +149,7 @@ async def serve_node(dsn: str) -> None:
 
 
 async def serve_worker(
-    address: str, concurrency: int, worker_id: str, protocol: str
+    address: str, concurrency: int, worker_id: str, protocol: str, prefetch: int | None = None
 ) -> None:
     client = Client(address, timeout=60)
     try:
@@ -157,7 +157,7 @@ async def serve_worker(
         worker = Worker(
             client, {QUEUE: noop}, concurrency=concurrency, worker_id=worker_id,
             stream=worker_protocol(protocol)[0],
-            claim_on_ack=worker_protocol(protocol)[1],
+            claim_on_ack=worker_protocol(protocol)[1], prefetch=prefetch,
         )
         on_stop(worker.stop)
         say("READY", worker_id)
@@ -179,9 +179,12 @@ def child_main(argv: Sequence[str]) -> None:
     worker.add_argument("--concurrency", type=int, default=64)
     worker.add_argument("--id", default=f"bench-{os.getpid()}")
     worker.add_argument("--protocol", choices=PROTOCOLS, default="stream")
+    worker.add_argument("--prefetch", type=int, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.role == "node":
         asyncio.run(serve_node(args.dsn))
     else:
-        asyncio.run(serve_worker(args.address, args.concurrency, args.id, args.protocol))
+        asyncio.run(
+            serve_worker(args.address, args.concurrency, args.id, args.protocol, args.prefetch)
+        )

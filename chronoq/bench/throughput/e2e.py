@@ -80,4 +80,5 @@ async def end_to_end(ctx: Context, layout: str, backlog: int = 0) -> EndToEndRun
         postgres_cpu_us_per_task=cpu[2] * 1e6 / opts.tasks,
         claimed_on_ack=results.counts.get("claimed_on_ack", 0),
         protocol=opts.protocol,
+        prefetch=opts.prefetch,
     )

@@ -61,6 +61,11 @@ class SubmitRun:
     tasks: int
     seconds: float
     tasks_per_s: float
+    # CPU time per task while submitting: the submitting clients (this process), the node,
+    # PostgreSQL's processes
+    client_cpu_us_per_task: float = 0.0
+    node_cpu_us_per_task: float = 0.0
+    postgres_cpu_us_per_task: float = 0.0
 
 
 @dataclass
@@ -93,6 +98,7 @@ class EndToEndRun:
     postgres_cpu_us_per_task: float = 0.0
     claimed_on_ack: int = 0
     protocol: str = "stream"  # how the workers got tasks (``PROTOCOLS``)
+    prefetch: int | None = None  # tasks a worker may hold beyond its slots (None: its default)
 
 
 @dataclass
@@ -218,6 +224,9 @@ class Options:
     #: How workers get tasks: ``stream`` (pushed on a Work stream), ``riding`` (claims that
     #: ride on ack batches, plus long-polls), ``claims`` (long-polls only).
     protocol: str = "stream"
+    #: Tasks each worker may hold beyond its running ones (``Worker(prefetch=)``; None: the
+    #: worker's default).
+    prefetch: int | None = None
 
 
 @dataclass

@@ -60,6 +60,7 @@ def main(
     phases: str = ",".join(DEFAULT_PHASES),
     rss_settle_seconds: float = 5.0,
     protocol: str = "stream",
+    prefetch: int | None = None,
 ) -> None:
     """Run the throughput benchmark and print its table (and write JSON to ``json_out``).
 
@@ -86,6 +87,8 @@ def main(
         protocol: How workers get tasks: ``stream`` (the streaming protocol), ``riding``
             (long-polls and claims riding on acks, the protocol before streams) or ``claims``
             (long-polls only), for comparison.
+        prefetch: Tasks each worker may hold beyond those it runs (``Worker(prefetch=)``);
+            None: the worker's default, 0: none, for comparison.
     """
     with contextlib.ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cqbench-")))
@@ -98,7 +101,9 @@ def main(
         )
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
-        opts = dataclasses.replace(opts, protocol=protocol)
+        if prefetch is not None and prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, not {prefetch}")
+        opts = dataclasses.replace(opts, protocol=protocol, prefetch=prefetch)
         opts.logs.mkdir(parents=True, exist_ok=True)
         # Not a terminal (CI, a pipe): wide enough for the table, instead of rich's 80 columns.
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)

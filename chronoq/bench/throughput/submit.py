@@ -11,6 +11,7 @@ from chronoq.bench.raw import (
     BenchError,
 )
 from chronoq.bench.throughput.children import Child
+from chronoq.bench.throughput.measure import cpu_now
 from chronoq.bench.throughput.results import SUBMIT_BATCH, Context, SubmitRun
 from chronoq.client import Client, NewTask
 from chronoq.diagnostics.task_rows import PAYLOAD, QUEUE
@@ -24,11 +25,18 @@ async def phase_submit(ctx: Context) -> None:
             await submit_all(node.info, spread_tasks(SUBMIT_BATCH, timedelta(hours=1)), 1)
             for n in opts.submitters:
                 batch = spread_tasks(opts.tasks, timedelta(hours=1))
+                before = cpu_now([node.pid], ctx.postgres)
                 seconds = await submit_all(node.info, batch, n)
-                run = SubmitRun(n, opts.tasks, seconds, opts.tasks / seconds)
+                cpu = [
+                    (b - a) * 1e6 / opts.tasks
+                    for a, b in zip(before, cpu_now([node.pid], ctx.postgres), strict=True)
+                ]
+                run = SubmitRun(n, opts.tasks, seconds, opts.tasks / seconds, *cpu)
                 ctx.report.submit.append(run)
                 ctx.console.print(
-                    f"submit, {n} submitter(s): {run.tasks_per_s:,.0f} tasks/s ({seconds:.2f} s)"
+                    f"submit, {n} submitter(s): {run.tasks_per_s:,.0f} tasks/s ({seconds:.2f} s; "
+                    f"CPU per task: clients {cpu[0]:.0f} µs, node {cpu[1]:.0f} µs, PostgreSQL "
+                    f"{cpu[2]:.0f} µs)"
                 )
         finally:
             await node.stop()

@@ -66,7 +66,7 @@ def render(report: Report) -> Table:
         mark = " (best)" if e2e is best and len(report.end_to_end) > 1 else ""
         table.add_row(
             f"end to end, {e2e.workers} workers x {e2e.concurrency}, {e2e.layout}, "
-            f"{e2e.protocol}{mark}",
+            f"{e2e.protocol}{'' if e2e.prefetch is None else f', prefetch {e2e.prefetch}'}{mark}",
             rate(e2e.tasks_per_s),
             (f"pipeline {rate(raw.pipeline_per_s)} (claim+complete "
              f"{rate(raw.claim_complete_best[1])}, {raw.claim_complete_best[0]} conn)")

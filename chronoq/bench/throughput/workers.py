@@ -48,6 +48,7 @@ async def running_workers(
                 c, {QUEUE: noop}, concurrency=concurrency, worker_id=f"bench-{i}",
                 stream=worker_protocol(opts.protocol)[0],
                 claim_on_ack=worker_protocol(opts.protocol)[1],
+                prefetch=opts.prefetch,
             )
             for i, c in enumerate(clients)
         ]
@@ -69,7 +70,8 @@ async def running_workers(
                 f"worker-{i}",
                 ["worker", "--address", address, "--concurrency", str(concurrency),
                  "--id", f"bench-{i}",
-                 "--protocol", opts.protocol],
+                 "--protocol", opts.protocol,
+                 *(["--prefetch", str(opts.prefetch)] if opts.prefetch is not None else [])],
                 logs,
             )
             for i in range(count)
