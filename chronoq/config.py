@@ -73,6 +73,9 @@ class NodeSettings:
     # tick late).
     wheel_horizon: timedelta = timedelta(seconds=2)
     wheel_capacity: int = 100_000
+    # With the wheel on, the tick is the catch-all for what the wheel does not hold, and runs
+    # this often while it finds nothing late (every tick again as soon as it does).
+    catch_all: timedelta = timedelta(seconds=1)
     schedule_interval: timedelta = timedelta(seconds=1)  # how often owners materialise schedules
     schedule_lookahead: timedelta = timedelta(seconds=60)  # occurrences created this far ahead
     max_batch: int = 10_000  # tasks per SubmitBatch
@@ -110,6 +113,8 @@ class NodeSettings:
             raise ConfigError("bucket_seconds must be >= 1")
         if not timedelta(milliseconds=1) <= self.tick <= timedelta(seconds=60):
             raise ConfigError(f"tick must be between 1 ms and 60 s, got {self.tick}")
+        if not timedelta(milliseconds=1) <= self.catch_all <= timedelta(seconds=60):
+            raise ConfigError(f"catch_all must be between 1 ms and 60 s, got {self.catch_all}")
         if self.fire_batch < 1:
             raise ConfigError("fire_batch must be >= 1")
         if not timedelta(0) <= self.wheel_horizon <= MAX_WHEEL_HORIZON:

@@ -160,6 +160,17 @@ def node(
             "at its instant; the tick fires the rest (0: the tick alone).",
         ),
     ] = None,
+    catch_all_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--catch-all-ms",
+            envvar=env("CATCH_ALL_MS"),
+            min=1,
+            max=60_000,
+            help="With the timing wheel on: how often the tick, the catch-all for what the "
+            "wheel does not hold, runs while it finds nothing late.",
+        ),
+    ] = None,
     max_payload_bytes: Annotated[
         int | None,
         _num_opt("--max-payload-bytes", "MAX_PAYLOAD_BYTES", "Largest payload a submit may carry."),

@@ -62,6 +62,7 @@ class Firer:
         on_ready: Callable[[FireResult], None] = lambda _r: None,
         node_id: str = "",
         metrics: NodeMetrics | None = None,
+        catch_all: float | None = None,
     ) -> None:
         self.node_id = node_id
         self._metrics = metrics
@@ -72,6 +73,11 @@ class Firer:
         self._batch = batch
         self._rounds = rounds
         self._on_ready = on_ready
+        #: With a timing wheel, the seconds between ticks while they find nothing late: the
+        #: wheel fires what it holds at its instant, and a tick is then only the catch-all for
+        #: what it does not (see ``_interval``). None: every ``tick``.
+        self._catch_all = catch_all
+        self._quiet = False  # the last tick fired nothing late and left nothing behind
         self._watermarks: dict[int, int] = {}  # partition → bucket we last advanced it to
         self.stats = FiringStats()
         self.lateness = LatenessWindow()
@@ -85,8 +91,19 @@ class Firer:
     def start(self, supervisor: Supervisor) -> Loop:
         """Tick every ``tick`` seconds under ``supervisor``, at once when poked."""
         return supervisor.every(
-            "firing", self._pass, interval=self._tick, wake=self._wake, stall_after=STALL_AFTER
+            "firing", self._pass, interval=self._interval, wake=self._wake, stall_after=STALL_AFTER
         )
+
+    def _interval(self) -> float:
+        """Seconds between tick starts: ``tick``; with a timing wheel, ``catch_all`` while
+        ticks find nothing late. A tick that walks every owned partition's due range costs
+        the store far more than the wheel's statements by id, and racing the wheel at the
+        instant it fires turns tasks it would hand to a worker into READY ones; a tick that
+        finds a task late by more than a tick (the wheel did not hold it), or more due than
+        it fired, makes the next ones come every ``tick`` again."""
+        if self._catch_all is None or not self._quiet:
+            return self._tick
+        return max(self._tick, self._catch_all)
 
     async def _pass(self) -> None:
         try:
@@ -99,6 +116,7 @@ class Firer:
     async def tick(self) -> FireResult:
         """One tick: fire what is due now in every owned partition; returns the totals."""
         self.stats.ticks += 1
+        self._quiet = False  # until this tick says otherwise (a failed one is retried soon)
         now = self._clock.now()
         current = bucket_of(now, self._store.bucket_seconds)
         owned: Mapping[int, int] = dict(self._ownership.owned())
@@ -127,6 +145,7 @@ class Firer:
             pending = {p: owned[p] for p in result.saturated() if p in owned}
             if loop.time() >= deadline:
                 break
+        self._quiet = not pending and all(late <= self._tick for late in total.lateness)
         await self._advance(owned, set(pending), current)
         if self._metrics is not None:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
@@ -158,6 +177,7 @@ class Firer:
         total.ready_by_queue.update(result.ready_by_queue)
         total.per_partition.update(result.per_partition)
         total.quarantined += result.quarantined
+        total.lateness += result.lateness
         if result.ready_by_queue:
             self._on_ready(result)
 

@@ -206,6 +206,7 @@ class Node:
             on_ready=self._fired,
             node_id=s.node_id,
             metrics=self.metrics,
+            catch_all=s.catch_all.total_seconds() if s.wheel_horizon > timedelta(0) else None,
         )
         if s.wheel_horizon > timedelta(0):
             self.precise = PreciseFirer(
@@ -360,6 +361,7 @@ class Node:
             task_service, server
         )
         worker_service = WorkerService(self.store, self.api_clock, s, self.notifier, self.metrics)
+        worker_service.on_scheduled = self._scheduled  # retries after a backoff
         if self.precise is not None and s.handoff:
             self.precise.handoff = worker_service.handoff
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
@@ -444,8 +446,9 @@ class Node:
             self.firer.poke()
 
     def _scheduled(self, now: datetime, tasks: Iterable[Scheduled]) -> None:
-        """Submitted tasks due within the wheel's horizon enter it: here if this node owns
-        their partition, else through a notice to the node that does."""
+        """Tasks just made SCHEDULED (submitted, or a retry after its backoff) that come due
+        within the wheel's horizon enter it: here if this node owns their partition, else
+        through a notice to the node that does (the tick fires any the wheel misses)."""
         if self.precise is None:
             return
         others = self.precise.offer(tasks, now)
@@ -463,6 +466,7 @@ class Node:
         self.notifier.notify(
             Counter((t.namespace, t.queue) for t in tasks if t.state is TaskState.READY)
         )
+        self._scheduled(self.clock.now(), _retries(tasks))
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop firing first (no owner write after this returns), then the server, then the pool."""
@@ -500,3 +504,10 @@ class Node:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _retries(tasks: Iterable[Task]) -> list[Scheduled]:
+    """The SCHEDULED ones of ``tasks`` (given back for a retry), as the wheel takes them."""
+    return [
+        (t.id, t.run_at, (t.namespace, t.queue)) for t in tasks if t.state is TaskState.SCHEDULED
+    ]

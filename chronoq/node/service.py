@@ -467,11 +467,12 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             if request.HasField("retry_after")
             else None
         )
+        now = self._clock.now()
         task = await self._store.fail(
             convert.namespace_of(request.namespace),
             _lease(request),
             failure_message(request.error),
-            self._clock.now(),
+            now,
             fatal=request.fatal,
             retry_after=retry_after,
             rng=self._rng,
@@ -481,6 +482,8 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             self._metrics.dead.inc()
         if task.state is TaskState.READY:
             self._notifier.notify([(task.namespace, task.queue)])
+        elif task.state is TaskState.SCHEDULED:
+            self.on_scheduled(now, [(task.id, task.run_at, (task.namespace, task.queue))])
         return convert.task_to_pb(task)
 
     @translated

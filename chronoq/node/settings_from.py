@@ -37,6 +37,7 @@ class NodeOptions:
     bucket_seconds: int | None = None
     tick_ms: int | None = None
     wheel_horizon_ms: int | None = None  # 0: no timing wheel, the tick alone
+    catch_all_ms: int | None = None
     max_payload_bytes: int | None = None
     horizon_days: int | None = None
     etcd: str | None = None  # comma-separated endpoints; None: own every partition alone
@@ -137,6 +138,8 @@ def _durations(o: NodeOptions) -> dict[str, timedelta | None]:
         out["tick"] = o.tick_ms * _MS
     if o.wheel_horizon_ms is not None:
         out["wheel_horizon"] = o.wheel_horizon_ms * _MS  # zero: no wheel
+    if o.catch_all_ms is not None:
+        out["catch_all"] = o.catch_all_ms * _MS
     if o.retention_days is not None:
         out["retention"] = o.retention_days * _DAY or None
     if o.dead_retention_days is not None:
@@ -181,6 +184,7 @@ def shown_defaults() -> dict[str, object]:
     shown.update(
         tick_ms=node.tick // _MS,
         wheel_horizon_ms=node.wheel_horizon // _MS,
+        catch_all_ms=node.catch_all // _MS,
         retention_days=node.retention / _DAY if node.retention else 0,
         dead_retention_days=node.dead_retention / _DAY if node.dead_retention else 0,
         max_clock_offset_ms=node.max_clock_offset // _MS if node.max_clock_offset else 0,

@@ -609,10 +609,14 @@ SET next_fire_at = $2, last_fire_at = coalesce($3, last_fire_at),
 WHERE id = $1;
 
 -- name: queue_depth
--- READY and RUNNING per queue through their partial indexes (small by design), and
--- SCHEDULED over the coming buckets only: never a scan of the whole backlog.
-SELECT namespace, queue, state, count(*) AS n FROM tasks WHERE state IN (1, 2)
-GROUP BY namespace, queue, state
+-- READY and RUNNING per queue through their partial indexes (small by design; one branch
+-- each: `state IN (1, 2)` matches neither index and read the whole table), and SCHEDULED
+-- over the coming buckets only: never a scan of the whole backlog.
+SELECT namespace, queue, 1 AS state, count(*) AS n FROM tasks WHERE state = 1
+GROUP BY namespace, queue
+UNION ALL
+SELECT namespace, queue, 2 AS state, count(*) AS n FROM tasks WHERE state = 2
+GROUP BY namespace, queue
 UNION ALL
 SELECT namespace, queue, 0 AS state, count(*) AS n FROM tasks
 WHERE state = 0 AND partition = ANY($1::smallint[]) AND bucket BETWEEN $2 AND $3

@@ -206,3 +206,33 @@ async def test_a_silent_owner_mid_transaction_holds_the_fence_only_briefly(store
         with pytest.raises(StoreUnavailable):
             with _translated():  # the stuck node learns it when it speaks again
                 await stuck.execute("COMMIT")
+
+
+async def test_queue_depth_reads_ready_and_running_through_their_partial_indexes(
+    store: Store, clock: ManualClock
+) -> None:
+    """The depth poll counts READY and RUNNING through tasks_ready and tasks_leases, which
+    hold those states only, never by reading the table (its finished history may be large);
+    the counts are right."""
+    now = clock.now()
+    await store.submit([TaskSpec(queue="d", run_at=now) for _ in range(30)], now)
+    await store.claim("default", ["d"], "w", 10, now)
+    await store.submit([TaskSpec(queue="d", run_at=now + timedelta(seconds=30))], now)
+    depth = await store.queue_depth(range(store.partitions), bucket_of(now) - 1, bucket_of(now) + 1)
+    assert depth == {
+        ("default", "d", "READY"): 20,
+        ("default", "d", "RUNNING"): 10,
+        ("default", "d", "SCHEDULED"): 1,
+    }
+    async with store.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        (plan_json,) = await conn.fetchrow(
+            "EXPLAIN (FORMAT JSON) " + q("queue_depth"),
+            list(range(store.partitions)),
+            bucket_of(now) - 1,
+            bucket_of(now) + 1,
+        )
+    nodes = _nodes(json.loads(plan_json)[0]["Plan"])
+    used = {n.get("Index Name") for n in nodes}
+    assert {"tasks_ready", "tasks_leases"} <= used, used
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"]

@@ -18,7 +18,7 @@ from chronoq.buckets import bucket_of, partition_of
 from chronoq.client import Client
 from chronoq.clock import ManualClock
 from chronoq.coordinator.local import LocalOwnership
-from chronoq.models import TaskSpec, TaskState
+from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.node import Node
 from chronoq.node.firing import Firer
 from chronoq.node.precise import PreciseFirer
@@ -270,3 +270,55 @@ async def test_the_due_soon_read_examines_only_the_rows_coming_due(
     assert sum(_examined(s) for s in ranges) == len(coming)
     rows = await store.due_soon([target], now, until, limit=10_000)
     assert sorted(r[0] for r in rows) == sorted(t.id for t in coming)
+
+
+async def test_a_retry_after_a_short_backoff_enters_the_wheel(
+    make_node: NodeFactory, clock: ManualClock, store: Store
+) -> None:
+    """A failed attempt's retry, and a reaped lease's, come due within the horizon: they
+    fire from the wheel at their instant, not at the next catch-all tick."""
+    node = await make_node(clock=clock, tick=LONG_TICK)
+    _firer, precise = await _after_first_tick(node)
+    async with Client(node.address) as client:
+        await client.submit("r", backoff_initial=timedelta(milliseconds=300))
+        await client.submit(
+            "r", backoff_initial=timedelta(milliseconds=300), lease_timeout=timedelta(seconds=1)
+        )
+        failing, expiring = sorted(
+            await client.claim(["r"], max_tasks=2), key=lambda t: t.lease_timeout, reverse=True
+        )
+        retried = await client.fail(
+            Lease(failing.id, failing.attempt), "boom", retry_after=timedelta(milliseconds=300)
+        )
+    assert retried.state is TaskState.SCHEDULED and failing.id in precise.wheel
+    clock.advance(timedelta(seconds=2))  # the second lease expired meanwhile
+    assert node.reaper is not None
+    (reaped,) = await node.reaper.reap()
+    assert reaped.id == expiring.id and reaped.state is TaskState.SCHEDULED
+    assert expiring.id in precise.wheel
+    clock.advance(timedelta(milliseconds=400))
+    precise.poke()
+    await _until_ready(store, failing.id)
+    await _until_ready(store, expiring.id)
+    assert precise.stats.fired >= 2
+
+
+async def test_with_the_wheel_on_the_tick_slows_to_the_catch_all_until_it_finds_a_late_task(
+    store: Store, clock: ManualClock
+) -> None:
+    own = LocalOwnership(store, "n")
+    await own.start()
+    firer = Firer(store, own, clock, tick=0.1, batch=100, rounds=1, node_id="n", catch_all=5.0)
+    assert firer._interval() == 0.1
+    await firer.tick()
+    assert firer._interval() == 5.0
+    now = clock.now()
+    await store.submit([TaskSpec(queue="c", run_at=now + timedelta(seconds=1))], now)
+    clock.advance(timedelta(seconds=2))
+    assert (await firer.tick()).fired == 1  # a second late: the wheel did not hold it
+    assert firer._interval() == 0.1
+    await firer.tick()
+    assert firer._interval() == 5.0
+    alone = Firer(store, own, clock, tick=0.1, batch=100, rounds=1, node_id="n")
+    await alone.tick()
+    assert alone._interval() == 0.1
