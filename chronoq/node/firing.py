@@ -127,6 +127,7 @@ class Firer:
         # behind a flood) waits for one statement at most, then the next tick's first one,
         # which walks every partition again with a fresh `now`.
         deadline = loop.time() + self._tick
+        late = False  # fired a task more than a tick late: the wheel did not hold it
         for _ in range(self._rounds):
             async with self._ownership.gate:
                 # Re-read ownership before each statement: a release may have happened.
@@ -140,13 +141,14 @@ class Firer:
                 )
             self.stats.statements += 1
             self._account(result, total)
+            late = late or any(seconds > self._tick for seconds in result.lateness)
             # Each namespace with due rows got a share of the batch (fair across namespaces);
             # go again where one filled its share.
             pending = {p: owned[p] for p in result.saturated() if p in owned}
             if loop.time() >= deadline:
                 break
-        self._quiet = not pending and all(late <= self._tick for late in total.lateness)
         await self._advance(owned, set(pending), current)
+        self._quiet = not pending and not late
         if self._metrics is not None:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
         return total
@@ -177,7 +179,6 @@ class Firer:
         total.ready_by_queue.update(result.ready_by_queue)
         total.per_partition.update(result.per_partition)
         total.quarantined += result.quarantined
-        total.lateness += result.lateness
         if result.ready_by_queue:
             self._on_ready(result)
 

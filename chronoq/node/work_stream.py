@@ -52,7 +52,7 @@ log = logging.getLogger("chronoq.node")
 STREAM_WAIT = timedelta(seconds=5)
 #: Ack batches of one stream in the store at once; the next message waits (back-pressure).
 ACKS_IN_FLIGHT = 4
-#: The least a claim asks for while claims come back short (see ``WorkSession._claim_size``).
+#: The least a claim asks for while claims come back short (see ``claim_size``).
 QUIET_CLAIM = 16
 
 Write = Callable[[worker_pb2.WorkResponse], Any]

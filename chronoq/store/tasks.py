@@ -206,7 +206,7 @@ class TaskStatements(Connected):
                 strict=True,
             )
         ]
-        return ids, [list(col) for col in zip(*rows, strict=True)] if rows else []
+        return ids, [list(col) for col in zip(*rows, strict=True)]
 
     async def _insert_columns_sliced(
         self, specs: Sequence[TaskSpec], now: datetime
