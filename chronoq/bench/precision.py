@@ -14,7 +14,11 @@ median over ``runs`` runs:
   wakes for instants at the same rate, under the same load (no store, no network);
 - the CPU the cluster's processes used from the first run_at until the last task completed,
   by role (nodes, workers, PostgreSQL, etcd), in cores: a latency measured on a machine whose
-  cores are all busy measures the queue for them.
+  cores are all busy measures the queue for them;
+- what PostgreSQL's housekeeping did meanwhile (autovacuums and autoanalyzes of ``tasks``,
+  checkpoints, dead rows left by the previous run); with ``pg_diagnostics``, also the
+  statements that took its time, and each run's server log (every autovacuum, checkpoint, lock
+  wait, and the plan of any statement over 100 ms) beside the workers' logs.
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
+from chronoq.bench import pgstats
 from chronoq.bench.throughput.measure import cpu_seconds, descendants
 from chronoq.client import Client, NewTask, TaskContext, Worker
 from chronoq.local.cluster import ClusterSpec, LocalCluster
+from chronoq.models import DEFAULT_NAMESPACE
 
 QUEUE = "precision"
 #: Tasks per submit batch (spread over the nodes' clients).
@@ -77,6 +83,8 @@ class RateRun:
     submit_overran: bool
     #: Cores each role used while the run's tasks came due and ran (CPU seconds / seconds).
     cpu_cores: dict[str, float] = field(default_factory=dict)
+    #: What PostgreSQL ran meanwhile (see ``chronoq.bench.pgstats``).
+    postgres: pgstats.RunStats | None = None
 
 
 @dataclass
@@ -134,6 +142,7 @@ def main(
     wheel_horizon_ms: int | None = None,
     data_dir: Path | None = None,
     json_out: Path | None = None,
+    pg_diagnostics: bool = False,
 ) -> PrecisionReport:
     """Run every rate ``runs`` times on one fresh local cluster and print the table."""
     wanted = _rates(rates)
@@ -149,6 +158,7 @@ def main(
         cluster="precision",
         durable=False,
         extra_node_args=extra,
+        postgres_settings=pgstats.DIAGNOSTIC_SETTINGS if pg_diagnostics else {},
     )
     report = PrecisionReport(
         nodes, partitions, nodes, concurrency, tick_ms, wheel_horizon_ms, seconds
@@ -158,6 +168,8 @@ def main(
         time.sleep(SETTLE_SECONDS)  # partitions spread by load once the nodes see each other
         for run in range(runs):
             for rate in wanted:
+                pg_log = cluster.postgres.log_file if cluster.postgres is not None else None
+                log_from = pg_log.stat().st_size if pg_log is not None else 0
                 result = asyncio.run(
                     _one_run(cluster.dsn, cluster.addresses, rate, seconds, concurrency, workdir)
                 )
@@ -171,11 +183,29 @@ def main(
                     + ", ".join(f"{role} {cores:.2f}" for role, cores in result.cpu_cores.items())
                     + f" cores of {os.cpu_count()}"
                 )
+                if result.postgres is not None:
+                    console.print(f"  PostgreSQL meanwhile: {result.postgres.line()}")
+                    for line in result.postgres.top():
+                        console.print(f"    {line}", markup=False, highlight=False)
+                if pg_diagnostics and pg_log is not None:
+                    kept = workdir / f"run-{run + 1}-{rate}.postgres.log"
+                    kept.write_bytes(_tail_from(pg_log, log_from))
+                    console.print(f"  its server log: {kept}")
     console.print(render(report))
     if json_out is not None:
         doc = {**asdict(report), "medians": [asdict(r) for r in report.medians()]}
         json_out.write_text(json.dumps(doc, indent=2))
     return report
+
+
+def _tail_from(path: Path, offset: int) -> bytes:
+    """What ``path`` gained past ``offset`` (all of it if it was rotated or truncated)."""
+    with path.open("rb") as f:
+        if f.seek(0, os.SEEK_END) >= offset:
+            f.seek(offset)
+        else:
+            f.seek(0)
+        return f.read()
 
 
 def _rates(text: str) -> list[int]:
@@ -207,8 +237,10 @@ async def _one_run(
         overran = datetime.now(UTC) > first
         timer = asyncio.create_task(_timer_floor(first, rate, count))
         cpu_from = asyncio.create_task(_cpu_at(first))
+        pg_from = await pgstats.snapshot(dsn)
         await _until_done(dsn, count, within=seconds + LEAD_SECONDS + 120)
         cpu = _cpu_used(await cpu_from)
+        pg = pgstats.between(pg_from, await pgstats.snapshot(dsn))
         timer_late = await timer
     finally:
         starts = [await w.stop() for w in workers]
@@ -229,6 +261,7 @@ async def _one_run(
         timer_p99_ms=_pct(timer_late, 99) * 1e3,
         submit_overran=overran,
         cpu_cores=cpu,
+        postgres=pg,
     )
 
 
@@ -282,10 +315,13 @@ def _cpu_used(since: tuple[float, dict[int, tuple[str, float]]]) -> dict[str, fl
 
 
 async def _reset(dsn: str) -> None:
-    """Forget the previous run's tasks (the nodes keep running)."""
+    """Forget the previous run's tasks (the nodes keep running), and vacuum them away: every
+    run starts on a clean table, not on the last one's dead rows with an autovacuum due in
+    the middle of its window."""
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("DELETE FROM tasks")
+        await conn.execute("VACUUM (ANALYZE) tasks")
     finally:
         await conn.close()
 
@@ -320,15 +356,28 @@ async def _timer_floor(first: datetime, rate: int, count: int) -> list[float]:
     return sorted(late)
 
 
+#: Whether any task is SCHEDULED, READY or RUNNING still (cheap while a run goes on).
+_UNFINISHED_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 0)"
+    " OR EXISTS (SELECT 1 FROM tasks WHERE state = 1)"
+    " OR EXISTS (SELECT 1 FROM tasks WHERE state = 2)"
+)
+_COMPLETED_SQL = "SELECT count(*) FROM tasks WHERE namespace = $1 AND state = 3"
+
+
 async def _until_done(dsn: str, count: int, within: float) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         deadline = time.monotonic() + within
         while True:
-            done = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 3")
-            if done >= count:
-                return
+            # One probe of each unfinished state's partial index, not a count of the run.
+            if not await conn.fetchval(_UNFINISHED_SQL):
+                done = await conn.fetchval(_COMPLETED_SQL, DEFAULT_NAMESPACE)
+                if done >= count:
+                    return
+                raise RuntimeError(f"{count - done} of {count} tasks ended other than completed")
             if time.monotonic() > deadline:
+                done = await conn.fetchval(_COMPLETED_SQL, DEFAULT_NAMESPACE)
                 raise TimeoutError(f"only {done} of {count} tasks completed in {within:.0f} s")
             await asyncio.sleep(0.5)
     finally:

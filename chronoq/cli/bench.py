@@ -220,6 +220,14 @@ def bench_precision(
         ),
     ] = None,
     json_out: JsonOutOpt = None,
+    pg_diagnostics: Annotated[
+        bool,
+        typer.Option(
+            "--pg-diagnostics",
+            help="Load PostgreSQL's statement statistics and slow-plan logging: print each "
+            "run's costliest statements and keep its server log in the data dir.",
+        ),
+    ] = False,
 ) -> None:
     """run_at → handler start p50 / p99 / max on a local cluster with a worker on every
     node, per due rate, with the count of early starts and a bare timer's lateness beside.
@@ -242,6 +250,7 @@ def bench_precision(
                     wheel_horizon_ms=wheel_horizon_ms,
                     data_dir=data_dir,
                     json_out=json_out,
+                    pg_diagnostics=pg_diagnostics,
                 )
             )
         except ValueError as exc:  # a malformed --rates

@@ -12,7 +12,7 @@ import functools
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -63,6 +63,8 @@ class ClusterSpec:
     base_port: int = 0  # node i listens on base_port + i; 0: free ports
     database: str = "chronoq"
     extra_node_args: Sequence[str] = field(default_factory=tuple)
+    #: Extra PostgreSQL server settings of the embedded store (e.g. diagnostics).
+    postgres_settings: Mapping[str, str] = field(default_factory=dict)
 
 
 class LocalCluster:
@@ -105,7 +107,9 @@ class LocalCluster:
                 self.etcd.start()
             if self.postgres is None and self._own_postgres:
                 self.postgres = EmbeddedPostgres(
-                    self.workdir / "postgres", durable=self.spec.durable
+                    self.workdir / "postgres",
+                    durable=self.spec.durable,
+                    settings=self.spec.postgres_settings,
                 )
             if self._own_postgres and self.postgres is not None:
                 self.postgres.start()

@@ -156,9 +156,14 @@ async def test_fire_query_examines_only_due_rows(store: Store, clock: ManualCloc
     in_target = [o.task for o in soon if o.task.partition == target]
     lanes = {t.namespace for t in in_target}  # all in one bucket
     due_lanes = {t.namespace for t in in_target if t.run_at <= later}
-    # The due lanes' scans: one index range per (bucket, namespace), up to now.
-    ranges = [s for s in scans if "namespace =" in s["Index Cond"]]
-    assert ranges and all("run_at <=" in s["Index Cond"] for s in ranges)
+    # The due lanes' scans: one index range per (bucket, namespace), up to now: in the lane's
+    # bucket, (namespace, run_at) from the lane's start to (its namespace, now).
+    ranges = [s for s in scans if "run_at" in s["Index Cond"]]
+    assert ranges and all(
+        "ROW(namespace, run_at) >=" in s["Index Cond"]
+        and "ROW(namespace, run_at) <=" in s["Index Cond"]
+        for s in ranges
+    ), [s["Index Cond"] for s in ranges]
     assert sum(round(s["Actual Loops"]) for s in ranges) == len(due_lanes)
     # The loose index scan that lists the lanes: one probe each, and one that finds no more.
     probes = [s for s in scans if s not in ranges]

@@ -34,10 +34,17 @@ async def test_a_task_fired_on_one_node_wakes_a_long_poll_on_another(
 ) -> None:
     nodes = await _nodes(make_node, etcd, cluster_name, claim_poll=timedelta(seconds=30))
     async with Client(nodes[0].address) as submitter:
-        for waiter_node in nodes:
+        for i, waiter_node in enumerate(nodes):
+            assert waiter_node.ownership is not None
             async with Client(waiter_node.address) as waiter:
-                due = await submitter.submit("q", delay=timedelta(milliseconds=300))
-                (claimed,) = await waiter.claim(["q"], wait=timedelta(seconds=20))
+                # A task another node owns (fires), on a queue of its own: only that node's
+                # notice can wake this long-poll.
+                for attempt in range(50):
+                    queue = f"q{i}-{attempt}"
+                    due = await submitter.submit(queue, delay=timedelta(milliseconds=300))
+                    if due.task.partition not in waiter_node.ownership.owned():
+                        break
+                (claimed,) = await waiter.claim([queue], wait=timedelta(seconds=20))
                 late = time.time() - due.task.run_at.timestamp()
                 assert claimed.id == due.task.id
                 assert late < 5.0, f"claimed {late:.1f} s after run_at on {waiter_node.address}"

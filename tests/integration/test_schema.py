@@ -79,8 +79,8 @@ QUERY_STATES = {
 }
 
 _STATE_NUMBER = re.compile(
-    r"\bstate\s*(?:=|<>|!=)\s*(\d+)\b"  # state = 1
-    r"|\bstate\s+(?:NOT\s+)?IN\s*\(([\d,\s]+)\)"  # state IN (0, 1, 2)
+    r"\bstate(?:\s*\+\s*0)?\s*(?:=|<>|!=)\s*(\d+)\b"  # state = 1, state + 0 = 1
+    r"|\bstate(?:\s*\+\s*0)?\s+(?:NOT\s+)?IN\s*\(([\d,\s]+)\)"  # state IN (0, 1, 2)
     r"|\bTHEN\s+(\d+)\s+ELSE\s+(\d+)\b"  # SET state = CASE ... THEN 6 ELSE 1 END
     r"|\bstate\s*=\s*CASE\s+WHEN\s+[\w.]+\s+THEN\s+(\d+)\s+WHEN",  # ... THEN 6 WHEN b THEN 2
     re.IGNORECASE,
