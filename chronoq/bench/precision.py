@@ -317,7 +317,8 @@ def _cpu_used(since: tuple[float, dict[int, tuple[str, float]]]) -> dict[str, fl
 async def _reset(dsn: str) -> None:
     """Forget the previous run's tasks (the nodes keep running), and vacuum them away: every
     run starts on a clean table, not on the last one's dead rows with an autovacuum due in
-    the middle of its window."""
+    the middle of its window, and on an empty table's statistics, the hardest case for the
+    store's plans (see the head of queries.sql)."""
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("DELETE FROM tasks")

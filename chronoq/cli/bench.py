@@ -90,6 +90,15 @@ def bench_throughput(
             "Comma-separated counts of tasks due tomorrow for the backlog phase (1M, 10M).",
         ),
     ] = None,
+    backlog_runs: Annotated[
+        int | None,
+        _opt(
+            "BACKLOG_RUNS",
+            "Measurements of each backlog size and of the empty table (medians compared).",
+            min=1,
+            max=20,
+        ),
+    ] = None,
     protocol: Annotated[
         str | None,
         _opt(
@@ -136,6 +145,7 @@ def bench_throughput(
                     phases=phases,
                     rss_settle_seconds=rss_settle_seconds,
                     backlog_sizes=backlog_sizes,
+                    backlog_runs=backlog_runs,
                     protocol=protocol,
                     prefetch=prefetch,
                 )

@@ -14,11 +14,11 @@ from chronoq.bench.throughput.measure import (
     COMPLETED_SQL,
     cpu_now,
     fetchrow,
-    load_pending,
+    measured_on,
     transactions,
     wait_for_count,
 )
-from chronoq.bench.throughput.results import BACKLOG_FROM, Context, EndToEndRun
+from chronoq.bench.throughput.results import Context, EndToEndRun
 from chronoq.bench.throughput.workers import running_workers
 from chronoq.config import NodeSettings
 from chronoq.node import Node
@@ -38,11 +38,14 @@ async def phase_e2e(ctx: Context) -> None:
         )
 
 
-async def end_to_end(ctx: Context, layout: str, backlog: int = 0) -> EndToEndRun:
+async def end_to_end(
+    ctx: Context, layout: str, backlog: int = 0, *, on: str | None = None
+) -> EndToEndRun:
+    """One end-to-end run, on a fresh database (with ``backlog`` tasks due tomorrow) or on
+    ``on``, a table the backlog phase loaded once and measures several times."""
     opts = ctx.opts
-    async with ctx.db.fresh("e2e_" + layout.replace("-", "_")) as dsn:
-        if backlog:
-            await load_pending(ctx.console, dsn, backlog, BACKLOG_FROM, vacuum=True)
+    name = "e2e_" + layout.replace("-", "_")
+    async with measured_on(ctx.db, ctx.console, name, backlog, on) as dsn:
         node = Node(NodeSettings(dsn=dsn, port=0))
         await node.start()
         try:

@@ -8,8 +8,13 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from chronoq import stats
-from chronoq.bench.throughput.measure import COMPLETED_SQL, fetchrow, load_pending, wait_for_count
-from chronoq.bench.throughput.results import BACKLOG_FROM, Context, LatenessRun
+from chronoq.bench.throughput.measure import (
+    COMPLETED_SQL,
+    fetchrow,
+    measured_on,
+    wait_for_count,
+)
+from chronoq.bench.throughput.results import Context, LatenessRun
 from chronoq.bench.throughput.submit import submit_all
 from chronoq.bench.throughput.workers import running_workers
 from chronoq.client import NewTask
@@ -36,12 +41,14 @@ async def phase_lateness(ctx: Context) -> None:
     )
 
 
-async def lateness(ctx: Context, layout: str, backlog: int = 0) -> LatenessRun:
+async def lateness(
+    ctx: Context, layout: str, backlog: int = 0, *, on: str | None = None
+) -> LatenessRun:
+    """One lateness run, on a fresh database (with ``backlog`` tasks due tomorrow) or on
+    ``on``, a table the backlog phase loaded once and measures several times."""
     opts = ctx.opts
     count = max(1, round(opts.due_rate * opts.lateness_seconds))
-    async with ctx.db.fresh("lateness") as dsn:
-        if backlog:
-            await load_pending(ctx.console, dsn, backlog, BACKLOG_FROM, vacuum=True)
+    async with measured_on(ctx.db, ctx.console, "lateness", backlog, on) as dsn:
         node = Node(NodeSettings(dsn=dsn, port=0))
         await node.start()
         try:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,8 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from chronoq.bench.raw import (
     BenchError,
+    Databases,
     copy_tasks,
 )
+from chronoq.bench.throughput.results import BACKLOG_FROM
 from chronoq.diagnostics.task_rows import NAMESPACE
 from chronoq.models import TaskState
 
@@ -66,6 +68,30 @@ async def load_pending(
             await conn.close()
         seconds += time.perf_counter() - started
     return seconds
+
+
+@contextlib.asynccontextmanager
+async def measured_on(
+    db: Databases, console: Console, name: str, backlog: int, dsn: str | None
+) -> AsyncIterator[str]:
+    """The database a measurement runs on: ``dsn``, a table the caller loaded and measures
+    again (the previous measurement's tasks are deleted and vacuumed away first, the backlog
+    stays), or a fresh one named ``name`` with ``backlog`` tasks due tomorrow loaded."""
+    if dsn is not None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "DELETE FROM tasks WHERE run_at < $1", datetime.now(UTC) + BACKLOG_FROM / 2
+            )
+            await conn.execute("VACUUM tasks")
+        finally:
+            await conn.close()
+        yield dsn
+        return
+    async with db.fresh(name) as fresh:
+        if backlog:
+            await load_pending(console, fresh, backlog, BACKLOG_FROM, vacuum=True)
+        yield fresh
 
 
 async def wait_for_count(

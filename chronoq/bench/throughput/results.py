@@ -32,6 +32,8 @@ MAX_BACKLOG = 100_000_000
 
 #: Tasks of the backlog are due from this far ahead, over one day: none fires during a run.
 BACKLOG_FROM = timedelta(days=1)
+#: Measurements per backlog size at most (each is seconds; the load is the long part).
+MAX_BACKLOG_RUNS = 20
 
 
 LAYOUTS = ("in-process", "processes")
@@ -140,8 +142,11 @@ class BacklogRun:
 
     pending: int
     load_seconds: float
-    end_to_end: EndToEndRun
-    lateness: LatenessRun
+    end_to_end: EndToEndRun  # the median run by throughput
+    lateness: LatenessRun  # the median run by firing lateness p99
+    #: Every measurement, in order (``backlog_runs`` of each).
+    end_to_end_runs: list[EndToEndRun] = field(default_factory=list)
+    lateness_runs: list[LatenessRun] = field(default_factory=list)
 
 
 @dataclass
@@ -227,6 +232,9 @@ class Options:
     #: Tasks each worker may hold beyond its running ones (``Worker(prefetch=)``; None: the
     #: worker's default).
     prefetch: int | None = None
+    #: Measurements of each backlog size (and of the empty table) on its once-loaded table;
+    #: the backlog phase compares their medians.
+    backlog_runs: int = 1
 
 
 @dataclass

@@ -31,6 +31,7 @@ from chronoq.bench.throughput.results import (
     DEFAULT_PHASES,
     LAYOUTS,
     MAX_BACKLOG,
+    MAX_BACKLOG_RUNS,
     PHASES,
     PROTOCOLS,
     Context,
@@ -54,6 +55,7 @@ def main(
     json_out: Path | None = None,
     pending_sizes: str = "10000,1000000",
     backlog_sizes: str = "1M",
+    backlog_runs: int = 1,
     lateness_seconds: float = 20.0,
     submitters: str = "1,2,4",
     layouts: str = ",".join(LAYOUTS),
@@ -78,6 +80,8 @@ def main(
             ``1M`` allowed).
         backlog_sizes: Comma-separated counts of tasks due tomorrow for the backlog phase,
             which reruns end to end and lateness on top of them and on an empty table.
+        backlog_runs: Measurements of each backlog size and of the empty table, each table
+            loaded once; the phase compares medians.
         lateness_seconds: How long tasks keep coming due in the lateness phase.
         submitters: Comma-separated counts of concurrent submitters in the submit phase.
         layouts: Worker layouts to try end to end: ``in-process``, ``processes``.
@@ -103,7 +107,11 @@ def main(
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
         if prefetch is not None and prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, not {prefetch}")
-        opts = dataclasses.replace(opts, protocol=protocol, prefetch=prefetch)
+        if not 1 <= backlog_runs <= MAX_BACKLOG_RUNS:
+            raise ValueError(f"backlog_runs must be 1 to {MAX_BACKLOG_RUNS}, not {backlog_runs}")
+        opts = dataclasses.replace(
+            opts, protocol=protocol, prefetch=prefetch, backlog_runs=backlog_runs
+        )
         opts.logs.mkdir(parents=True, exist_ok=True)
         # Not a terminal (CI, a pipe): wide enough for the table, instead of rich's 80 columns.
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)

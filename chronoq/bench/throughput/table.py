@@ -125,16 +125,18 @@ def backlog_rows(table: Table, runs: Sequence[BacklogRun]) -> None:
     base = runs[0]
     for run in runs[1:]:
         e2e, late = run.end_to_end, run.lateness
+        n = len(run.end_to_end_runs)
+        many = f" (median of {n})" if n > 1 else ""
         table.add_row(
-            f"end to end, {run.pending:,} due tomorrow", rate(e2e.tasks_per_s),
+            f"end to end, {run.pending:,} due tomorrow{many}", rate(e2e.tasks_per_s),
             f"empty table {rate(base.end_to_end.tasks_per_s)}",
             pct(e2e.tasks_per_s, base.end_to_end.tasks_per_s),
             within(e2e.tasks_per_s, base.end_to_end.tasks_per_s, higher_is_better=True),
         )
         table.add_row(
-            f"  lateness p50/p99, {run.pending:,} due tomorrow",
-            f"{late.store_p50_ms:.0f} / {late.store_p99_ms:.0f} ms",
-            f"empty {base.lateness.store_p50_ms:.0f} / {base.lateness.store_p99_ms:.0f} ms",
+            f"  lateness p50/p99, {run.pending:,} due tomorrow{many}",
+            f"{late.store_p50_ms:.1f} / {late.store_p99_ms:.1f} ms",
+            f"empty {base.lateness.store_p50_ms:.1f} / {base.lateness.store_p99_ms:.1f} ms",
             pct(late.store_p99_ms, base.lateness.store_p99_ms),
             within(late.store_p99_ms, base.lateness.store_p99_ms, higher_is_better=False),
         )
