@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import asyncpg
 
@@ -115,7 +114,7 @@ async def snapshot(dsn: str) -> Snapshot:
     return snap
 
 
-async def _loaded(conn: Any) -> bool:
+async def _loaded(conn: asyncpg.Connection) -> bool:
     libraries = await conn.fetchval("SELECT current_setting('shared_preload_libraries')")
     return "pg_stat_statements" in str(libraries)
 

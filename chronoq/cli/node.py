@@ -111,9 +111,9 @@ class Switch(enum.StrEnum):
     off = "off"
 
 
-def _num_opt(flag: str, name: str, help: str, *, min: float = 0) -> Any:
-    """A number option with a lower bound and its environment variable."""
-    return typer.Option(flag, envvar=env(name), min=min, help=help)
+def _num_opt(flag: str, name: str, help: str, *, min: float = 0, max: float | None = None) -> Any:
+    """A number option with bounds and its environment variable."""
+    return typer.Option(flag, envvar=env(name), min=min, max=max, help=help)
 
 
 @node_app.command("drain")
@@ -151,24 +151,23 @@ def node(
     tick_ms: TickMsOpt = None,
     wheel_horizon_ms: Annotated[
         int | None,
-        typer.Option(
+        _num_opt(
             "--wheel-horizon-ms",
-            envvar=env("WHEEL_HORIZON_MS"),
-            min=0,
+            "WHEEL_HORIZON_MS",
+            "Owners hold the tasks due this far ahead in a timing wheel and fire each at its "
+            "instant; the tick fires the rest (0: the tick alone).",
             max=60_000,
-            help="Owners hold the tasks due this far ahead in a timing wheel and fire each "
-            "at its instant; the tick fires the rest (0: the tick alone).",
         ),
     ] = None,
     catch_all_ms: Annotated[
         int | None,
-        typer.Option(
+        _num_opt(
             "--catch-all-ms",
-            envvar=env("CATCH_ALL_MS"),
+            "CATCH_ALL_MS",
+            "With the timing wheel on: how often the tick, the catch-all for what the wheel "
+            "does not hold, runs while it finds nothing late.",
             min=1,
             max=60_000,
-            help="With the timing wheel on: how often the tick, the catch-all for what the "
-            "wheel does not hold, runs while it finds nothing late.",
         ),
     ] = None,
     max_payload_bytes: Annotated[

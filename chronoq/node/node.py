@@ -46,7 +46,7 @@ from chronoq.node.housekeeping import (
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
-from chronoq.node.precise import PreciseFirer, Scheduled
+from chronoq.node.precise import PreciseFirer, Scheduled, scheduled_of
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
@@ -508,6 +508,4 @@ class Node:
 
 def _retries(tasks: Iterable[Task]) -> list[Scheduled]:
     """The SCHEDULED ones of ``tasks`` (given back for a retry), as the wheel takes them."""
-    return [
-        (t.id, t.run_at, (t.namespace, t.queue)) for t in tasks if t.state is TaskState.SCHEDULED
-    ]
+    return [scheduled_of(t) for t in tasks if t.state is TaskState.SCHEDULED]

@@ -30,6 +30,7 @@ from chronoq.buckets import partition_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import ChronoqError
+from chronoq.models import Task
 from chronoq.node.firing import Firer
 from chronoq.node.handoff import HandOff, Plan
 from chronoq.store import Store
@@ -41,6 +42,12 @@ log = logging.getLogger("chronoq.firing")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A task a submit created SCHEDULED: (id, run_at, (namespace, queue)).
 Scheduled = tuple[str, datetime, tuple[str, str]]
+
+
+def scheduled_of(task: Task) -> Scheduled:
+    """A SCHEDULED task as the wheel takes it (``PreciseFirer.offer``)."""
+    return task.id, task.run_at, (task.namespace, task.queue)
+
 _US = timedelta(microseconds=1)
 #: Loads per horizon: a task is in the wheel at least 3/4 of the horizon before it is due.
 LOADS_PER_HORIZON = 4

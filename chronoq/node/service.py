@@ -54,7 +54,7 @@ from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
 from chronoq.node.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.handoff import HandOff
 from chronoq.node.metrics import NodeMetrics
-from chronoq.node.precise import Scheduled
+from chronoq.node.precise import Scheduled, scheduled_of
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
 from chronoq.node.work_stream import WorkSession, first_of, opened
@@ -144,7 +144,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         self.on_scheduled(
             now,
             (
-                (o.task.id, o.task.run_at, (o.task.namespace, o.task.queue))
+                scheduled_of(o.task)
                 for o in outcomes
                 if o.created and o.task.state is TaskState.SCHEDULED
             ),
@@ -483,7 +483,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         if task.state is TaskState.READY:
             self._notifier.notify([(task.namespace, task.queue)])
         elif task.state is TaskState.SCHEDULED:
-            self.on_scheduled(now, [(task.id, task.run_at, (task.namespace, task.queue))])
+            self.on_scheduled(now, [scheduled_of(task)])
         return convert.task_to_pb(task)
 
     @translated

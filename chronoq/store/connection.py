@@ -92,14 +92,14 @@ _LIVENESS = {
 }
 
 
-# A listening connection sends nothing: keepalives and the server's connection check are
-# what notice a lost one (no idle-transaction timeout: it never opens a transaction).
 #: Every execution is planned with its arguments and the table as it is then: a queue's table
 #: changes faster than its statistics, and a generic plan a connection cached while the table
 #: was empty (a new cluster, or an ANALYZE after a drain) kept reading tasks by scans of the
 #: whole table or of a namespace's rows once it held thousands: 400 ms statements at 5,000
 #: due/s. Planning each call costs a little CPU; a wrong cached plan costs the tail.
 _PLANS = {"plan_cache_mode": "force_custom_plan"}
+# A listening connection sends nothing: keepalives and the server's connection check are
+# what notice a lost one (no idle-transaction timeout: it never opens a transaction).
 _LISTEN_LIVENESS = {k: v for k, v in _LIVENESS.items() if "transaction" not in k}
 #: Seconds a pool waits for its busy connections when closing, before it terminates them.
 CLOSE_TIMEOUT_S = 10

@@ -9,9 +9,9 @@
 -- its id list once per owned partition: statements of 100-600 ms at 5,000 due/s. The
 -- rewritten conditions keep the partial indexes (whose predicates are the states) and the
 -- listing index out of such plans; the planner's remaining choice, the ids against a scan
--- of the whole table, follows the table's size, which it reads as it plans. Fenced by-id statements check the partition against the fence rows'
--- partitions as an array computed once (an InitPlan), never as a join the planner may turn
--- around. For the same reason a lane of the firing index (partition, bucket, namespace) is
+-- of the whole table, follows the table's size, which it reads as it plans. Fenced by-id
+-- statements check the partition against the fence rows' partitions as an array computed
+-- once (an InitPlan), never as a join the planner may turn around. For the same reason a lane of the firing index (partition, bucket, namespace) is
 -- read as a row-comparison range over (namespace, run_at): `namespace = x AND state = 0`
 -- would let a plan walk every SCHEDULED row of the namespace (tasks_listing) when the
 -- statistics say there are few.

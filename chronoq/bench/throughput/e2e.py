@@ -38,14 +38,11 @@ async def phase_e2e(ctx: Context) -> None:
         )
 
 
-async def end_to_end(
-    ctx: Context, layout: str, backlog: int = 0, *, on: str | None = None
-) -> EndToEndRun:
-    """One end-to-end run, on a fresh database (with ``backlog`` tasks due tomorrow) or on
-    ``on``, a table the backlog phase loaded once and measures several times."""
+async def end_to_end(ctx: Context, layout: str, *, on: str | None = None) -> EndToEndRun:
+    """One end-to-end run, on a fresh database or on ``on``, a table the backlog phase
+    loaded once and measures several times."""
     opts = ctx.opts
-    name = "e2e_" + layout.replace("-", "_")
-    async with measured_on(ctx.db, ctx.console, name, backlog, on) as dsn:
+    async with measured_on(ctx.db, "e2e_" + layout.replace("-", "_"), on) as dsn:
         node = Node(NodeSettings(dsn=dsn, port=0))
         await node.start()
         try:

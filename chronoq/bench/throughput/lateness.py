@@ -41,14 +41,12 @@ async def phase_lateness(ctx: Context) -> None:
     )
 
 
-async def lateness(
-    ctx: Context, layout: str, backlog: int = 0, *, on: str | None = None
-) -> LatenessRun:
-    """One lateness run, on a fresh database (with ``backlog`` tasks due tomorrow) or on
-    ``on``, a table the backlog phase loaded once and measures several times."""
+async def lateness(ctx: Context, layout: str, *, on: str | None = None) -> LatenessRun:
+    """One lateness run, on a fresh database or on ``on``, a table the backlog phase loaded
+    once and measures several times."""
     opts = ctx.opts
     count = max(1, round(opts.due_rate * opts.lateness_seconds))
-    async with measured_on(ctx.db, ctx.console, "lateness", backlog, on) as dsn:
+    async with measured_on(ctx.db, "lateness", on) as dsn:
         node = Node(NodeSettings(dsn=dsn, port=0))
         await node.start()
         try:

@@ -71,12 +71,10 @@ async def load_pending(
 
 
 @contextlib.asynccontextmanager
-async def measured_on(
-    db: Databases, console: Console, name: str, backlog: int, dsn: str | None
-) -> AsyncIterator[str]:
+async def measured_on(db: Databases, name: str, dsn: str | None) -> AsyncIterator[str]:
     """The database a measurement runs on: ``dsn``, a table the caller loaded and measures
-    again (the previous measurement's tasks are deleted and vacuumed away first, the backlog
-    stays), or a fresh one named ``name`` with ``backlog`` tasks due tomorrow loaded."""
+    again (the previous measurement's tasks are deleted and vacuumed away first, a backlog
+    due tomorrow stays), or a fresh one named ``name``."""
     if dsn is not None:
         conn = await asyncpg.connect(dsn)
         try:
@@ -89,8 +87,6 @@ async def measured_on(
         yield dsn
         return
     async with db.fresh(name) as fresh:
-        if backlog:
-            await load_pending(console, fresh, backlog, BACKLOG_FROM, vacuum=True)
         yield fresh
 
 
