@@ -44,6 +44,37 @@ Step = Callable[[], Awaitable[object]]
 Interval = float | Callable[[], float]
 
 
+class Paced:
+    """The interval of a poll whose cost grows with the data it reads: at least ``interval``
+    seconds between pass starts, and at least ``1 / share`` times the last pass's duration,
+    so the poll takes at most ``share`` of the time however large its reads grow (fresher
+    figures while they are cheap, staler ones rather than a busy store when they are not).
+    Wrap the step with ``step`` and give the object itself as the loop's interval."""
+
+    def __init__(
+        self, interval: float, share: float, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        if interval <= 0 or not 0 < share <= 1:
+            raise ValueError("need interval > 0 and 0 < share <= 1")
+        self.interval = interval
+        self.share = share
+        self.last = 0.0  # seconds the last pass took
+        self._monotonic = monotonic
+
+    def step(self, step: Step) -> Step:
+        async def timed() -> object:
+            started = self._monotonic()
+            try:
+                return await step()
+            finally:
+                self.last = self._monotonic() - started
+
+        return timed
+
+    def __call__(self) -> float:
+        return max(self.interval, self.last / self.share)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoopPolicy:
     """When a failing loop counts as unhealthy, and how far its retries back off."""

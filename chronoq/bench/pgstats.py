@@ -19,6 +19,7 @@ import asyncpg
 DIAGNOSTIC_SETTINGS: Mapping[str, str] = {
     "shared_preload_libraries": "pg_stat_statements,auto_explain",
     "pg_stat_statements.max": "1000",
+    "pg_stat_statements.track_planning": "on",
     "auto_explain.log_min_duration": "100ms",
     "auto_explain.log_analyze": "off",
     "log_autovacuum_min_duration": "0",
@@ -29,7 +30,7 @@ DIAGNOSTIC_SETTINGS: Mapping[str, str] = {
 #: Statements listed per run, by server time.
 TOP_STATEMENTS = 6
 #: Characters of a statement's text kept: enough to name it.
-QUERY_CHARS = 90
+QUERY_CHARS = 110
 
 _TABLE = """
 SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, vacuum_count
@@ -37,7 +38,7 @@ FROM pg_stat_user_tables WHERE relname = 'tasks'
 """
 _CHECKPOINTS = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
 _STATEMENTS = """
-SELECT queryid, calls, total_exec_time, rows, query FROM pg_stat_statements
+SELECT queryid, calls, total_exec_time, total_plan_time, rows, query FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
@@ -46,8 +47,9 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 class Statement:
     query: str
     calls: int
-    total_ms: float
+    total_ms: float  # executing
     rows: int
+    plan_ms: float = 0.0  # planning (with ``track_planning``; a custom plan per execution)
 
     @property
     def mean_ms(self) -> float:
@@ -84,7 +86,7 @@ class RunStats:
     def top(self) -> list[str]:
         return [
             f"{s.total_ms:9.0f} ms {s.calls:7,} calls {s.mean_ms:7.2f} ms/call "
-            f"{s.rows:8,} rows  {s.query}"
+            f"(+{s.plan_ms / max(s.calls, 1):5.2f} planning) {s.rows:8,} rows  {s.query}"
             for s in self.statements
         ]
 
@@ -108,6 +110,7 @@ async def snapshot(dsn: str) -> Snapshot:
                     r["calls"],
                     r["total_exec_time"],
                     r["rows"],
+                    r["total_plan_time"],
                 )
     finally:
         await conn.close()
@@ -132,9 +135,10 @@ def between(before: Snapshot, after: Snapshot) -> RunStats:
                     calls,
                     s.total_ms - (was.total_ms if was else 0.0),
                     s.rows - (was.rows if was else 0),
+                    s.plan_ms - (was.plan_ms if was else 0.0),
                 )
             )
-    moved.sort(key=lambda s: s.total_ms, reverse=True)
+    moved.sort(key=lambda s: s.total_ms + s.plan_ms, reverse=True)
     return RunStats(
         dead_at_start=before.dead,
         autovacuums=after.autovacuums - before.autovacuums,

@@ -8,7 +8,8 @@ median over ``runs`` runs:
 
 - run_at → handler start p50 / p99 / max (each worker notes the wall clock when its handler
   starts; every process shares the machine's clock);
-- run_at → fired (the store's ``fired_at``), p50 / p99;
+- run_at → fired (the store's ``fired_at``), p50 / p99, and fired → handler start per task,
+  p50 / p99: which of the firing and the delivery to a handler makes the tail;
 - *early*: handlers started before their run_at, plus tasks fired before it (must be 0);
 - the raw ceiling of the same run: how late a bare asyncio timer in the benchmark process
   wakes for instants at the same rate, under the same load (no store, no network);
@@ -47,6 +48,7 @@ from rich.table import Table
 from chronoq.bench import pgstats
 from chronoq.bench.throughput.measure import cpu_seconds, descendants
 from chronoq.client import Client, NewTask, TaskContext, Worker
+from chronoq.heap import freeze_startup_heap
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 from chronoq.models import DEFAULT_NAMESPACE
 
@@ -62,7 +64,7 @@ PLANNED_SUBMIT_RATE = 1500
 TARGETS = {1000: (5.0, 25.0), 5000: (None, 100.0)}  # due/s → (p50 ms, p99 ms) targets
 _CHILD_MODULE = "chronoq.bench.precision"
 #: Columns the table needs to print unwrapped.
-TABLE_WIDTH = 130
+TABLE_WIDTH = 150
 #: Seconds the cluster runs before the first run: its first rebalances are over by then.
 SETTLE_SECONDS = 5.0
 
@@ -77,6 +79,9 @@ class RateRun:
     start_max_ms: float
     fire_p50_ms: float
     fire_p99_ms: float
+    #: fired_at → handler start, per task: the hand-off or claim, the push and the worker.
+    deliver_p50_ms: float
+    deliver_p99_ms: float
     early: int
     timer_p50_ms: float
     timer_p99_ms: float
@@ -117,6 +122,8 @@ class PrecisionReport:
                     start_max_ms=med("start_max_ms"),
                     fire_p50_ms=med("fire_p50_ms"),
                     fire_p99_ms=med("fire_p99_ms"),
+                    deliver_p50_ms=med("deliver_p50_ms"),
+                    deliver_p99_ms=med("deliver_p99_ms"),
                     early=sum(r.early for r in mine),
                     timer_p50_ms=med("timer_p50_ms"),
                     timer_p99_ms=med("timer_p99_ms"),
@@ -178,7 +185,9 @@ def main(
                     f"run {run + 1}/{runs}, {rate:,} due/s: handler start p50 "
                     f"{result.start_p50_ms:.1f} ms, p99 {result.start_p99_ms:.1f} ms, max "
                     f"{result.start_max_ms:.1f} ms; fired p50 {result.fire_p50_ms:.1f} ms, "
-                    f"p99 {result.fire_p99_ms:.1f} ms; early {result.early} "
+                    f"p99 {result.fire_p99_ms:.1f} ms; fired → handler p50 "
+                    f"{result.deliver_p50_ms:.1f} ms, p99 {result.deliver_p99_ms:.1f} ms; "
+                    f"early {result.early} "
                     f"({result.handled:,}/{result.tasks:,} handled); CPU meanwhile: "
                     + ", ".join(f"{role} {cores:.2f}" for role, cores in result.cpu_cores.items())
                     + f" cores of {os.cpu_count()}"
@@ -244,8 +253,13 @@ async def _one_run(
         timer_late = await timer
     finally:
         starts = [await w.stop() for w in workers]
-    lateness = sorted(s for ws in starts for s in ws)
-    fired = await _fire_lateness(dsn)
+    handled = {task_id: late for ws in starts for task_id, late in ws}
+    lateness = sorted(handled.values())
+    fired_by_id = await _fire_lateness(dsn)
+    fired = sorted(fired_by_id.values())
+    deliver = sorted(
+        late - fired_by_id[task_id] for task_id, late in handled.items() if task_id in fired_by_id
+    )
     early = sum(1 for s in lateness if s < 0) + sum(1 for f in fired if f < 0)
     return RateRun(
         rate=rate,
@@ -256,6 +270,8 @@ async def _one_run(
         start_max_ms=(lateness[-1] if lateness else 0.0) * 1e3,
         fire_p50_ms=_pct(fired, 50) * 1e3,
         fire_p99_ms=_pct(fired, 99) * 1e3,
+        deliver_p50_ms=_pct(deliver, 50) * 1e3,
+        deliver_p99_ms=_pct(deliver, 99) * 1e3,
         early=early,
         timer_p50_ms=_pct(timer_late, 50) * 1e3,
         timer_p99_ms=_pct(timer_late, 99) * 1e3,
@@ -385,16 +401,17 @@ async def _until_done(dsn: str, count: int, within: float) -> None:
         await conn.close()
 
 
-async def _fire_lateness(dsn: str) -> list[float]:
+async def _fire_lateness(dsn: str) -> dict[str, float]:
+    """Task id → seconds from its run_at to its fired_at."""
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT extract(epoch FROM fired_at - run_at)::float8 AS late FROM tasks "
+            "SELECT id::text, extract(epoch FROM fired_at - run_at)::float8 AS late FROM tasks "
             "WHERE fired_at IS NOT NULL"
         )
     finally:
         await conn.close()
-    return sorted(r["late"] for r in rows)
+    return {r["id"]: r["late"] for r in rows}
 
 
 def _pct(sorted_samples: Sequence[float], p: float) -> float:
@@ -436,7 +453,7 @@ class _WorkerChild:
         ready.unlink()
         return cls(proc, out)
 
-    async def stop(self) -> list[float]:
+    async def stop(self) -> list[tuple[str, float]]:
         if self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGTERM)
@@ -446,25 +463,26 @@ class _WorkerChild:
             self._proc.kill()
             await self._proc.wait()
         try:
-            return [float(v) for v in json.loads(self._out.read_text())]
+            return [(str(i), float(v)) for i, v in json.loads(self._out.read_text())]
         except (OSError, ValueError):
             return []
 
 
-_starts: list[float] = []
+_starts: list[tuple[str, float]] = []
 
 
 async def _handler(ctx: TaskContext) -> None:
-    _starts.append((datetime.now(UTC) - ctx.run_at).total_seconds())
+    _starts.append((ctx.id, (datetime.now(UTC) - ctx.run_at).total_seconds()))
 
 
-async def _serve_worker(address: str, concurrency: int, out: Path) -> list[float]:
+async def _serve_worker(address: str, concurrency: int, out: Path) -> list[tuple[str, float]]:
     client = Client(address, timeout=60)
     try:
         await client.wait_ready(30)
         worker = Worker(client, {QUEUE: _handler}, concurrency=concurrency)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        freeze_startup_heap()  # as ``chronoq worker`` does
         out.with_suffix(".ready").touch()
         await worker.run()
     finally:
@@ -497,7 +515,8 @@ def render(report: PrecisionReport) -> Table:
         f"benchmark process, same instants, same load (pid {os.getpid()})",
     )
     for name in ("due/s", "tasks", "handler start p50 / p99 / max", "fired p50 / p99",
-                 "early", "raw timer p50 / p99", "target"):  # fmt: skip
+                 "fired → handler p50 / p99", "early", "raw timer p50 / p99",
+                 "target"):  # fmt: skip
         table.add_column(name, justify="right")
     for r in report.medians():
         p50_target, p99_target = TARGETS.get(r.rate, (None, None))
@@ -517,12 +536,13 @@ def render(report: PrecisionReport) -> Table:
             f"{r.handled:,}/{r.tasks:,}",
             f"{r.start_p50_ms:.1f} / {r.start_p99_ms:.1f} / {r.start_max_ms:.1f}",
             f"{r.fire_p50_ms:.1f} / {r.fire_p99_ms:.1f}",
+            f"{r.deliver_p50_ms:.1f} / {r.deliver_p99_ms:.1f}",
             f"{r.early}" if not r.early else f"[red]{r.early}[/]",
             f"{r.timer_p50_ms:.1f} / {r.timer_p99_ms:.1f}",
             (target + (" [green]met[/]" if met else " [red]missed[/]")) if target else "",
         )
         if r.submit_overran:
-            table.add_row("", "[yellow]submission overran the first run_at[/]", *[""] * 5)
+            table.add_row("", "[yellow]submission overran the first run_at[/]", *[""] * 6)
     return table
 
 

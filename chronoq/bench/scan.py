@@ -2,10 +2,11 @@
 
 For each pending size the benchmark loads a fresh database on the real store (COPY, through
 ``chronoq.bench.raw.copy_tasks``): ``pending`` SCHEDULED tasks spread evenly over one day of
-one-minute buckets from *now*, and a fired history of the same size over the day before
-(99 % SUCCEEDED, 1 % READY), in submission order rather than run_at order (see
-``scattered_rows``; ``--order sorted`` loads run_at order instead). Then it times, at a tick
-59 s into the first bucket, the query that finds the tasks due by now, six ways:
+one-minute buckets from *now*, and a fired history over the day before (as large as the
+pending set by default, ``history`` times it in general; 99 % SUCCEEDED, 1 % READY), in
+submission order rather than run_at order (see ``scattered_rows``; ``--order sorted`` loads
+run_at order instead). Then it times, at a tick 59 s into the first bucket, the query that
+finds the tasks due by now, six ways:
 
 - ``a``: full-table scan ``run_at <= $now AND state = 0`` (index scans switched off);
 - ``b``: an index on ``run_at`` (built for the benchmark), walking the fired history;
@@ -88,6 +89,8 @@ HISTORY_COLUMNS = (*COPY_COLUMNS, "fired_at", "fired_by", "fire_token", "finishe
 ORDERS = ("scattered", "sorted")
 #: Stop repeating a strategy once its timed runs took this long (at least one run each).
 TIME_BUDGET_S = 8.0
+#: The largest fired history ``--history`` allows, as a multiple of the pending set.
+MAX_HISTORY = 10.0
 
 # ------------------------------------------------------------------------ entry point
 
@@ -123,12 +126,13 @@ def main(
     out_dir: Path = Path("bench-scan"),
     console: Console | None = None,
     only: str | None = None,
+    history: float = 1.0,
 ) -> ScanReport:
     """Load each size, measure every strategy, print the table, write JSON, plans and a plot.
 
     Args:
         sizes: Comma-separated pending counts (``100k,1m,10m``); each also gets a fired
-            history of the same size.
+            history of ``history`` times its size.
         repeats: Timed executions per strategy (fewer when a strategy is slow).
         partitions: Hash partitions of the loaded tasks (chronoq's default is 256).
         nodes: Cluster size for ``c2``: one node owns ``partitions / nodes`` partitions.
@@ -141,10 +145,16 @@ def main(
         console: Where to print (stdout by default).
         only: Comma-separated strategy keys to measure (default all), e.g. ``a,b2,c,c2,c3``
             to leave out (b), whose tick walks the whole history (minutes at 20M).
+        history: The fired history's size as a fraction of the pending set's (0 to 10): a
+            smaller one lets a larger pending set fit the disk (without one, ``b`` has no
+            history to walk).
     """
     counts = parse_sizes(sizes)
     if repeats < 1 or partitions < 1 or not 1 <= nodes <= partitions:
         raise ValueError("need repeats >= 1, partitions >= 1 and 1 <= nodes <= partitions")
+    if not 0 <= history <= MAX_HISTORY:
+        raise ValueError(f"--history: give a fraction of the pending set from 0 to "
+                         f"{MAX_HISTORY:g}, got {history:g}")
     if order not in ORDERS:
         raise ValueError(f"--order: choose from {', '.join(ORDERS)}, got {order!r}")
     keys = _strategy_keys(only)
@@ -163,7 +173,8 @@ def main(
             stack.callback(server.stop)
             admin_dsn = server.dsn
         report = asyncio.run(
-            _run(counts, admin_dsn, repeats, partitions, nodes, order, out_dir, console, keys)
+            _run(counts, admin_dsn, repeats, partitions, nodes, order, out_dir, console, keys,
+                 history)
         )
     console.print(render(report))
     console.print(arithmetic(report))
@@ -174,6 +185,7 @@ def main(
 async def _run(
     counts: Sequence[int], admin_dsn: str, repeats: int, partitions: int, nodes: int,
     order: str, out_dir: Path, console: Console, keys: frozenset[str] | None = None,
+    history: float = 1.0,
 ) -> ScanReport:
     report = ScanReport(
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -190,15 +202,16 @@ async def _run(
                     f"{report.server.get('server_version')}\n")
         for count in counts:
             async with databases.fresh(_label(count)) as dsn:
-                load, now = await _load(dsn, count, partitions, report.order, console)
+                fired = round(count * history)
+                load, now = await _load(dsn, count, fired, partitions, report.order, console)
                 report.loads.append(load)
                 console.print(
-                    f"{sized(count)} pending + {sized(count)} history loaded in "
+                    f"{sized(count)} pending + {sized(fired)} history loaded in "
                     f"{load.total_s:.1f} s (COPY {load.copy_s:.1f} s, "
                     f"indexes {load.index_s:.1f} s, VACUUM ANALYZE {load.vacuum_s:.1f} s); "
                     f"table {load.table_mb:.0f} MB, indexes {load.indexes_mb:.0f} MB"
                 )
-                for m in await _measure_all(dsn, count, now, report, plans, console, keys):
+                for m in await _measure_all(dsn, load, now, report, plans, console, keys):
                     report.measurements.append(m)
     report.outputs["plans"] = str(plans_path)
     json_path = out_dir / "scan.json"
@@ -219,7 +232,7 @@ def _label(count: int) -> str:
 
 
 async def _load(
-    dsn: str, count: int, partitions: int, order: str, console: Console
+    dsn: str, count: int, fired: int, partitions: int, order: str, console: Console
 ) -> tuple[Load, datetime]:
     """Pending over the coming day, history over the past day; returns the tick's ``now``.
 
@@ -236,16 +249,18 @@ async def _load(
         started = time.perf_counter()
         with _progress(console) as progress:
             pending_bar = progress.add_task(f"COPY {sized(count)} pending", total=count)
-            history_bar = progress.add_task(f"COPY {sized(count)} history", total=count)
+            history_bar = progress.add_task(f"COPY {sized(fired)} history", total=fired)
             if order == "sorted":
                 await copy_tasks(dsn, count, first, DAY, partitions=partitions,
                                  progress=_advance(progress, pending_bar))
             else:
                 await copy_rows(conn, scattered_rows(count, first, partitions), count,
                                 progress=_advance(progress, pending_bar))
-            history = history_rows(count, first - DAY, partitions, scattered=order != "sorted")
-            await copy_rows(conn, history, count, columns=HISTORY_COLUMNS,
-                            progress=_advance(progress, history_bar))
+            if fired:
+                history = history_rows(fired, first - DAY, partitions,
+                                       scattered=order != "sorted")
+                await copy_rows(conn, history, fired, columns=HISTORY_COLUMNS,
+                                progress=_advance(progress, history_bar))
         copied = time.perf_counter()
         for statement in indexes:
             await conn.execute(statement)
@@ -265,7 +280,7 @@ async def _load(
     finally:
         await conn.close()
     load = Load(
-        pending=count, history=count, copy_s=copied - started, index_s=indexed - copied,
+        pending=count, history=fired, copy_s=copied - started, index_s=indexed - copied,
         vacuum_s=vacuumed - indexed, table_mb=float(sizes["heap"]),
         indexes_mb=float(sizes["indexes"]),
     )
@@ -364,12 +379,12 @@ def _strategy_keys(only: str | None) -> frozenset[str] | None:
     keys = frozenset(k.strip() for k in only.split(",") if k.strip())
     known = {s.key for s in strategies()}
     if not keys or keys - known:
-        raise ValueError(f"only: choose from {', '.join(sorted(known))}, got {only!r}")
+        raise ValueError(f"--only: choose from {', '.join(sorted(known))}, got {only!r}")
     return keys
 
 
 async def _measure_all(
-    dsn: str, count: int, now: datetime, report: ScanReport, plans: Any, console: Console,
+    dsn: str, load: Load, now: datetime, report: ScanReport, plans: Any, console: Console,
     keys: frozenset[str] | None = None,
 ) -> list[Measurement]:
     current = bucket_of(now, report.bucket_seconds)
@@ -400,10 +415,12 @@ async def _measure_all(
                 parts, args = list(fences), (watermark, now)
             else:
                 parts, args = list(fences), (now,)
-            console.print(f"  {sized(count):>5} {strategy.key:>3} {strategy.name} …", end="")
-            m, plan_text = await _measure(conn, strategy, args, count, len(parts), report.repeats)
+            console.print(f"  {sized(load.pending):>5} {strategy.key:>3} {strategy.name} …",
+                          end="")
+            m, plan_text = await _measure(conn, strategy, args, load.pending, len(parts),
+                                          report.repeats)
             console.print(f" {m.ms_per_tick:.3f} ms, {m.examined:,} rows examined")
-            plans.write(_plan_section(strategy, count, args, plan_text))
+            plans.write(_plan_section(strategy, load, args, plan_text))
             out.append(m)
         return out
     finally:
@@ -450,13 +467,13 @@ async def _measure(
     ), plan_text
 
 
-def _plan_section(strategy: Strategy, pending: int, args: tuple[Any, ...], plan: str) -> str:
+def _plan_section(strategy: Strategy, load: Load, args: tuple[Any, ...], plan: str) -> str:
     shown = [
         f"[{len(a)} values]" if isinstance(a, list) and len(a) > 4 else repr(a) for a in args
     ]
     setup = "; ".join(strategy.setup) or "(chronoq's schema, default planner settings)"
     return (
-        f"\n{'=' * 100}\n{sized(pending)} pending + {sized(pending)} history — "
+        f"\n{'=' * 100}\n{sized(load.pending)} pending + {sized(load.history)} history — "
         f"({strategy.key}) {strategy.name}: {strategy.note}\nsetup: {setup}\n"
         f"parameters: {', '.join(shown)}\n\n{strategy.sql}\n\n{plan}\n"
     )

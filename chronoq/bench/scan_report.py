@@ -93,7 +93,7 @@ def render(report: ScanReport) -> Table:
     """The rich table: one row per size and strategy."""
     table = Table(title=(
         f"finding this minute's due tasks: {report.partitions} partitions, 1-minute buckets, "
-        f"a fired history as large as the pending set, heap in {report.order} order; "
+        f"{_histories(report)}, heap in {report.order} order; "
         f"c2 = {_owned(report)} partitions (one node of {report.nodes})"
     ))
     for col in ("pending", "strategy", "due", "rows examined", "examined / due",
@@ -111,6 +111,16 @@ def render(report: ScanReport) -> Table:
             and report.measurements[i + 1].pending != m.pending,
         )
     return table
+
+
+def _histories(report: ScanReport) -> str:
+    """How large the loads' fired histories were, relative to their pending sets."""
+    ratios = sorted({round(ld.history / ld.pending, 2) for ld in report.loads if ld.pending})
+    if not ratios or ratios == [1.0]:
+        return "a fired history as large as the pending set"
+    if ratios == [0.0]:
+        return "no fired history"
+    return "a fired history of " + " / ".join(f"{r:g}" for r in ratios) + " x the pending set"
 
 
 def _owned(report: ScanReport) -> int:
@@ -145,14 +155,20 @@ def _to_target(report: ScanReport) -> list[str]:
     if not report.loads:
         return []
     load = max(report.loads, key=lambda ld: ld.pending)
+    if load.pending >= TARGET_PENDING:
+        return [f"  {sized(load.pending)} pending measured: the target of "
+                f"{sized(TARGET_PENDING)} needs no arithmetic."]
     scale = TARGET_PENDING / load.pending
+    rows = (load.pending + load.history) * scale
+    history = ("an equal history" if load.history == load.pending
+               else f"a history of {load.history / load.pending:g} x the pending set")
     per_bucket = average_per_bucket(TARGET_PENDING, 1440, report.bucket_seconds)
     lines = [
         f"  To {sized(TARGET_PENDING)} pending (x{scale:g} the {sized(load.pending)} measured, "
         "linear): load "
         f"{load.total_s * scale / 60:,.0f} min (COPY {load.copy_s * scale / 60:,.0f}, indexes "
         f"{load.index_s * scale / 60:,.0f}); table {load.table_mb * scale / 1024:,.1f} GiB, "
-        f"indexes {load.indexes_mb * scale / 1024:,.1f} GiB (with an equal history); "
+        f"indexes {load.indexes_mb * scale / 1024:,.1f} GiB (with {history}); "
         f"{per_bucket:,.0f} due per one-minute bucket."
     ]
     by = {(m.strategy, m.pending): m for m in report.measurements}
@@ -165,7 +181,7 @@ def _to_target(report: ScanReport) -> list[str]:
             f"  ({key}) at {sized(TARGET_PENDING)}: rows examined = rows due ≈ {due:,.0f} per "
             f"minute; at the measured {m.ms_per_tick * 1000 / m.due:,.1f} µs per due row that is "
             f"≈ {m.ms_per_tick * scale:,.0f} ms of server time per minute of due tasks, "
-            f"while a full scan would read {2 * TARGET_PENDING:,} rows every tick."
+            f"while a full scan would read {rows:,.0f} rows every tick."
         )
     return lines
 

@@ -274,8 +274,19 @@ def bench_scan(
         _opt(
             "SIZES",
             "Comma-separated pending sizes (100k, 1m, 10m); each also gets a "
-            "fired history of the same size.",
+            "fired history (--history times its size).",
         ),
+    ] = None,
+    history: Annotated[
+        float | None,
+        _opt("HISTORY", "The fired history's size as a fraction of the pending set's (0-10; "
+             "default 1): a smaller one lets a larger pending set fit the disk.", min=0,
+             max=10),
+    ] = None,
+    only: Annotated[
+        str | None,
+        _opt("ONLY", "Comma-separated strategies to measure (default all of a,b,b2,c,c2,c3); "
+             "leave out b at tens of millions, where its tick walks the whole history."),
     ] = None,
     repeats: Annotated[
         int | None,
@@ -323,9 +334,11 @@ def bench_scan(
                     data_dir=data_dir,
                     dsn=dsn,
                     out_dir=out_dir,
+                    history=history,
+                    only=only,
                 )
             )
-        except ValueError as exc:  # a malformed --sizes, or nodes > partitions
+        except ValueError as exc:  # a malformed --sizes or --only, or nodes > partitions
             fail(str(exc), 2)
         except (BenchError, EmbeddedPostgresError, asyncpg.PostgresError, OSError) as exc:
             fail(f"bench scan: {exc}")

@@ -21,6 +21,7 @@ from chronoq.cli.common import (
 from chronoq.client import Worker, WorkerStats
 from chronoq.client.context import Handler
 from chronoq.client.handlers import HandlerChoiceError, select_handlers
+from chronoq.heap import freeze_startup_heap
 from chronoq.models import DEFAULT_NAMESPACE
 
 
@@ -132,6 +133,7 @@ async def _work(
             prefetch=prefetch,
         )
         runner.install_signal_handlers()
+        freeze_startup_heap()  # handlers imported, client connected: collections skip it all
         err.print(
             f"worker {runner.worker_id} serving {', '.join(handlers)} on {address} (Ctrl-C to stop)"
         )

@@ -37,6 +37,9 @@ class LocalOwnership:
     def expected(self) -> set[int]:
         return set() if self.draining else set(range(self._store.partitions))
 
+    def leads(self) -> bool:
+        return True
+
     async def drain(self) -> set[int]:
         async with self.gate:
             released = set(self._owned)

@@ -38,11 +38,14 @@ from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import StoreUnavailable
 from chronoq.store import Store
-from chronoq.supervision import Loop, Supervisor
+from chronoq.supervision import Loop, Paced, Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
 
 RECONCILE_RETRY = 0.2  # seconds after a failed reconcile pass
+#: The most of its time the leader spends counting the coming buckets' tasks for the loads
+#: (``Paced``): the count reads every one of them, so it grows with the submit rate.
+LOADS_SHARE = 0.02
 
 
 class PartitionState(enum.Enum):
@@ -184,6 +187,7 @@ class EtcdOwnership:
                 await view.start()
         self.lease.start()
         s = self.settings
+        loads = Paced(s.load_interval, LOADS_SHARE)  # the count grows with the coming tasks
         self._loops = [
             # A failed pass retries soon, without backoff: claims and handoffs wait for it.
             # Watch events and lease changes wake it at once.
@@ -199,8 +203,8 @@ class EtcdOwnership:
             # decides whether the node can fire.
             self.supervisor.every(
                 "publish-loads",
-                self._publish_loads_pass,
-                interval=s.load_interval,
+                loads.step(self._publish_loads_pass),
+                interval=loads,
                 initial_delay=True,
                 critical=False,
             ),
@@ -453,12 +457,14 @@ class EtcdOwnership:
 
     # ------------------------------------------------------------------ loads and stats
 
-    def _is_load_publisher(self) -> bool:
+    def leads(self) -> bool:
+        """The first live member does the shared chores (one count of the coming buckets
+        for everyone); a node whose lease lapsed does none."""
         members = self.live_members()
-        return bool(members) and members[0].node_id == self.node_id
+        return bool(members) and members[0].node_id == self.node_id and self.lease.valid()
 
     async def _publish_loads_pass(self) -> None:
-        if self._is_load_publisher() and self.lease.valid():
+        if self.leads():
             await self.publish_loads()
 
     async def publish_loads(self) -> bool:

@@ -46,6 +46,11 @@ class Ownership(Protocol):
         """The partitions this node should own now (empty while draining)."""
         ...
 
+    def leads(self) -> bool:
+        """Whether this node does the cluster's shared chores (counting the coming buckets'
+        loads, the queue depth): one live member at a time; always a node alone."""
+        ...
+
     async def drain(self) -> set[int]:
         """Give up every partition and take no more; returns those released."""
         ...

@@ -32,6 +32,10 @@ class Taker(Protocol):
 
     def available(self) -> int: ...
 
+    def offered(self) -> None:
+        """The wheel fired tasks this stream could take (whether it had credits or not)."""
+        ...
+
     def reserve(self, n: int) -> None: ...
 
     def deliver(self, tasks: list[Task], reserved: int) -> None: ...
@@ -110,6 +114,7 @@ class HandOff:
             for taker in list(takers):
                 if not ids:
                     break
+                taker.offered()
                 n = min(taker.available(), len(ids))
                 if n <= 0:
                     continue

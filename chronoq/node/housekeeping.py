@@ -13,7 +13,7 @@ from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.models import TaskState
 from chronoq.store import Store
-from chronoq.supervision import Loop, Supervisor
+from chronoq.supervision import Loop, Paced, Supervisor
 
 log = logging.getLogger("chronoq.node")
 
@@ -75,20 +75,42 @@ class Retention:
         return total
 
 
-class DepthPoller:
-    """Keeps the latest queue depth for the metrics endpoint (polled, never on a scrape)."""
+#: The most of its time a node spends counting the queue depth: its SCHEDULED part reads
+#: every task of the coming hour, which grows with the submit rate (``Paced``).
+DEPTH_SHARE = 0.01
 
-    def __init__(self, store: Store, clock: Clock, *, interval: float = 15.0) -> None:
+
+class DepthPoller:
+    """Keeps the latest queue depth for the metrics endpoint (polled, never on a scrape).
+
+    The depth is the cluster's, so one node counts it (the one that ``leads``, see
+    ``Ownership.leads``) and the others export none: its SCHEDULED part reads every task of
+    the coming hour, which every node counting again would multiply by their number.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        interval: float = 15.0,
+        leads: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._interval = interval
+        self._leads = leads
         self.depth: dict[tuple[str, str, str], int] = {}
 
     def start(self, supervisor: Supervisor) -> Loop:
         """Poll every ``interval`` seconds; only metrics depend on it (not critical)."""
-        return supervisor.every("depth", self.poll, interval=self._interval, critical=False)
+        paced = Paced(self._interval, DEPTH_SHARE)
+        return supervisor.every("depth", paced.step(self.poll), interval=paced, critical=False)
 
     async def poll(self) -> dict[tuple[str, str, str], int]:
+        if not self._leads():
+            self.depth = {}  # another node counts (a figure of ours would go stale)
+            return self.depth
         now = bucket_of(self._clock.now(), self._store.bucket_seconds)
         horizon = max(1, 3600 // self._store.bucket_seconds)
         self.depth = await self._store.queue_depth(

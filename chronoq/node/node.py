@@ -236,7 +236,7 @@ class Node:
             batch=s.retention_batch,
             on_purged=self.metrics.purged.inc,
         )
-        self.depth = DepthPoller(self.store, self.clock)
+        self.depth = DepthPoller(self.store, self.clock, leads=self.ownership.leads)
         if (
             s.cluster is not None
             and s.max_clock_offset is not None

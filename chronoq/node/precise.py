@@ -30,6 +30,7 @@ from chronoq.buckets import partition_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import ChronoqError
+from chronoq.gathering import RATE_WINDOW, DueRate, gather_for
 from chronoq.models import Task
 from chronoq.node.firing import Firer
 from chronoq.node.handoff import HandOff, Plan
@@ -118,6 +119,7 @@ class PreciseFirer:
         self._unleasing: set[asyncio.Task[None]] = set()
         self._load_wake = asyncio.Event()
         self._pass_started = 0.0
+        self._rate = DueRate(RATE_WINDOW)
         self.last_ok = time.monotonic()  # when the last load reached the store
 
     # ---------------------------------------------------------------- loops
@@ -281,27 +283,34 @@ class PreciseFirer:
             self._firer.ready(ready)
 
     def _fire_interval(self) -> float:
-        """Seconds from the last pass's start to the next: until the wheel's first instant."""
+        """Seconds from the last pass's start to the next: until the wheel's first instant,
+        and no sooner than ``gather_for`` allows."""
         elapsed = time.monotonic() - self._pass_started
         nxt = self.wheel.next_at()
         if nxt is None:
             return elapsed + self.load_every  # an entry that arrives wakes the loop
         wait = (nxt - instant_of(self._clock.now())) / 1e6
-        return elapsed + min(MAX_SLEEP, max(0.0, wait))
+        least = gather_for(self._rate.per_second(time.monotonic()))
+        return max(least, elapsed + min(MAX_SLEEP, max(0.0, wait)))
 
     async def fire(self) -> None:
-        """Fire what the wheel holds that is due now, in statements of up to FIRE_BATCH."""
+        """Fire what the wheel holds that is due now, in statements of up to FIRE_BATCH;
+        what came due meanwhile goes in the next statement at once, unless the last one was
+        busy (the next pass then waits, see ``chronoq.gathering``)."""
         self._pass_started = time.monotonic()
         for _ in range(FIRE_ROUNDS):
             now = self._clock.now()
             due = self.wheel.pop_due(instant_of(now), FIRE_BATCH)
             if not due:
                 return
+            self._rate.add(len(due), time.monotonic())
             try:
                 await self._fire(due, now)
             except Exception:
                 self.stats.errors += 1
                 raise  # what it held is still SCHEDULED: the tick fires it
+            if len(due) < FIRE_BATCH and gather_for(self._rate.per_second(time.monotonic())):
+                return  # busy, but no backlog: the next statement gathers first
 
     async def _fire(self, due: Sequence[Due], now: datetime) -> None:
         async with self._ownership.gate:

@@ -10,6 +10,7 @@ from datetime import timedelta
 from chronoq.clock import Clock, OffsetClock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.vclock import EtcdClock
+from chronoq.heap import freeze_startup_heap
 from chronoq.node.node import Node
 
 
@@ -52,6 +53,7 @@ async def serve(
             await node.stop(grace=0)
             raise
         stack.push_async_callback(node.stop)
+        freeze_startup_heap()
         started(node)
         await stop.wait()
         stopping()

@@ -13,7 +13,9 @@ _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 @cache
 def queries() -> dict[str, str]:
     """Named queries, with ``{{fragment}}`` references expanded (one definition of the
-    fencing clause that every owner statement shares)."""
+    fencing clause that every owner statement shares). Each text carries a comment that
+    names it, which PostgreSQL keeps: ``pg_stat_activity``, ``pg_stat_statements`` and the
+    server's log then say which statement of chronoq they show."""
     text = resources.files("chronoq.store").joinpath("queries.sql").read_text()
     parts = _SECTION.split(text)
     named: dict[str, str] = {}
@@ -23,8 +25,16 @@ def queries() -> dict[str, str]:
         sql = "\n".join(lines).rstrip().rstrip(";")
         (fragments if kind == "fragment" else named)[name] = sql
     return {
-        name: _INCLUDE.sub(lambda m: fragments[m.group(1)], sql) for name, sql in named.items()
+        name: _named(name, _INCLUDE.sub(lambda m: fragments[m.group(1)], sql))
+        for name, sql in named.items()
     }
+
+
+def _named(name: str, sql: str) -> str:
+    """``sql`` with a comment naming it after its first word: PostgreSQL's statement
+    statistics keep a statement from its first token on, so a leading comment would be cut."""
+    first, rest = sql.split(None, 1)
+    return f"{first} /* chronoq {name} */ {rest}"
 
 
 def q(name: str) -> str:

@@ -59,3 +59,25 @@ def test_bucketed_scan_examines_the_due_rows_while_full_scans_grow(
             assert m["shared_hit"] + m["shared_read"] > 0
     assert by["a", 10_000]["examined"] > by["a", 2_000]["examined"]
     assert by["b", 10_000]["examined"] > by["b", 2_000]["examined"]
+
+
+def test_a_smaller_history_loads_and_reads_only_what_it_holds(
+    postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    report = main(sizes="4k", repeats=1, partitions=16, nodes=3, dsn=postgres.dsn,
+                  out_dir=tmp_path, only="a,c3", history=0.25)
+    (load,) = report.loads
+    assert (load.pending, load.history) == (4_000, 1_000)
+    by = {m.strategy: m for m in report.measurements}
+    assert set(by) == {"a", "c3"}
+    assert by["a"].examined == 5_000 and by["a"].due == by["c3"].due > 0
+    assert "+ 1k history" in (tmp_path / "scan-plans.txt").read_text()
+
+
+def test_no_history_and_bounds(postgres: EmbeddedPostgres, tmp_path: Path) -> None:
+    report = main(sizes="2k", repeats=1, partitions=16, dsn=postgres.dsn, out_dir=tmp_path,
+                  only="a", history=0)
+    assert report.loads[0].history == 0 and report.measurements[0].examined == 2_000
+    for bad in (-0.5, 11.0):
+        with pytest.raises(ValueError, match="--history"):
+            main(sizes="2k", dsn=postgres.dsn, out_dir=tmp_path, history=bad)

@@ -135,6 +135,17 @@ async def test_hot_upcoming_buckets_spread_over_more_nodes(
     heaviest = max(ring.BASE_WEIGHT + loads.get(p, 0) for p in range(16))
     assert max(per_member.values()) <= max(cap, sum(per_member.values()) / 3 + heaviest)
 
+    # The loads' leader alone counts the cluster's queue depth; the others export none.
+    leaders = [n for n in nodes if n.ownership is not None and n.ownership.leads()]
+    assert len(leaders) == 1
+    for n in nodes:
+        assert n.depth is not None
+        depth = await n.depth.poll()
+        if n in leaders:
+            assert depth[("default", "hot", "SCHEDULED")] == 3000
+        else:
+            assert depth == {}
+
 
 async def test_virtual_clock_moves_every_node(
     make_node: NodeFactory, etcd: Any, cluster_name: str, store: Store

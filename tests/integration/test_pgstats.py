@@ -12,6 +12,7 @@ import pytest
 from chronoq.bench import pgstats
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.store import Store
+from chronoq.store.sql import q
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,6 +30,7 @@ async def test_diagnostic_settings_record_statements_vacuums_and_slow_plans(
         conn = await asyncpg.connect(dsn)
         try:
             await conn.execute("SELECT pg_sleep(0.15)")  # over auto_explain's 100 ms
+            await conn.fetch(q("count_by_state"))  # a statement of chronoq's, by its name
             await conn.execute("VACUUM tasks")
         finally:
             await conn.close()
@@ -37,6 +39,8 @@ async def test_diagnostic_settings_record_statements_vacuums_and_slow_plans(
         run = pgstats.between(before, after)
         assert after.vacuums == before.vacuums + 1
         assert any("pg_sleep" in s.query for s in run.statements), run.statements
+        named = [s for s in run.statements if "chronoq count_by_state" in s.query]
+        assert named and named[0].plan_ms > 0, run.statements  # planning is tracked too
         log = server.log_file.read_text()
         assert "duration:" in log and "pg_sleep" in log  # the slow statement's plan
     finally:

@@ -134,3 +134,10 @@ async def test_a_fresh_database_has_every_migration_pending(store: Store) -> Non
         assert await pending(conn) == [version for version, _n, _s in migrations()]
         await conn.execute("RESET search_path")
         assert await pending(conn) == []
+
+
+def test_each_named_query_says_its_name_to_the_server() -> None:
+    for name, sql in queries().items():
+        first = sql.split()[0]
+        assert sql.startswith(f"{first} /* chronoq {name} */ "), name
+        assert sql.count("*/") == 1, name  # nothing else closes the comment early

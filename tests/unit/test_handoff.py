@@ -4,6 +4,7 @@ what the statement did not lease, streams of a key take turns, limited queues ne
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any, cast
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from chronoq.limits import MAX_CLAIM_TASKS
 from chronoq.models import Task, TaskState
 from chronoq.node.handoff import HandOff, Key
-from chronoq.node.work_stream import QUIET_CLAIM, claim_size
+from chronoq.node.work_stream import HANDOFF_MEMORY, QUIET_CLAIM, WorkSession, claim_size
 from chronoq.wheel import Due
 
 KEY: Key = ("default", "q")
@@ -23,6 +24,10 @@ class FakeTaker:
         self.credits = credits
         self.held = 0
         self.delivered: list[Task] = []
+        self.offers = 0
+
+    def offered(self) -> None:
+        self.offers += 1
 
     def available(self) -> int:
         return self.credits - self.held
@@ -61,6 +66,7 @@ def test_a_plan_offers_no_more_than_the_free_credits() -> None:
     assert len(plan.leases) == 3 and set(plan.leases.values()) == {"a"}
     assert a.available() == 0  # reserved while the statement runs
     assert handoff.plan(due(5, start=5)) is None  # nothing free to offer meanwhile
+    assert a.offers == 2  # the stream hears it was wanted, credits or not (its claims)
 
 
 def test_settling_delivers_the_leased_and_frees_the_rest() -> None:
@@ -125,6 +131,14 @@ def test_a_claim_fills_at_least_one_credit_and_never_more_than_are_free(
     assert 1 <= claim_size(free, more=more, last=last, handoff=handoff) <= min(free, MAX_CLAIM_TASKS)
 
 
+@given(free=st.integers(4, 20_000), last=st.integers(0, 20_000))
+def test_under_load_a_claim_leaves_a_quarter_of_the_credits_to_the_hand_off(
+    free: int, last: int
+) -> None:
+    n = claim_size(free, more=True, last=last, handoff=True)
+    assert n == min(free, MAX_CLAIM_TASKS) - min(free, MAX_CLAIM_TASKS) // 4
+
+
 @given(free=st.integers(2, 20_000), last=st.integers(0, 20_000))
 def test_in_light_traffic_a_claim_leaves_half_the_credits_to_the_hand_off(
     free: int, last: int
@@ -134,8 +148,26 @@ def test_in_light_traffic_a_claim_leaves_half_the_credits_to_the_hand_off(
     assert n >= min(free - free // 2, QUIET_CLAIM, MAX_CLAIM_TASKS)
 
 
-def test_under_load_or_without_hand_offs_a_claim_takes_every_free_credit() -> None:
-    assert claim_size(160, more=True, last=80, handoff=True) == 160
+def test_without_hand_offs_a_claim_takes_every_free_credit() -> None:
+    assert claim_size(160, more=True, last=80, handoff=False) == 160
     assert claim_size(160, more=False, last=3, handoff=False) == 160
+    assert claim_size(160, more=True, last=80, handoff=True) == 120  # a quarter left
     assert claim_size(160, more=False, last=3, handoff=True) == QUIET_CLAIM
     assert claim_size(160, more=False, last=30, handoff=True) == 60  # twice what it found
+
+
+async def test_a_stream_keeps_room_for_the_hand_off_while_the_wheel_wants_it() -> None:
+    def session(handoff: HandOff | None) -> WorkSession:
+        unused = cast(Any, None)
+        return WorkSession(unused, unused, unused, unused, unused, namespace="default",
+                           queues=["q"], worker_id="w", handoff=handoff)
+
+    wanted = session(HandOff(lambda: set()))
+    assert not wanted._handing_off()  # claims take every free credit ...
+    wanted.offered()
+    assert wanted._handing_off()  # ... until the wheel has tasks for the stream ...
+    wanted._offered_at -= HANDOFF_MEMORY
+    assert not wanted._handing_off()  # ... and again once it has had none for a while
+    alone = session(None)  # a node without the wheel's hand-off
+    alone.offered()
+    assert not alone._handing_off()

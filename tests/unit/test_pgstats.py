@@ -44,3 +44,13 @@ def test_between_keeps_the_costliest_few() -> None:
     after = Snapshot(statements={i: Statement(f"q{i}", 1, float(i), 1) for i in range(20)})
     run = between(Snapshot(), after)
     assert [s.query for s in run.statements] == [f"q{i}" for i in range(19, 19 - TOP_STATEMENTS, -1)]
+
+
+def test_planning_counts_toward_a_statements_cost() -> None:
+    after = Snapshot(statements={
+        1: Statement("executes long", 10, 30.0, 10),
+        2: Statement("plans long", 10, 10.0, 10, plan_ms=25.0),
+    })
+    run = between(Snapshot(), after)
+    assert [s.query for s in run.statements] == ["plans long", "executes long"]
+    assert "(+ 2.50 planning)" in run.top()[0]

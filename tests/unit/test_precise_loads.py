@@ -4,13 +4,17 @@ statements themselves are tested against PostgreSQL in tests/integration)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import pytest
+
 from chronoq.buckets import partition_of
 from chronoq.clock import ManualClock
+from chronoq.gathering import BUSY_GAP, gather_for
 from chronoq.node.firing import Firer
 from chronoq.node.precise import PreciseFirer, instant_of
 from chronoq.store import FireResult, Store
@@ -36,9 +40,15 @@ class FakeStore:
         return [(*r, "default", "q") for r in sorted(got, key=lambda r: r[2])[:limit]]
 
     async def fire_listed(
-        self, owned: Mapping[int, int], now: datetime, ids: Sequence[str], *, node_id: str = ""
+        self,
+        owned: Mapping[int, int],
+        now: datetime,
+        ids: Sequence[str],
+        *,
+        node_id: str = "",
+        leases: Mapping[str, str] | None = None,
     ) -> FireResult:
-        return FireResult()
+        return FireResult(fired=len(ids))
 
 
 class FakeOwnership:
@@ -129,3 +139,25 @@ async def test_submits_enter_here_or_go_to_their_owner() -> None:
     assert others == [Due(theirs, 4, instant_of(soon))]  # id, partition, instant: no key
     precise.told([Due("x", 3, 1), Due("y", 4, 1)], None)  # None: read every partition again
     assert "x" in precise.wheel and "y" not in precise.wheel
+
+
+async def test_a_busy_owner_gathers_due_tasks_so_statements_carry_more() -> None:
+    store, clock = FakeStore(), ManualClock(START)
+    owned = {p: 1 for p in range(PARTITIONS)}
+    precise = _precise(store, FakeOwnership(owned), clock)
+    precise.wheel.add(_task(0), 0, instant_of(START))
+    await precise.fire()
+    precise.wheel.add(_task(1), 1, instant_of(START))  # due already: fire at once
+    assert precise._fire_interval() < 0.001
+    precise._rate.add(1_500, time.monotonic())  # as in a second at 1,500 a second: gather
+    for i in range(40):
+        precise.wheel.add(_task(i % PARTITIONS), i % PARTITIONS, instant_of(START))
+    await precise.fire()
+    precise.wheel.add(_task(1), 1, instant_of(START))
+    gather = gather_for(precise._rate.per_second(time.monotonic()))
+    assert 0 < gather <= BUSY_GAP
+    assert precise._fire_interval() >= 0.99 * gather  # the rate decays a little meanwhile
+    # never sooner than the next instant either
+    precise.wheel.pop_due(instant_of(START))
+    precise.wheel.add(_task(2), 2, instant_of(START + timedelta(milliseconds=200)))
+    assert precise._fire_interval() == pytest.approx(0.2, abs=0.05)

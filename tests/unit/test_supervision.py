@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoq.errors import StoreUnavailable
-from chronoq.supervision import LoopPolicy, Supervisor, retry_delay
+from chronoq.supervision import LoopPolicy, Paced, Supervisor, retry_delay
 
 FAST = LoopPolicy(unhealthy_after=0.0, unhealthy_passes=3, max_backoff=0.02)
 LOGGER = "chronoq.loops"
@@ -238,3 +238,22 @@ def test_retry_delay_doubles_within_its_bounds(failures: int, first: float, cap:
     assert retry_delay(failures + 1, first, cap) >= delay - 1e-6
     if failures == 1:
         assert delay == pytest.approx(first, abs=1e-6)
+
+
+async def test_a_paced_poll_keeps_its_share_of_the_time() -> None:
+    now = [0.0]
+    paced = Paced(2.0, 0.02, monotonic=lambda: now[0])
+
+    async def costly() -> str:
+        now[0] += cost
+        return "counted"
+
+    step = paced.step(costly)
+    assert paced() == 2.0  # nothing measured yet: the interval
+    cost = 0.01
+    assert await step() == "counted" and paced() == 2.0  # cheap: the interval
+    cost = 1.5
+    await step()
+    assert paced() == pytest.approx(75.0)  # 1.5 s is 2 % of 75 s
+    with pytest.raises(ValueError):
+        Paced(1.0, 0.0)
