@@ -40,9 +40,11 @@ class DueRate:
         self._at: float | None = None
 
     def _decay(self, now: float) -> None:
-        if self._at is not None and now > self._at:
+        if self._at is not None:
+            if now <= self._at:
+                return  # not after the last reading: nothing leaked since
             self._level *= math.exp(-(now - self._at) / self._window)
-        self._at = now if self._at is None else max(self._at, now)
+        self._at = now
 
     def add(self, n: int, now: float) -> None:
         self._decay(now)

@@ -44,35 +44,12 @@ Step = Callable[[], Awaitable[object]]
 Interval = float | Callable[[], float]
 
 
-class Paced:
-    """The interval of a poll whose cost grows with the data it reads: at least ``interval``
-    seconds between pass starts, and at least ``1 / share`` times the last pass's duration,
-    so the poll takes at most ``share`` of the time however large its reads grow (fresher
-    figures while they are cheap, staler ones rather than a busy store when they are not).
-    Wrap the step with ``step`` and give the object itself as the loop's interval."""
-
-    def __init__(
-        self, interval: float, share: float, monotonic: Callable[[], float] = time.monotonic
-    ) -> None:
-        if interval <= 0 or not 0 < share <= 1:
-            raise ValueError("need interval > 0 and 0 < share <= 1")
-        self.interval = interval
-        self.share = share
-        self.last = 0.0  # seconds the last pass took
-        self._monotonic = monotonic
-
-    def step(self, step: Step) -> Step:
-        async def timed() -> object:
-            started = self._monotonic()
-            try:
-                return await step()
-            finally:
-                self.last = self._monotonic() - started
-
-        return timed
-
-    def __call__(self) -> float:
-        return max(self.interval, self.last / self.share)
+def paced_interval(interval: float, share: float, last: float) -> float:
+    """Seconds between the pass starts of a loop whose passes may take at most ``share`` of
+    the time, after a pass that took ``last`` seconds: ``interval``, or ``last / share`` once
+    passes grow (a poll whose reads grow with the data: staler figures rather than a busy
+    store)."""
+    return max(interval, last / share)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +88,7 @@ class Loop:
         initial_delay: bool,
         critical: bool,
         stall_after: float | None,
+        share: float | None = None,
     ) -> None:
         self.name = name
         self.critical = critical
@@ -122,6 +100,7 @@ class Loop:
         self._backoff = backoff
         self._wake = wake
         self._initial_delay = initial_delay
+        self._share = share
         self.passes = 0
         self.failures = 0  # failed passes since the loop started, deaths included
         self.restarts = 0
@@ -232,7 +211,11 @@ class Loop:
                 delay = self._retry_now()
             else:
                 self.ok()
-                delay = self._interval_now() - (loop.time() - started)
+                took = loop.time() - started
+                interval = self._interval_now()
+                if self._share is not None:
+                    interval = paced_interval(interval, self._share, took)
+                delay = interval - took
             finally:
                 self._pass_started = None
             if self._stopping:
@@ -306,6 +289,7 @@ class Supervisor:
         initial_delay: bool = False,
         critical: bool = True,
         stall_after: float | None = None,
+        share: float | None = None,
     ) -> Loop:
         """Start running ``step`` every ``interval`` seconds (between pass starts).
 
@@ -316,7 +300,11 @@ class Supervisor:
             initial_delay: wait one interval before the first pass.
             critical: whether the node's health depends on this loop.
             stall_after: a pass running longer than this makes the loop unhealthy.
+            share: the most of the time its passes may take (0 < share <= 1): after a
+                long pass the next waits longer (``paced_interval``).
         """
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"loop {name}: share must be in (0, 1], got {share}")
         if name in self._loops:
             raise ValueError(f"a loop named {name!r} is running already")
         loop = Loop(
@@ -330,6 +318,7 @@ class Supervisor:
             initial_delay=initial_delay,
             critical=critical,
             stall_after=stall_after,
+            share=share,
         )
         self._loops[name] = loop
         loop._spawn()

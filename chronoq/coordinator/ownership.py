@@ -38,13 +38,13 @@ from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import StoreUnavailable
 from chronoq.store import Store
-from chronoq.supervision import Loop, Paced, Supervisor
+from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
 
 RECONCILE_RETRY = 0.2  # seconds after a failed reconcile pass
 #: The most of its time the leader spends counting the coming buckets' tasks for the loads
-#: (``Paced``): the count reads every one of them, so it grows with the submit rate.
+#: (``paced_interval``): the count reads every one of them, so it grows with the submit rate.
 LOADS_SHARE = 0.02
 
 
@@ -187,7 +187,6 @@ class EtcdOwnership:
                 await view.start()
         self.lease.start()
         s = self.settings
-        loads = Paced(s.load_interval, LOADS_SHARE)  # the count grows with the coming tasks
         self._loops = [
             # A failed pass retries soon, without backoff: claims and handoffs wait for it.
             # Watch events and lease changes wake it at once.
@@ -203,8 +202,9 @@ class EtcdOwnership:
             # decides whether the node can fire.
             self.supervisor.every(
                 "publish-loads",
-                loads.step(self._publish_loads_pass),
-                interval=loads,
+                self._publish_loads_pass,
+                interval=s.load_interval,
+                share=LOADS_SHARE,  # the count grows with the coming tasks
                 initial_delay=True,
                 critical=False,
             ),

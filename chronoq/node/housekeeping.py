@@ -13,7 +13,7 @@ from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.models import TaskState
 from chronoq.store import Store
-from chronoq.supervision import Loop, Paced, Supervisor
+from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.node")
 
@@ -76,7 +76,7 @@ class Retention:
 
 
 #: The most of its time a node spends counting the queue depth: its SCHEDULED part reads
-#: every task of the coming hour, which grows with the submit rate (``Paced``).
+#: every task of the coming hour, which grows with the submit rate (``paced_interval``).
 DEPTH_SHARE = 0.01
 
 
@@ -104,8 +104,9 @@ class DepthPoller:
 
     def start(self, supervisor: Supervisor) -> Loop:
         """Poll every ``interval`` seconds; only metrics depend on it (not critical)."""
-        paced = Paced(self._interval, DEPTH_SHARE)
-        return supervisor.every("depth", paced.step(self.poll), interval=paced, critical=False)
+        return supervisor.every(
+            "depth", self.poll, interval=self._interval, critical=False, share=DEPTH_SHARE
+        )
 
     async def poll(self) -> dict[tuple[str, str, str], int]:
         if not self._leads():

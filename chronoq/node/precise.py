@@ -290,8 +290,11 @@ class PreciseFirer:
         if nxt is None:
             return elapsed + self.load_every  # an entry that arrives wakes the loop
         wait = (nxt - instant_of(self._clock.now())) / 1e6
-        least = gather_for(self._rate.per_second(time.monotonic()))
-        return max(least, elapsed + min(MAX_SLEEP, max(0.0, wait)))
+        return max(self._gather(), elapsed + min(MAX_SLEEP, max(0.0, wait)))
+
+    def _gather(self) -> float:
+        """Seconds the next statement gathers for at the current due rate (``gather_for``)."""
+        return gather_for(self._rate.per_second(time.monotonic()))
 
     async def fire(self) -> None:
         """Fire what the wheel holds that is due now, in statements of up to FIRE_BATCH;
@@ -309,7 +312,7 @@ class PreciseFirer:
             except Exception:
                 self.stats.errors += 1
                 raise  # what it held is still SCHEDULED: the tick fires it
-            if len(due) < FIRE_BATCH and gather_for(self._rate.per_second(time.monotonic())):
+            if len(due) < FIRE_BATCH and self._gather():
                 return  # busy, but no backlog: the next statement gathers first
 
     async def _fire(self, due: Sequence[Due], now: datetime) -> None:

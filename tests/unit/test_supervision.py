@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoq.errors import StoreUnavailable
-from chronoq.supervision import LoopPolicy, Paced, Supervisor, retry_delay
+from chronoq.supervision import LoopPolicy, Supervisor, paced_interval, retry_delay
 
 FAST = LoopPolicy(unhealthy_after=0.0, unhealthy_passes=3, max_backoff=0.02)
 LOGGER = "chronoq.loops"
@@ -241,19 +241,9 @@ def test_retry_delay_doubles_within_its_bounds(failures: int, first: float, cap:
 
 
 async def test_a_paced_poll_keeps_its_share_of_the_time() -> None:
-    now = [0.0]
-    paced = Paced(2.0, 0.02, monotonic=lambda: now[0])
-
-    async def costly() -> str:
-        now[0] += cost
-        return "counted"
-
-    step = paced.step(costly)
-    assert paced() == 2.0  # nothing measured yet: the interval
-    cost = 0.01
-    assert await step() == "counted" and paced() == 2.0  # cheap: the interval
-    cost = 1.5
-    await step()
-    assert paced() == pytest.approx(75.0)  # 1.5 s is 2 % of 75 s
+    assert paced_interval(2.0, 0.02, 0.0) == 2.0  # nothing measured yet: the interval
+    assert paced_interval(2.0, 0.02, 0.01) == 2.0  # cheap: the interval
+    assert paced_interval(2.0, 0.02, 1.5) == pytest.approx(75.0)  # 1.5 s is 2 % of 75 s
+    sup = Supervisor(FAST)
     with pytest.raises(ValueError):
-        Paced(1.0, 0.0)
+        sup.every("never", lambda: asyncio.sleep(0), interval=1.0, share=0.0)
