@@ -164,6 +164,16 @@ class WorkStream:
                     await self._on_tasks(tasks)
         except grpc.aio.AioRpcError as exc:
             ended = translate(exc)
+        except Exception as exc:  # a push this end cannot take ends the stream
+            # Not the node's doing: a bug here. Said with its traceback, the call ended with
+            # the reason, so the worker opens another instead of reading no more.
+            log.error(
+                "reading the work stream from %s failed: %r", self.address, exc, exc_info=exc
+            )
+            ended = errors.Unavailable(
+                f"reading the work stream from {self.address} failed: {type(exc).__name__}: {exc}"
+            )
+            self._call.cancel()
         finally:
             self._end(ended)
 

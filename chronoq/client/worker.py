@@ -16,6 +16,14 @@ again, as at-least-once allows. On ``stop()`` (SIGINT/SIGTERM with
 ``install_signal_handlers``) it stops taking tasks, lets in-flight handlers finish within
 ``stop_grace`` and releases the rest (and whatever was pushed meanwhile), so no task waits
 for a lease to expire.
+
+Every loop beside the handlers is supervised (``chronoq.supervision``, as in a node): an
+unexpected error in the heartbeats or the ack flusher is logged with its traceback and the
+loop runs again after a backoff; a failed ack batch is sent again like one the node did not
+answer; a push the stream's reader cannot take ends that stream with the reason, and the
+worker opens another; taking tasks starts again after an unexpected error, and only a refusal
+by the node (a bad token, a namespace it may not reach) ends ``run()``, raised. A loop that
+keeps failing shows in ``problems()``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from chronoq.client.stream import WorkStream
 from chronoq.limits import MAX_STREAM_CREDITS
 from chronoq.models import AckOutcome, Lease, Task
 from chronoq.signals import on_stop_signals
+from chronoq.supervision import Loop, Supervisor, retry_delay
 
 log = logging.getLogger("chronoq.worker")
 
@@ -52,6 +61,10 @@ ACK_RETRY_MAX = 2.0
 ACK_GIVE_UP_MARGIN = 0.5
 #: Pause between claims that keep failing (the first retry goes at once, to another node).
 CLAIM_RETRY_DELAY = 0.5
+#: Seconds between looks for leases due a heartbeat (each is renewed at a third of its lease).
+HEARTBEAT_POLL = 0.25
+#: Longest pause before taking tasks again after an unexpected error.
+WORK_RETRY_MAX = 5.0
 #: Errors after which an ack is worth sending again: the node or its store did not answer,
 #: or a rate limit said "later".
 _TRANSIENT = (errors.Unavailable, errors.ResourceExhausted)
@@ -100,7 +113,10 @@ class _Outage:
 
     def failed(self, err: Exception) -> None:
         if not self.failures:
-            log.warning("%s failing, retrying: %s", self.what, err)
+            if isinstance(err, errors.ChronoqError):
+                log.warning("%s failing, retrying: %s", self.what, err)
+            else:  # not an outage: a bug, which needs its traceback
+                log.error("%s failing, retrying: %r", self.what, err, exc_info=err)
         self.failures += 1
 
     def ended(self) -> None:
@@ -183,11 +199,16 @@ class Worker:
         self._claim_outage = _Outage("claims")
         self._heartbeat_outage = _Outage("heartbeats")
         self._ack_outage = _Outage("acks")
+        self._supervisor = Supervisor()
 
     def stop(self) -> None:
         """Ask the worker to stop: no new claims; in-flight tasks finish or are released."""
         self._stopping.set()
         self._slot_free.set()
+
+    def problems(self) -> list[str]:
+        """Why the worker's background loops are unhealthy (empty when they are fine)."""
+        return self._supervisor.problems()
 
     def install_signal_handlers(self) -> None:
         """Stop on SIGINT and SIGTERM (call inside the running loop)."""
@@ -195,26 +216,46 @@ class Worker:
 
     async def run(self) -> WorkerStats:
         """Work until ``stop()``; returns the counts of what happened."""
-        beats = asyncio.create_task(self._heartbeats(), name="chronoq-heartbeats")
-        acks = asyncio.create_task(self._ack_flusher(), name="chronoq-acks")
+        beats = self._supervisor.every(
+            "worker-heartbeats", self._heartbeat_pass, interval=HEARTBEAT_POLL
+        )
+        acks: Loop = self._supervisor.every(
+            "worker-acks", self._ack_pass, interval=0, retry=ACK_RETRY_INITIAL
+        )
         try:
-            if self.stream:
-                await self._stream_loop()
-            if not self._stopping.is_set():
-                await self._claim_loop()
+            await self._work()
             await self._drain()
         finally:
-            beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beats
+            await self._supervisor.stop([beats])
             await self._acks.join()  # every ack landed, was refused or was given up
-            acks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acks
+            await self._supervisor.stop([acks])
             for sender in list(self._ack_senders):
                 sender.cancel()
             await asyncio.gather(*self._ack_senders, return_exceptions=True)
         return self.stats
+
+    async def _work(self) -> None:
+        """Take tasks (streams, else claims) until stopped. An unexpected error is logged
+        with its traceback and taking starts again after a backoff; a ``ChronoqError`` (the
+        node refused: a bad token, a namespace out of reach) ends the worker, raised."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if self.stream:
+                    await self._stream_loop()
+                if not self._stopping.is_set():
+                    await self._claim_loop()
+                return
+            except errors.ChronoqError:
+                raise
+            except Exception as exc:  # a bug must not end the worker unseen
+                failures += 1
+                delay = retry_delay(failures, CLAIM_RETRY_DELAY, WORK_RETRY_MAX)
+                if failures == 1:
+                    log.error("taking tasks failed, again in %.1f s: %r", delay, exc, exc_info=exc)
+                else:
+                    log.error("taking tasks failed again (%d in a row): %r", failures, exc)
+                await _sleep_unless(self._stopping, delay)
 
     def _free(self) -> int:
         """Room for more tasks: slots, plus what may be held beyond them at the handlers'
@@ -420,6 +461,8 @@ class Worker:
             await self.client.fail(lease, message, fatal=isinstance(exc, FatalTaskError))
         except errors.RemoteError as err:
             log.warning("could not report failure of %s: %s", lease.task_id, err)
+        except Exception:  # the task runs again after its lease: say why
+            log.exception("could not report failure of %s", lease.task_id)
 
     async def _release(self, task: Task) -> None:
         try:
@@ -427,36 +470,40 @@ class Worker:
             self.stats.released += 1
         except errors.RemoteError as err:
             log.warning("could not release %s: %s", task.id, err)
+        except Exception:  # the task runs again after its lease: say why
+            log.exception("could not release %s", task.id)
 
-    async def _heartbeats(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(0.25)
-            now = loop.time()
-            due = [r for r in self._running.values() if now - r.last_beat >= r.lease_timeout / 3]
-            if not due:
+    async def _heartbeat_pass(self) -> None:
+        """Renew, in one call, the leases a third of the way to expiry; stop the handlers
+        of tasks that were cancelled or whose lease is gone. Run by the supervisor, so an
+        unexpected error is logged and the next pass comes after a backoff."""
+        now = asyncio.get_running_loop().time()
+        due = [r for r in self._running.values() if now - r.last_beat >= r.lease_timeout / 3]
+        if not due:
+            return
+        try:
+            outcomes = await self.client.heartbeat([r.lease for r in due])
+        except errors.RemoteError as err:
+            self._heartbeat_outage.failed(err)
+            return
+        self._heartbeat_outage.ended()
+        for running, outcome in zip(due, outcomes, strict=True):
+            running.last_beat = now
+            if outcome.ok:
                 continue
-            try:
-                outcomes = await self.client.heartbeat([r.lease for r in due])
-            except errors.RemoteError as err:
-                self._heartbeat_outage.failed(err)
-                continue
-            self._heartbeat_outage.ended()
-            for running, outcome in zip(due, outcomes, strict=True):
-                running.last_beat = now
-                if outcome.ok:
-                    continue
-                # Cancelled, or the lease is gone (another worker may hold the task): stop.
-                self.stats.lost += 1
-                running.ctx.cancelled.set()
-                running.job.cancel()
-                log.info("task %s: stopping handler: %s", outcome.task_id, outcome.error)
+            # Cancelled, or the lease is gone (another worker may hold the task): stop.
+            self.stats.lost += 1
+            running.ctx.cancelled.set()
+            running.job.cancel()
+            log.info("task %s: stopping handler: %s", outcome.task_id, outcome.error)
 
-    async def _ack_flusher(self) -> None:
-        """Gathers successes into batches and hands each to its own sender task, with a
-        claim for the slots free at that moment."""
-        while True:
-            batch = [await self._acks.get()]
+    async def _ack_pass(self) -> None:
+        """Gather successes into one batch and hand it to its own sender task, with a claim
+        for the slots free at that moment. A pass that fails puts its batch back (and its
+        sender slot), so the next pass sends it and ``run()`` never waits on a lost ack."""
+        batch = [await self._acks.get()]
+        acquired = False
+        try:
             self._gathering = True
             try:
                 if self.ack_delay:
@@ -464,26 +511,40 @@ class Worker:
                 while len(batch) < self.ack_batch and not self._acks.empty():
                     batch.append(self._acks.get_nowait())
                 await self._ack_slots.acquire()
+                acquired = True
             finally:
                 self._gathering = False
-            ask = 0
-            if (
-                self.claim_on_ack
-                and not self.stream
-                and not self._riding
-                and not self._stopping.is_set()
-            ):
-                # One riding claim at a time: the slots freed meanwhile gather for the next
-                # one instead of splitting the worker's capacity into small claims.
-                ask = max(0, self._free())
-            if ask:
-                self._reserved += ask
-                self._riding += 1
-            else:
-                self._slot_free.set()  # the claim loop was waiting for this batch
-            sender = asyncio.create_task(self._send_acks(batch, ask), name="chronoq-ack-batch")
-            self._ack_senders.add(sender)
-            sender.add_done_callback(self._ack_senders.discard)
+            self._hand_off(batch)
+        except BaseException:
+            if acquired:
+                self._ack_slots.release()
+            # Back in the queue, but never past its give-up time: a stop waits for them.
+            for ack in self._still_worth_sending(batch, asyncio.get_running_loop().time()):
+                self._acks.put_nowait(ack)
+            for _ in batch:
+                self._acks.task_done()
+            raise
+
+    def _hand_off(self, batch: list[_Ack]) -> None:
+        """Start the sender of ``batch``, which holds one of the ack slots."""
+        ask = 0
+        if (
+            self.claim_on_ack
+            and not self.stream
+            and not self._riding
+            and not self._stopping.is_set()
+        ):
+            # One riding claim at a time: the slots freed meanwhile gather for the next
+            # one instead of splitting the worker's capacity into small claims.
+            ask = max(0, self._free())
+        if ask:
+            self._reserved += ask
+            self._riding += 1
+        else:
+            self._slot_free.set()  # the claim loop was waiting for this batch
+        sender = asyncio.create_task(self._send_acks(batch, ask), name="chronoq-ack-batch")
+        self._ack_senders.add(sender)
+        sender.add_done_callback(self._ack_senders.discard)
 
     async def _complete(self, acks: list[_Ack], ask: int) -> list[AckOutcome]:
         """One attempt at completing ``acks``, claiming ``ask`` more on the way if asked;
@@ -518,25 +579,27 @@ class Worker:
             while pending:
                 try:
                     outcomes = await self._complete(pending, ask)
-                except _TRANSIENT as err:
-                    ask = 0
-                    self._ack_outage.failed(err)
-                    pending = self._still_worth_sending(pending, loop.time() + pause)
-                    if pending:
-                        self.stats.ack_retries += 1
-                        await asyncio.sleep(pause)
-                        pause = min(pause * 2, ACK_RETRY_MAX)
-                    continue
                 except errors.RemoteError as err:
-                    ask = 0
-                    self.stats.acks_dropped += len(pending)
-                    log.warning("completing %d tasks refused: %s", len(pending), err)
+                    if not isinstance(err, _TRANSIENT):
+                        self.stats.acks_dropped += len(pending)
+                        log.warning("completing %d tasks refused: %s", len(pending), err)
+                        return
+                    failure: Exception = err
+                except Exception as err:  # noqa: BLE001 - a bug: the batch goes again
+                    failure = err
+                else:
+                    self._ack_outage.ended()
+                    for o in outcomes:
+                        if not o.ok:
+                            log.warning("completion of %s refused: %s", o.task_id, o.error)
                     return
-                self._ack_outage.ended()
-                for o in outcomes:
-                    if not o.ok:
-                        log.warning("completion of %s refused: %s", o.task_id, o.error)
-                return
+                ask = 0
+                self._ack_outage.failed(failure)
+                pending = self._still_worth_sending(pending, loop.time() + pause)
+                if pending:
+                    self.stats.ack_retries += 1
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, ACK_RETRY_MAX)
         finally:
             self._ack_slots.release()
             for _ in batch:
