@@ -17,9 +17,10 @@ file may hold digests instead of secrets (``python -c "import hashlib;
 print(hashlib.sha256(b'TOKEN').hexdigest())"``). Use long random tokens
 (``python -c "import secrets; print(secrets.token_urlsafe(32))"``): a digest does not make a
 short token safe, so a token shorter than ``MIN_TOKEN_LENGTH`` is refused. Whoever can write
-the file can grant themselves every namespace, so a file writable by group or others is
-refused too (``chmod 600``); one that others can read while it holds tokens in clear is
-logged as a warning.
+the file can grant themselves every namespace, so a file writable by group or others, owned
+by another account, or in a directory through which another account could replace it, is
+refused too (``chronoq.private_files``: the error says which chmod or chown fixes it); one
+that others can read while it holds tokens in clear is logged as a warning.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from chronoq.errors import ConfigError, InvalidArgument, NamespaceDenied, Unauthenticated
 from chronoq.limits import check_name
 from chronoq.models import DEFAULT_NAMESPACE
+from chronoq.private_files import check_file
 
 log = logging.getLogger("chronoq.auth")
 
@@ -44,8 +46,8 @@ log = logging.getLogger("chronoq.auth")
 ALL_NAMESPACES = "*"
 #: Shortest token a token file may hold in clear: a short token can be guessed.
 MIN_TOKEN_LENGTH = 16
-#: Mode bits that let other accounts rewrite a token file, and so grant themselves anything.
-UNSAFE_TOKEN_FILE_MODE = stat.S_IWGRP | stat.S_IWOTH
+#: The largest token file read: a table of tokens, not a document.
+MAX_TOKEN_FILE_BYTES = 1 << 20
 _DIGEST_PREFIX = "sha256:"
 
 
@@ -124,18 +126,21 @@ class TokenAuth:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenAuth:
-        """Read a token file (see the module docstring); refuse one that others may write."""
+        """Read a token file (see the module docstring); refuse one that another account
+        could rewrite or replace. The checks look at the open file, so what was checked is
+        what is read."""
         try:
-            mode = os.stat(path).st_mode
-            text = Path(path).read_text(encoding="utf-8")
+            # O_NONBLOCK: a FIFO put in the file's place must not hang the node's start.
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+                st = os.fstat(file.fileno())
+                check_file(Path(path), st, "auth_tokens")
+                data = file.read(MAX_TOKEN_FILE_BYTES + 1)
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"auth_tokens: cannot read {path}: {exc}") from exc
-        if mode & UNSAFE_TOKEN_FILE_MODE:
-            raise ConfigError(
-                f"auth_tokens: {path} is writable by group or others (mode "
-                f"{stat.filemode(mode)}), so anyone could grant themselves any namespace: "
-                f"chmod 600 {path}"
-            )
+        if len(data) > MAX_TOKEN_FILE_BYTES:
+            raise ConfigError(f"auth_tokens: {path} is over {MAX_TOKEN_FILE_BYTES} bytes")
+        mode = st.st_mode
         auth = cls.from_toml(text, source=str(path))
         if mode & (stat.S_IRGRP | stat.S_IROTH) and auth.clear_tokens:
             log.warning(
@@ -202,13 +207,14 @@ class TokenFile:
             self._reload_if_changed()
         return self._auth
 
-    def _stat(self) -> tuple[int, int, int, int] | None:
+    def _stat(self) -> tuple[int, int, int, int, int] | None:
         try:
             st = os.stat(self.path)
         except OSError:
             return None
-        # The mode too: a chmod that opens the file to others is seen (and refused) at once.
-        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+        # The mode and owner too: a chmod or chown that opens the file to others is seen (and
+        # refused) at once.
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid)
 
     def _reload_if_changed(self) -> None:
         stamp = self._stat()
