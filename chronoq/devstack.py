@@ -331,14 +331,13 @@ class DevStack:
             shutil.rmtree(etcd.members[0].data_dir.parent, ignore_errors=True)
 
     def _ensure_database(self) -> None:
+        """Create the database for the nodes' role, or give it one an older chronoq made."""
         name = self.settings.database
         literal = "'" + name.replace("'", "''") + "'"
         found = self.postgres.run_sql(f"SELECT 1 FROM pg_database WHERE datname = {literal}")
-        if not found.strip():
-            self.postgres.create_database(name)
-            self._created_database = True
-        elif self.settings.drop_database:
+        if found.strip() and self.settings.drop_database:
             raise DevStackError(f"database {name!r} already exists; it would be dropped on exit")
+        self._created_database = self.postgres.ensure_database(name)[1]
 
     def _node_settings(self, index: int) -> NodeSettings:
         s = self.settings

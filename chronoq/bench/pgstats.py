@@ -37,6 +37,7 @@ SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, vacuum_count
 FROM pg_stat_user_tables WHERE relname = 'tasks'
 """
 _CHECKPOINTS = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+_LIBRARY_LOADED = "SELECT EXISTS (SELECT FROM pg_settings WHERE name = 'pg_stat_statements.max')"
 _STATEMENTS = """
 SELECT queryid, calls, total_exec_time, total_plan_time, rows, query FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -103,6 +104,8 @@ async def snapshot(dsn: str) -> Snapshot:
             snap.autoanalyzes = table["autoanalyze_count"]
             snap.vacuums = table["vacuum_count"]
         if await _loaded(conn):
+            # Made by the superuser with the database where the library is loaded (the
+            # embedded server); a no-op then, for a role that may not create it.
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             for r in await conn.fetch(_STATEMENTS):
                 snap.statements[r["queryid"]] = Statement(
@@ -118,8 +121,9 @@ async def snapshot(dsn: str) -> Snapshot:
 
 
 async def _loaded(conn: asyncpg.Connection) -> bool:
-    libraries = await conn.fetchval("SELECT current_setting('shared_preload_libraries')")
-    return "pg_stat_statements" in str(libraries)
+    """Whether the library is loaded: its settings exist once it is (``pg_settings`` shows
+    them to every role; ``shared_preload_libraries`` only to privileged ones)."""
+    return bool(await conn.fetchval(_LIBRARY_LOADED))
 
 
 def between(before: Snapshot, after: Snapshot) -> RunStats:

@@ -107,7 +107,7 @@ class LocalBackend:
         """Point the node at its own proxies instead of the servers."""
         etcd = [self.hub.add(e, f"{node_id}->etcd{i}")
                 for i, e in enumerate(self.cluster.etcd_endpoints)]
-        parts = urlsplit(self.cluster.dsn)
+        parts = urlsplit(self.cluster.tcp_dsn)
         credentials, _, hosts = parts.netloc.rpartition("@")
         # The user only: the password travels in the node's environment, never on its command
         # line (see LocalCluster._spawn).

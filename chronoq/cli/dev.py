@@ -178,7 +178,7 @@ async def _dev(settings: DevStackSettings) -> None:
                 )
             out.print(f"  member logs    {stack.ha.workdir}")
         else:
-            out.print(f"  password file  {stack.postgres.password_file}")
+            out.print(f"  password file  {stack.postgres.app_password_file}")
             out.print(f"  PostgreSQL     pid {stack.postgres.pid}")
         out.print(
             f"  state          {stack.state_file} (PIDs, node command lines; "

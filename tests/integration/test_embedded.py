@@ -71,7 +71,11 @@ async def _put_with_retry(client: aetcd.Client, key: bytes, value: bytes, within
 
 async def test_postgres_serves_tcp_and_copies_template(pg: EmbeddedPostgres) -> None:
     assert pg.pid is not None
-    assert pg.dsn == f"postgresql://postgres:{pg.password}@127.0.0.1:{pg.port}/postgres"
+    socket = f"host=%2Ftmp%2F{pg.socket_dir.name}&port={pg.port}"
+    assert pg.dsn == f"postgresql://postgres:{pg.password}@/postgres?{socket}"
+    tcp = pg.dsn_for("postgres", tcp=True, admin=True)
+    assert tcp == f"postgresql://postgres:{pg.password}@127.0.0.1:{pg.port}/postgres"
+    assert pg.dsn_for("x") == f"postgresql://chronoq:{pg.app_password}@/x?{socket}"
 
     tpl_dsn = pg.create_database("chronoq_tpl")
     conn = await asyncpg.connect(tpl_dsn)
@@ -97,6 +101,11 @@ async def test_postgres_serves_tcp_and_copies_template(pg: EmbeddedPostgres) -> 
             "synchronous_commit": "off",
             "server_encoding": "UTF8",
         }
+        assert await conn.fetchval("SELECT inet_server_addr()") is None  # the unix socket
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(pg.dsn_for("copy 1", tcp=True))
+    try:
         assert await conn.fetchval("SELECT inet_server_addr()::text") == "127.0.0.1/32"
     finally:
         await conn.close()
