@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, MAX_PARTITIONS
+from chronoq.cardinality import DEFAULT_METRICS_QUEUES, MAX_METRICS_QUEUES
 from chronoq.coordinator.settings import ClusterSettings
 from chronoq.errors import ConfigError
 from chronoq.limits import Limits
@@ -89,6 +90,9 @@ class NodeSettings:
     auth_tokens: str | None = None  # TOML token file (chronoq.auth); None: no auth
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: any free port
+    # (namespace, queue) pairs exported with series of their own (the busiest); the others
+    # are summed under queue="(other)" (chronoq.cardinality), so tenants do not set the count.
+    metrics_queues: int = DEFAULT_METRICS_QUEUES
     retention: timedelta | None = timedelta(days=7)  # SUCCEEDED/CANCELLED/SKIPPED kept this long
     dead_retention: timedelta | None = timedelta(days=30)  # DEAD (the DLQ) kept this long
     retention_interval: timedelta = timedelta(seconds=60)
@@ -125,5 +129,7 @@ class NodeSettings:
             raise ConfigError(f"wheel_capacity must be between 1 and {MAX_WHEEL_CAPACITY}")
         if self.schedules_per_namespace < 1 or self.queue_limits_per_namespace < 1:
             raise ConfigError("schedules_per_namespace and queue_limits_per_namespace must be >= 1")
+        if not 0 <= self.metrics_queues <= MAX_METRICS_QUEUES:
+            raise ConfigError(f"metrics_queues must be between 0 and {MAX_METRICS_QUEUES}")
         if self.long_polls_per_namespace < 1 or self.long_polls_per_node < 1:
             raise ConfigError("long_polls_per_namespace and long_polls_per_node must be >= 1")

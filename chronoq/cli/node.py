@@ -17,6 +17,7 @@ from rich.table import Table
 
 from chronoq import tracing
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
+from chronoq.cardinality import DEFAULT_METRICS_QUEUES, MAX_METRICS_QUEUES
 from chronoq.cli.common import (
     DEFAULT_ADDRESS,
     AddressOpt,
@@ -253,6 +254,16 @@ def node(
             "--metrics-port",
             "METRICS_PORT",
             "Serve Prometheus metrics on this port [default: off].",
+        ),
+    ] = None,
+    metrics_queues: Annotated[
+        int | None,
+        _num_opt(
+            "--metrics-queues",
+            "METRICS_QUEUES",
+            "Queues with depth series of their own (the busiest); the rest are summed "
+            f'under queue="(other)" [default: {DEFAULT_METRICS_QUEUES}].',
+            max=MAX_METRICS_QUEUES,
         ),
     ] = None,
     retention_days: Annotated[

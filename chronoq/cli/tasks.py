@@ -31,6 +31,7 @@ from chronoq.cli.common import (
 from chronoq.cli.render import print_json, state, task_table, tasks_table
 from chronoq.client import Client, NewTask, Submitted
 from chronoq.client.pacing import pacer
+from chronoq.limits import MAX_PRIORITY, MIN_PRIORITY
 from chronoq.models import DEFAULT_NAMESPACE, MisfirePolicy, Task, TaskState
 
 SUBMIT_BATCH = 1000
@@ -138,7 +139,13 @@ def submit(
         typer.Option(envvar=env("SUBMIT_MAX_ATTEMPTS"), min=1, help="Attempts before DEAD."),
     ] = None,
     priority: Annotated[
-        int | None, typer.Option(envvar=env("SUBMIT_PRIORITY"), help="Higher is claimed first.")
+        int | None,
+        typer.Option(
+            envvar=env("SUBMIT_PRIORITY"),
+            min=MIN_PRIORITY,
+            max=MAX_PRIORITY,
+            help="Higher is claimed first.",
+        ),
     ] = None,
     lease_timeout: Annotated[
         timedelta | None,

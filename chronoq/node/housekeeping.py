@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 
 from chronoq.buckets import bucket_of
+from chronoq.cardinality import DEFAULT_METRICS_QUEUES, top_queues
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.models import TaskState
@@ -95,11 +96,13 @@ class DepthPoller:
         *,
         interval: float = 15.0,
         leads: Callable[[], bool] = lambda: True,
+        queues: int = DEFAULT_METRICS_QUEUES,
     ) -> None:
         self._store = store
         self._clock = clock
         self._interval = interval
         self._leads = leads
+        self._queues = queues
         self.depth: dict[tuple[str, str, str], int] = {}
 
     def start(self, supervisor: Supervisor) -> Loop:
@@ -114,9 +117,11 @@ class DepthPoller:
             return self.depth
         now = bucket_of(self._clock.now(), self._store.bucket_seconds)
         horizon = max(1, 3600 // self._store.bucket_seconds)
-        self.depth = await self._store.queue_depth(
+        depth = await self._store.queue_depth(
             range(self._store.partitions), now - 1, now + horizon
         )
+        # Bounded here, once a poll, so a scrape never pays for how many queues exist.
+        self.depth = top_queues(depth, self._queues)
         return self.depth
 
 

@@ -3,17 +3,28 @@
 Counters of the API are incremented where things happen; figures the node already keeps
 (firing stats, lease renewals, owned partitions, queue depth) are read at scrape time by a
 collector, so the firing hot path pays nothing extra for them.
+
+A scrape is cheap whoever sends it: label sets tenants choose are bounded before they get here
+(``chronoq.cardinality``), the page is rendered in the HTTP server's threads, never on the
+event loop, and at most once per ``SCRAPE_CACHE`` however many scrapers ask (the others get
+the same bytes), and a client that stalls its request gives its thread back after
+``SCRAPE_TIMEOUT``. The endpoint listens on loopback unless the operator binds it elsewhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServer, generate_latest
 from prometheus_client.registry import Collector
 
 from chronoq.supervision import Loop
@@ -21,12 +32,18 @@ from chronoq.supervision import Loop
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 ROWS_BUCKETS = (0, 1, 10, 100, 1_000, 10_000, 100_000)
 
+#: How long one rendering of /metrics is served again: scrape loops cost one render a second.
+SCRAPE_CACHE = 1.0
+#: A scrape connection idle this long (request not sent, answer not read) is closed.
+SCRAPE_TIMEOUT = 10.0
+
 
 class NodeMetrics:
     """The metric objects of a node; ``serve(port)`` exposes them over HTTP."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, *, cache: float = SCRAPE_CACHE) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.page = ScrapePage(self.registry, cache)
         self.node_id = node_id
         r = self.registry
         self.submitted = Counter("chronoq_tasks_submitted", "Tasks accepted (created).", registry=r)
@@ -60,8 +77,15 @@ class NodeMetrics:
         self.registry.register(collector)
 
     def serve(self, host: str, port: int) -> int:
-        """Start the /metrics HTTP endpoint; returns the bound port."""
-        self._server, self._thread = start_http_server(port, host, registry=self.registry)
+        """Start the /metrics HTTP endpoint (a thread of its own); returns the bound port."""
+        server_class = _IPv6Server if ":" in host else ThreadingWSGIServer
+        self._server = make_server(
+            host, port, self.page.app, server_class, handler_class=_QuietHandler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="chronoq-metrics", daemon=True
+        )
+        self._thread.start()
         return int(self._server.server_address[1])
 
     def close(self) -> None:
@@ -69,6 +93,59 @@ class NodeMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class ScrapePage:
+    """The rendered /metrics, served again for ``cache`` seconds; a WSGI app (``app``).
+
+    Rendering runs in the calling (HTTP server) thread under a lock: scrapers that arrive
+    while one renders wait for that rendering instead of starting their own.
+    """
+
+    def __init__(self, registry: CollectorRegistry, cache: float) -> None:
+        self._registry = registry
+        self._cache = cache
+        self._lock = threading.Lock()
+        self._rendered_at = float("-inf")
+        self._plain = b""
+        self._gzipped = b""
+        self.renders = 0  # how many times the registry was rendered (collected)
+
+    def body(self, *, gzipped: bool = False) -> bytes:
+        """The current page, rendered if the last one is older than ``cache`` seconds."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._rendered_at >= self._cache:
+                self._plain = generate_latest(self._registry)
+                self._gzipped = gzip.compress(self._plain, compresslevel=1)
+                self._rendered_at = time.monotonic()
+                self.renders += 1
+            return self._gzipped if gzipped else self._plain
+
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: /metrics is the only page\n"]
+        gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        body = self.body(gzipped=gzipped)
+        headers = [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
+        if gzipped:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr, and a deadline on every read and write of a connection."""
+
+    timeout = SCRAPE_TIMEOUT
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _IPv6Server(ThreadingWSGIServer):
+    address_family = socket.AF_INET6
 
 
 class LiveCollector(Collector):

@@ -236,7 +236,9 @@ class Node:
             batch=s.retention_batch,
             on_purged=self.metrics.purged.inc,
         )
-        self.depth = DepthPoller(self.store, self.clock, leads=self.ownership.leads)
+        self.depth = DepthPoller(
+            self.store, self.clock, leads=self.ownership.leads, queues=s.metrics_queues
+        )
         if (
             s.cluster is not None
             and s.max_clock_offset is not None

@@ -61,6 +61,7 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
         ns = check_name("namespace", convert.namespace_of(request.namespace))
         check_range("page_size", request.page_size, 0, MAX_PAGE_SIZE)
         check_text("page_token", request.page_token, MAX_PAGE_TOKEN)
+        _check_page_token(request.page_token)
         size = request.page_size or DEFAULT_PAGE_SIZE
         page = await self._schedules.list_page(ns, page_size=size, after=request.page_token)
         return schedules_pb2.ListSchedulesResponse(
@@ -90,6 +91,17 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     ) -> schedules_pb2.DeleteScheduleResponse:
         await self._schedules.delete(*_ref(request))
         return schedules_pb2.DeleteScheduleResponse()
+
+
+def _check_page_token(token: str) -> None:
+    """A page token is the name of the last schedule of the previous page: anything that
+    cannot be a name came from nowhere else, and would silently list from an odd place."""
+    if not token:
+        return
+    try:
+        check_name("page_token", token)
+    except InvalidArgument:
+        raise InvalidArgument("page_token", "is not a token from a previous page") from None
 
 
 def _ref(request: schedules_pb2.ScheduleRef) -> tuple[str, str]:

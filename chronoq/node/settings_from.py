@@ -55,6 +55,7 @@ class NodeOptions:
     etcd_key: str | None = None
     metrics_host: str | None = None
     metrics_port: int | None = None
+    metrics_queues: int | None = None
     retention_days: float | None = None  # 0: forever
     dead_retention_days: float | None = None  # 0: forever
     submit_quota: float | None = None  # 0: unlimited
@@ -94,6 +95,7 @@ _SAME_NAME = (
     "auth_tokens",
     "metrics_host",
     "metrics_port",
+    "metrics_queues",
     "submit_quota_burst",
     "long_polls_per_namespace",
     "long_polls_per_node",

@@ -269,6 +269,10 @@ async def test_schedule_names_are_checked_on_every_call(schedule_stub) -> None: 
     listing = schedules_pb2.ListSchedulesRequest(page_token="a\x00", page_size=10)
     code, details = await status_of(schedule_stub.ListSchedules(listing))
     assert code == INVALID and "page_token: must not contain NUL" in details
+    for garbage in ("not a name!", "../x", "x" * 200):
+        listing = schedules_pb2.ListSchedulesRequest(page_token=garbage)
+        code, details = await status_of(schedule_stub.ListSchedules(listing))
+        assert code == INVALID and details.startswith("page_token: is not a token"), details
     code, details = await status_of(
         schedule_stub.ListSchedules(schedules_pb2.ListSchedulesRequest(page_size=5000))
     )

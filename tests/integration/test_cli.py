@@ -209,6 +209,10 @@ async def test_bad_input_is_one_clean_line(address: str, tmp_path: Path) -> None
     failed(await cli("submit", "bad queue!", "--address", address), 1, "INVALID_ARGUMENT", "queue")
     failed(await cli("submit", "q", "--in", "1000d", "--address", address),
            1, "INVALID_ARGUMENT", "horizon")
+    failed(await cli("submit", "q", "--priority", "99999999999", "--address", address),
+           2, "--priority", "2147483647")
+    failed(await cli("submit", "q", "--priority", "-99999999999", "--address", address),
+           2, "--priority", "-2147483648")
     failed(await cli("submit", "q", "--payload-file", str(tmp_path / "nope"),
                      "--address", address), 2, "cannot read")
     failed(await cli("get", UNKNOWN_ID, "--address", address), 1, "NOT_FOUND", UNKNOWN_ID)
