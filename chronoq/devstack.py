@@ -306,6 +306,7 @@ class DevStack:
             members=s.pg_members,
             durable=True,
             scope="chronoq-dev",  # the same across runs: members find their cluster again
+            etcd_auth=self._ha_etcd.patroni_auth(),
         )
         self.ha.start()
         self._created_database = not self.ha.run_sql(

@@ -34,7 +34,7 @@ from rich.table import Table
 from chronoq.bench import store_failover
 from chronoq.bench.store_failover import StoreFailoverReport
 from chronoq.client import Client, NewTask
-from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
+from chronoq.coordinator.etcd import Keys, connect
 from chronoq.coordinator.view import PrefixView
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 from chronoq.store import Store
@@ -108,7 +108,7 @@ async def _run(cluster: LocalCluster, trials: int, console: Console) -> Failover
     s = cluster.spec
     report = FailoverReport(s.lease_ttl, s.tick_ms, s.nodes, s.partitions)
     keys = Keys(s.cluster)
-    etcd = connect(EtcdSettings(endpoints=cluster.etcd_endpoints, cluster=s.cluster))
+    etcd = connect(cluster.etcd_settings(s.cluster))
     owners = PrefixView(etcd, keys.owners)
     await owners.start()
     store = await Store.connect(cluster.dsn, partitions=s.partitions, min_size=1, max_size=2)

@@ -95,7 +95,7 @@ def main(
     workdir = data_dir or Path(tempfile.mkdtemp(prefix="cqstorefail-"))
     workdir.mkdir(parents=True, exist_ok=True)
     etcd = EmbeddedEtcd(workdir / "etcd", durable=False)
-    ha = PatroniCluster(workdir / "pg", [], members=pg_members)
+    ha = PatroniCluster(workdir / "pg", [], members=pg_members, etcd_auth=etcd.patroni_auth())
     cluster: LocalCluster | None = None
     console.print(f"starting etcd, {pg_members} PostgreSQL members (Patroni), {nodes} nodes …")
     try:

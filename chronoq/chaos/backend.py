@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chronoq.chaos.faults import ALL_KINDS, STORE_HA_KINDS, FaultKind
 from chronoq.chaos.proxy import Blackhole, ProxyHub
+from chronoq.coordinator.settings import EtcdSettings
 from chronoq.embedded.etcd import EmbeddedEtcd
 from chronoq.embedded.ha import PatroniCluster
 from chronoq.local.cluster import ClusterSpec, LocalCluster
@@ -42,7 +43,10 @@ class LocalBackend:
             self._etcd = EmbeddedEtcd(
                 workdir / "etcd", members=spec.etcd_members, durable=spec.durable
             )
-            self.ha = PatroniCluster(workdir / "pg", self._etcd.endpoints, members=pg_members)
+            self.ha = PatroniCluster(
+                workdir / "pg", self._etcd.endpoints, members=pg_members,
+                etcd_auth=self._etcd.patroni_auth(),
+            )  # fmt: skip
             self.supported = frozenset(
                 {*ALL_KINDS, *STORE_HA_KINDS} - {FaultKind.RESTART_POSTGRES}
             )
@@ -94,6 +98,10 @@ class LocalBackend:
     @property
     def etcd_endpoints(self) -> list[str]:
         return self.cluster.etcd_endpoints
+
+    def etcd_settings(self, cluster: str) -> EtcdSettings:
+        """How the harness reads etcd: as the nodes do, with their credentials."""
+        return self.cluster.etcd_settings(cluster)
 
     @property
     def addresses(self) -> list[str]:

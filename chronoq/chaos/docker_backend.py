@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from chronoq.chaos.faults import FaultKind
+from chronoq.coordinator.settings import EtcdSettings
 from chronoq.errors import ChronoqError
 
 NODE_PORT = "7070/tcp"
@@ -121,6 +122,9 @@ class DockerBackend:
     @property
     def etcd_endpoints(self) -> list[str]:
         return [self._published(s, ETCD_PORT) for s in self.etcd_services]
+
+    def etcd_settings(self, cluster: str) -> EtcdSettings:
+        return EtcdSettings(endpoints=self.etcd_endpoints, cluster=cluster)
 
     @property
     def node_ids(self) -> list[str]:

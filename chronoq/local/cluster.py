@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chronoq.buckets import DEFAULT_PARTITIONS
 from chronoq.config import DEFAULT_TICK
+from chronoq.coordinator.settings import EtcdSettings
 from chronoq.coordinator.ttl import DEFAULT_LEASE_TTL
 from chronoq.embedded.etcd import EmbeddedEtcd, EtcdMember
 from chronoq.embedded.postgres import EmbeddedPostgres, free_port
@@ -164,6 +165,17 @@ class LocalCluster:
         return self.etcd.endpoints
 
     @property
+    def etcd_node_args(self) -> list[str]:
+        """The node flags that carry etcd's credentials (user and password file)."""
+        assert self.etcd is not None
+        return self.etcd.node_args()
+
+    def etcd_settings(self, cluster: str | None = None) -> EtcdSettings:
+        """How a tool reaches this cluster's etcd as the nodes do (credentials included)."""
+        assert self.etcd is not None
+        return self.etcd.client_settings(cluster or self.spec.cluster)
+
+    @property
     def addresses(self) -> list[str]:
         return [n.address for n in self.nodes.values() if n.alive()]
 
@@ -191,6 +203,7 @@ class LocalCluster:
             str(s.tick_ms),
             "--etcd",
             ",".join(self.etcd_endpoints),
+            *self.etcd_node_args,
             "--cluster",
             s.cluster,
             "--lease-ttl",

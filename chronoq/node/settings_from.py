@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from chronoq.config import NodeSettings
+from chronoq.coordinator.credentials import read_password
 from chronoq.coordinator.settings import ClusterSettings, EtcdSettings
 from chronoq.coordinator.ttl import DEFAULT_LEASE_TTL, check_lease_ttl
 from chronoq.errors import ConfigError
@@ -50,6 +51,7 @@ class NodeOptions:
     auth_tokens: str | None = None
     etcd_user: str | None = None
     etcd_password: str | None = None
+    etcd_password_file: str | None = None
     etcd_ca: str | None = None
     etcd_cert: str | None = None
     etcd_key: str | None = None
@@ -78,6 +80,7 @@ class NodeOptions:
         return {
             "username": self.etcd_user,
             "password": self.etcd_password,
+            "password_file": self.etcd_password_file,
             "ca_cert": self.etcd_ca,
             "cert_cert": self.etcd_cert,
             "cert_key": self.etcd_key,
@@ -158,17 +161,21 @@ def cluster_settings(
     lease_ttl: int | None = None,
     username: str | None = None,
     password: str | None = None,
+    password_file: str | None = None,
     ca_cert: str | None = None,
     cert_cert: str | None = None,
     cert_key: str | None = None,
 ) -> ClusterSettings:
     """Membership in the etcd cluster at ``endpoints`` (comma-separated host:port)."""
     hosts = [e.strip() for e in endpoints.split(",") if e.strip()]
+    if password_file is not None:
+        read_password(password_file)  # a bad file is a setting error now, not at connect
     named: dict[str, Any] = {"cluster": cluster} if cluster else {}
     etcd = EtcdSettings(
         endpoints=hosts,
         username=username,
         password=password,
+        password_file=password_file,
         ca_cert=ca_cert,
         cert_cert=cert_cert,
         cert_key=cert_key,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from chronoq.client import Client, NewTask
-from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
+from chronoq.coordinator.etcd import Keys, connect
 from chronoq.coordinator.view import PrefixView
 from chronoq.local.cluster import LocalCluster
 from chronoq.models import TaskState
@@ -31,9 +31,7 @@ class Observer:
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.keys = Keys(cluster.spec.cluster)
-        self.client = connect(
-            EtcdSettings(endpoints=cluster.etcd_endpoints, cluster=cluster.spec.cluster)
-        )
+        self.client = connect(cluster.etcd_settings())
         self.view = PrefixView(self.client, self.keys.owners)
 
     async def __aenter__(self) -> Observer:

@@ -42,7 +42,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[EmbeddedEtcd]:
     """etcd serving https and requiring client certificates of the test CA."""
     tls = EtcdServerTLS(pki.server_cert, pki.server_key, pki.ca, client_cert_auth=True)
-    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd-tls"), durable=False, tls=tls)
+    # Client certificates are the authentication here.
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd-tls"), durable=False, tls=tls, auth=False)
     server.start()
     try:
         yield server
@@ -129,7 +130,8 @@ def _etcdctl(endpoint: str, *args: str, user: str | None = None) -> None:
 @pytest.fixture(scope="module")
 def auth_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
     """etcd with auth on: root, and a user ``chronoq`` who may read and write /chronoq/ only."""
-    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd-auth"), durable=False)
+    # An external etcd whose users the test makes itself, as an operator would.
+    server = EmbeddedEtcd(tmp_path_factory.mktemp("etcd-auth"), durable=False, auth=False)
     server.start()
     try:
         endpoint = server.endpoints[0]

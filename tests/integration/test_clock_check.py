@@ -12,7 +12,7 @@ import pytest
 
 from chronoq.client import Client, NewTask
 from chronoq.clock import OffsetClock
-from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
+from chronoq.coordinator.etcd import ClusterSettings
 from chronoq.models import TaskState
 from chronoq.node import Node
 from chronoq.store import Store
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(90)
 
 def cluster(etcd: Any, name: str) -> ClusterSettings:
     return ClusterSettings(
-        etcd=EtcdSettings(endpoints=etcd.endpoints, cluster=name),
+        etcd=etcd.client_settings(name),
         lease_ttl=2,
         reconcile_interval=0.5,
         load_interval=0.5,

@@ -11,7 +11,7 @@ import pytest
 
 from chronoq import errors
 from chronoq.client import Client, NewTask, TaskContext, Worker
-from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
+from chronoq.coordinator.etcd import ClusterSettings
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.models import TaskState
 from chronoq.node import Node
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def cluster(etcd: Any, name: str, ttl: int = 2) -> ClusterSettings:
     return ClusterSettings(
-        etcd=EtcdSettings(endpoints=etcd.endpoints, cluster=name),
+        etcd=etcd.client_settings(name),
         lease_ttl=ttl,
         reconcile_interval=0.5,
         load_interval=0.5,

@@ -13,12 +13,14 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import aetcd
 import asyncpg
 import pytest
 
+from chronoq.coordinator.etcd import connect
 from chronoq.embedded.etcd import EmbeddedEtcd
 from chronoq.embedded.postgres import (
     PASSWORD_FILE,
@@ -48,9 +50,9 @@ def etcd3(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
         cluster.stop()
 
 
-def _etcd_client(endpoint: str) -> aetcd.Client:
-    host, port = endpoint.rsplit(":", 1)
-    return aetcd.Client(host=host, port=int(port), timeout=2)
+def _etcd_client(server: EmbeddedEtcd, index: int) -> aetcd.Client:
+    """A client of member ``index`` alone, with the embedded etcd's credentials."""
+    return connect(replace(server.client_settings(), endpoints=[server.endpoints[index]]))
 
 
 async def _put_with_retry(client: aetcd.Client, key: bytes, value: bytes, within: float) -> None:
@@ -275,10 +277,10 @@ async def test_etcd_single_member(etcd1: EmbeddedEtcd) -> None:
     assert status is not None
     assert status["version"].startswith("3.5")
 
-    client = _etcd_client(etcd1.endpoints[0])
+    client = _etcd_client(etcd1, 0)
     try:
-        await client.put(b"chronoq/k", b"v")
-        got = await client.get(b"chronoq/k")
+        await client.put(b"/chronoq/k", b"v")
+        got = await client.get(b"/chronoq/k")
         assert got is not None
         assert got.value == b"v"
     finally:
@@ -291,18 +293,18 @@ async def test_etcd_cluster_survives_leader_kill(etcd3: EmbeddedEtcd) -> None:
     assert etcd3.members[leader].pid is None
 
     survivor = (leader + 1) % 3
-    client = _etcd_client(etcd3.endpoints[survivor])
+    client = _etcd_client(etcd3, survivor)
     try:
-        await _put_with_retry(client, b"chronoq/after-kill", b"1", within=15)
+        await _put_with_retry(client, b"/chronoq/after-kill", b"1", within=15)
     finally:
         await client.close()
     new_leader = etcd3.wait_for_leader()
     assert new_leader != leader
 
     etcd3.start_member(leader)  # same ports and data dir; it catches up from the leader
-    client = _etcd_client(etcd3.endpoints[leader])
+    client = _etcd_client(etcd3, leader)
     try:
-        got = await client.get(b"chronoq/after-kill")
+        got = await client.get(b"/chronoq/after-kill")
         assert got is not None
         assert got.value == b"1"
     finally:

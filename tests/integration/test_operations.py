@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
-from chronoq.coordinator.etcd import ClusterSettings, EtcdSettings
+from chronoq.coordinator.etcd import ClusterSettings
 from chronoq.embedded.etcd import EmbeddedEtcd
 from chronoq.models import Lease, TaskState
 from chronoq.store import Store
@@ -91,7 +91,7 @@ async def test_health_is_not_serving_while_the_node_cannot_own(
     make_node: NodeFactory, frozen_etcd: EmbeddedEtcd
 ) -> None:
     settings = ClusterSettings(
-        etcd=EtcdSettings(endpoints=frozen_etcd.endpoints, cluster="h", timeout=1.0), lease_ttl=2
+        etcd=frozen_etcd.client_settings("h", timeout=1.0), lease_ttl=2
     )
     node = await make_node(cluster=settings, node_id="h0")
     for _ in range(100):
@@ -120,7 +120,7 @@ async def test_drain_hands_partitions_off_and_keeps_serving(
     make_node: NodeFactory, etcd: Any, cluster_name: str
 ) -> None:
     settings = ClusterSettings(
-        etcd=EtcdSettings(endpoints=etcd.endpoints, cluster=cluster_name),
+        etcd=etcd.client_settings(cluster_name),
         lease_ttl=2,
         reconcile_interval=0.3,
     )

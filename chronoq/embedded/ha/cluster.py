@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from chronoq.coordinator.credentials import read_password
 from chronoq.embedded import processes
 from chronoq.embedded.ha.config import (
     MEMBER_HOSTS,
@@ -134,6 +135,7 @@ class PatroniCluster:
         members: int = 3,
         durable: bool = False,
         scope: str | None = None,
+        etcd_auth: tuple[str, Path] | None = None,
     ) -> None:
         """Describe the cluster; nothing runs until ``start``.
 
@@ -144,9 +146,12 @@ class PatroniCluster:
             members: 2..5; 3 keeps a synchronous standby through the loss of any one member.
             durable: False turns fsync off: a process crash loses nothing, a machine crash may.
             scope: Patroni's cluster name (its etcd keys); default: unique to the workdir.
+            etcd_auth: etcd's user for Patroni and the file of its password (read when the
+                members' configurations are written, which only their account may read).
         """
         self.workdir = Path(workdir).resolve()
         self.etcd_endpoints = list(etcd_endpoints)
+        self.etcd_auth = etcd_auth
         self.durable = durable
         self.scope = scope or f"chronoq-{secrets.token_hex(4)}"
         ports = _free_ports([MEMBER_HOSTS[i // 2] for i in range(2 * members)])
@@ -495,6 +500,11 @@ class PatroniCluster:
                 scope=self.scope,
                 member=member.address,
                 etcd_hosts=self.etcd_endpoints,
+                etcd_auth=(
+                    (self.etcd_auth[0], read_password(self.etcd_auth[1]))
+                    if self.etcd_auth is not None
+                    else None
+                ),
                 data_dir=str(member.data_dir),
                 bin_dir=str(self.bin_dir),
                 socket_dir=str(member.socket_dir),

@@ -96,6 +96,7 @@ def member_config(
     replication_password: str,
     durable: bool = True,
     parameters: Mapping[str, str] | None = None,
+    etcd_auth: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Patroni's configuration of one member (written as JSON, which is valid YAML).
 
@@ -132,7 +133,12 @@ def member_config(
             "listen": f"{member.host}:{member.api_port}",
             "connect_address": f"{member.host}:{member.api_port}",
         },
-        "etcd3": {"hosts": list(etcd_hosts), "protocol": "http"},
+        "etcd3": {
+            "hosts": list(etcd_hosts),
+            "protocol": "http",
+            # etcd's user for Patroni (its own namespace only): user name and password.
+            **({"username": etcd_auth[0], "password": etcd_auth[1]} if etcd_auth else {}),
+        },
         "bootstrap": {
             "dcs": {
                 "ttl": TTL_S,
