@@ -22,7 +22,7 @@ from typing import Any
 
 from chronoq.chaos.faults import FaultKind
 from chronoq.coordinator.settings import EtcdSettings
-from chronoq.errors import ChronoqError
+from chronoq.errors import ChronoqError, ConfigError
 
 NODE_PORT = "7070/tcp"
 ETCD_PORT = "2379/tcp"
@@ -114,7 +114,12 @@ class DockerBackend:
     def dsn(self) -> str:
         if self._dsn:
             return self._dsn
-        password = os.environ.get("CHRONOQ_DB_PASSWORD", "chronoq")  # as docker-compose.yml
+        password = os.environ.get("CHRONOQ_DB_PASSWORD")  # as docker-compose.yml: no default
+        if not password:
+            raise ConfigError(
+                "set CHRONOQ_DB_PASSWORD to the password docker-compose.yml was started with "
+                "(or pass the store's DSN)"
+            )
         hosts = ",".join(self._published(s, PG_PORT) for s in self.postgres_services)
         query = "?target_session_attrs=read-write" if len(self.postgres_services) > 1 else ""
         return f"postgresql://chronoq:{password}@{hosts}/chronoq{query}"

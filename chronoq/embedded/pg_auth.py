@@ -1,6 +1,7 @@
 """Password authentication of the embedded PostgreSQL: SCRAM verifiers made here, so a
 password never appears in SQL text, a log or a command line, and trust lines of older clusters
-found and replaced.
+found and replaced; the nodes' least-privilege role and the hand-over of a database that an
+older chronoq made as the superuser (single server and Patroni alike).
 """
 
 from __future__ import annotations
@@ -33,3 +34,52 @@ def scram_verifier(password: str, salt: bytes | None = None) -> str:
         return base64.b64encode(raw).decode()
 
     return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def role_sql(role: str, password: str) -> str:
+    """Create ``role`` if missing, or make it so again: a login with ``password`` (as a SCRAM
+    verifier) and no power beyond what it owns; close the maintenance databases to it.
+
+    For psql's stdin, not its command line: the verifier would let whoever reads it pose as
+    the server to the role's clients.
+    """
+    name = _ident(role)
+    return (
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {_literal(role)}) "
+        f"THEN CREATE ROLE {name}; END IF; END $$;\n"
+        f"ALTER ROLE {name} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+        f"NOBYPASSRLS PASSWORD '{scram_verifier(password)}';\n"
+        "REVOKE ALL ON DATABASE postgres FROM PUBLIC;\n"
+        "REVOKE ALL ON DATABASE template1 FROM PUBLIC;\n"
+    )
+
+
+def give_database_sql(database: str, role: str) -> str:
+    """Make ``role`` the owner of ``database``, closed to every other role but superusers."""
+    return (
+        f"ALTER DATABASE {_ident(database)} OWNER TO {_ident(role)}; "
+        f"REVOKE ALL ON DATABASE {_ident(database)} FROM PUBLIC"
+    )
+
+
+def give_tables_sql(role: str) -> str:
+    """Give every table, view and sequence of the public schema to ``role`` (run in the
+    database: one migrated by an older chronoq as the superuser). Sequences owned by a table
+    follow it."""
+    return f"""DO $$ DECLARE r record; BEGIN
+  FOR r IN SELECT c.oid::regclass AS name FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+        AND c.relowner <> {_literal(role)}::regrole
+        AND (c.relkind <> 'S' OR NOT EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid
+             AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
+  LOOP EXECUTE format('ALTER TABLE %s OWNER TO %I', r.name, {_literal(role)}); END LOOP;
+END $$"""

@@ -46,7 +46,13 @@ from chronoq.embedded.pg_account import (
     make_traversable,
     run_as,
 )
-from chronoq.embedded.pg_auth import TRUST_LINE, scram_verifier
+from chronoq.embedded.pg_auth import (
+    TRUST_LINE,
+    give_database_sql,
+    give_tables_sql,
+    role_sql,
+    scram_verifier,
+)
 from chronoq.embedded.processes import clear_stale_locks, free_port, lock_holder
 
 __all__ = [
@@ -97,19 +103,6 @@ def _clean_env() -> dict[str, str]:
 def _literal(text: str) -> str:
     """Quote an SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
-
-
-#: Gives every table, view and sequence of the public schema to ``APP_ROLE`` (a database
-#: migrated by an older chronoq as the superuser). Sequences owned by a table follow it.
-_GIVE_TABLES = f"""DO $$ DECLARE r record; BEGIN
-  FOR r IN SELECT c.oid::regclass AS name FROM pg_class c
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
-        AND c.relowner <> {_literal(APP_ROLE)}::regrole
-        AND (c.relkind <> 'S' OR NOT EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid
-             AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
-  LOOP EXECUTE format('ALTER TABLE %s OWNER TO %I', r.name, {_literal(APP_ROLE)}); END LOOP;
-END $$"""
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -490,11 +483,8 @@ class EmbeddedPostgres:
         found = self.run_sql(f"SELECT 1 FROM pg_database WHERE datname = {_literal(name)}")
         if not found.strip():
             return self.create_database(name), True
-        self.run_sql(
-            f"ALTER DATABASE {_quote_ident(name)} OWNER TO {_quote_ident(APP_ROLE)}; "
-            f"REVOKE ALL ON DATABASE {_quote_ident(name)} FROM PUBLIC"
-        )
-        self.run_sql(_GIVE_TABLES, database=name)
+        self.run_sql(give_database_sql(name, APP_ROLE))
+        self.run_sql(give_tables_sql(APP_ROLE), database=name)
         self._create_extensions(name)
         return self.dsn_for(name), False
 
@@ -629,16 +619,7 @@ class EmbeddedPostgres:
         except EmbeddedPostgresError:
             _write_secret(self.app_password_file, secrets.token_urlsafe(PASSWORD_BYTES))
             self._app_password = None
-        role = _quote_ident(APP_ROLE)
-        self.run_sql(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = "
-            f"{_literal(APP_ROLE)}) THEN CREATE ROLE {role}; END IF; END $$;\n"
-            f"ALTER ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
-            f"NOBYPASSRLS PASSWORD '{scram_verifier(self.app_password)}';\n"
-            "REVOKE ALL ON DATABASE postgres FROM PUBLIC;\n"
-            "REVOKE ALL ON DATABASE template1 FROM PUBLIC;\n",
-            hidden=True,
-        )
+        self.run_sql(role_sql(APP_ROLE, self.app_password), hidden=True)
 
     def _require_password(self) -> None:
         """Give a cluster made with trust authentication (an older chronoq) our password.

@@ -9,9 +9,13 @@ or no useradd). The cold start (~15-40 s) is paid once for the module.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import asyncpg
 import pytest
 
 from chronoq.client import Client, NewTask
@@ -38,7 +43,9 @@ PARTITIONS = 16
 
 @pytest.fixture(scope="module")
 def ha(tmp_path_factory: pytest.TempPathFactory, etcd: Any) -> Iterator[PatroniCluster]:
-    cluster = PatroniCluster(tmp_path_factory.mktemp("ha"), etcd.endpoints, members=3)
+    cluster = PatroniCluster(
+        tmp_path_factory.mktemp("ha"), etcd.endpoints, members=3, etcd_auth=etcd.patroni_auth()
+    )
     try:
         cluster.start(timeout=180)
     except PatroniUnavailable as exc:
@@ -233,3 +240,89 @@ async def test_a_standby_is_refused_as_the_store(ha: PatroniCluster, ha_dsn: str
     dsn = f"postgresql://postgres:{quote(ha.password, safe='')}@{standby.host}:{standby.pg_port}"
     with pytest.raises(NotPrimary):
         await Store.connect(dsn + database, partitions=PARTITIONS, min_size=1, max_size=1)
+
+
+def _api_call(
+    ha: PatroniCluster, member: str, method: str, path: str, body: Any, auth: dict[str, str]
+) -> int:
+    """The HTTP status of one REST call to ``member`` (loopback, no proxy)."""
+    request = urllib.request.Request(
+        f"{ha.members[member].address.api_url}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Content-Type": "application/json", **auth},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _api_config(ha: PatroniCluster, member: str) -> Any:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{ha.members[member].address.api_url}/config", timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+async def test_patronis_rest_api_refuses_every_unauthenticated_change(
+    ha: PatroniCluster, tmp_path: Path
+) -> None:
+    """What any local account could do before (issue 23): switch over, restart, reinitialise
+    a member, and change the dynamic configuration to run a command as the PostgreSQL
+    account. Without the generated password, or with a wrong one, every call is 401 and the
+    cluster is as it was."""
+    leader = await asyncio.to_thread(ha.wait_writable)
+    replica = next(name for name in ha.members if name != leader)
+    config = await asyncio.to_thread(_api_config, ha, leader)
+    postmasters = {name: m.postmaster_pid for name, m in ha.members.items()}
+    mark = tmp_path / "owned"
+    attacks = [
+        ("POST", "/switchover", {"leader": leader}),
+        ("POST", "/failover", {"candidate": replica}),
+        ("POST", "/restart", {}),
+        ("POST", "/reinitialize", {"force": True}),
+        ("POST", "/reload", None),
+        ("PATCH", "/config", {"postgresql": {"parameters": {"archive_mode": "on",
+                                                             "archive_command": f"touch {mark}"}}}),
+        ("PUT", "/config", {"ttl": 5}),
+    ]  # fmt: skip
+    wrong = base64.b64encode(f"{ha.restapi_auth[0]}:not-the-password".encode()).decode()
+    for auth in ({}, {"Authorization": f"Basic {wrong}"}):
+        for method, path, body in attacks:
+            target = replica if path == "/reinitialize" else leader
+            status = await asyncio.to_thread(_api_call, ha, target, method, path, body, auth)
+            assert status == 401, (method, path, auth, status)
+    await asyncio.sleep(2)  # a loop of Patroni's (1 s) to act on anything that got through
+    assert await asyncio.to_thread(ha.wait_writable) == leader
+    assert await asyncio.to_thread(_api_config, ha, leader) == config
+    assert {name: m.postmaster_pid for name, m in ha.members.items()} == postmasters
+    assert not await asyncio.to_thread(mark.exists)
+    # The credentials chronoq keeps open the same door (a harmless call: reload).
+    status = await asyncio.to_thread(_api_call, ha, leader, "POST", "/reload", None,
+                                     ha.api_headers())  # fmt: skip
+    assert status in (200, 202)
+
+
+def test_the_ha_secrets_are_for_the_members_account_only(ha: PatroniCluster) -> None:
+    secrets_file = ha.workdir / "ha-passwords.json"
+    assert secrets_file.stat().st_mode & 0o777 == 0o600
+    for member in ha.members.values():
+        assert member.config_file.stat().st_mode & 0o777 == 0o600
+        assert member.home.stat().st_mode & 0o777 == 0o700
+        assert ha.restapi_auth[1] in member.config_file.read_text()
+
+
+async def test_the_nodes_role_on_the_replicated_store_is_not_a_superuser(ha_dsn: str) -> None:
+    assert urlsplit(ha_dsn).username == "chronoq"
+    conn = await asyncpg.connect(ha_dsn)
+    try:
+        assert await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user") \
+            is False  # fmt: skip
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("ALTER SYSTEM SET archive_command = 'true'")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("COPY (SELECT 1) TO PROGRAM 'true'")
+    finally:
+        await conn.close()

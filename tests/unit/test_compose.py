@@ -52,13 +52,26 @@ BASE_IMAGE = "python:3.11-slim"
 
 # ------------------------------------------------------------------------------- helpers
 
+_REQUIRED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
+def _stand_in(name: str) -> str:
+    """What a required variable (`${X:?why}`) stands for in these tests: visible anywhere."""
+    return f"<{name}>"
+
+
+def _substitute(m: re.Match[str]) -> str:
+    if m.group(2) in (":?", "?"):
+        return _stand_in(m.group(1))
+    return m.group(3) or ""
+
+
 def _interpolate(value: Any) -> Any:
-    """Compose interpolation with every variable at its default (`${X:-d}` -> d, `${X}` -> "")."""
+    """Compose interpolation with every variable at its default (`${X:-d}` -> d, `${X}` -> "",
+    a required `${X:?why}` -> its stand-in)."""
     if isinstance(value, str):
-        return _VARIABLE.sub(lambda m: m.group(3) or "", value).replace("$$", "$")
+        return _VARIABLE.sub(_substitute, value).replace("$$", "$")
     if isinstance(value, list):
         return [_interpolate(v) for v in value]
     if isinstance(value, dict):
@@ -163,15 +176,25 @@ def test_compose_file_validates_with_the_compose_tool() -> None:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("CHRONOQ_", "COMPOSE_"))
     }  # validate the defaults
-    result = subprocess.run(
-        [*tool, "-f", str(COMPOSE), "--profile", "lab", "config", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-        env=env,
-    )
+
+    def config(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*tool, "-f", str(COMPOSE), "--profile", "lab", "config", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=ROOT,
+            env=env | extra,
+        )
+
+    # No default passwords: the tool itself refuses to go on without each one.
+    required = sorted(set(_REQUIRED.findall(COMPOSE.read_text())))
+    assert required
+    for name in required:
+        result = config({n: "a-secret" for n in required if n != name})
+        assert result.returncode != 0 and name in (result.stderr + result.stdout), name
+    result = config({n: "a-secret" for n in required})
     assert result.returncode == 0, f"{' '.join(tool)} config: {result.stderr or result.stdout}"
 
 
@@ -240,6 +263,7 @@ def test_postgres_is_three_patroni_members_and_the_nodes_reach_the_primary(
         assert (ROOT / pg["build"]["context"] / "Dockerfile").is_file()
     assert len(users) == 1 and len(passwords) == 1 and len(volumes) == 3
     [user], [password] = users, passwords
+    assert password == _stand_in("CHRONOQ_DB_SUPERUSER_PASSWORD")
     patroni = (ROOT / "docker" / "patroni" / "patroni.yml").read_text()
     dcs = yaml.safe_load(patroni)["bootstrap"]["dcs"]
     assert dcs["synchronous_mode"] and dcs["synchronous_mode_strict"] and dcs["failsafe_mode"]
@@ -247,7 +271,9 @@ def test_postgres_is_three_patroni_members_and_the_nodes_reach_the_primary(
         dsn = urlsplit(_flag(_command(node), "--dsn"))
         credentials, _, hosts = dsn.netloc.rpartition("@")
         assert dsn.scheme == "postgresql" and dsn.path == "/chronoq", node_name
-        assert credentials == f"{user}:{password}", node_name
+        # The nodes' own role, not the superuser; its password from the environment.
+        assert credentials == "chronoq" != user, node_name
+        assert node["environment"]["PGPASSWORD"] == _stand_in("CHRONOQ_DB_PASSWORD")
         assert sorted(hosts.split(",")) == [f"{m}:5432" for m in sorted(members)], node_name
         assert dsn.query == "target_session_attrs=read-write", node_name
 
@@ -593,3 +619,60 @@ def test_probe_http_for_the_lab(probe: ModuleType) -> None:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_no_password_has_a_default() -> None:
+    """Every password is a required variable: `${X:?why}`, never `${X:-default}` or a literal."""
+    raw = yaml.safe_load(COMPOSE.read_text())
+    found = 0
+    for name, svc in raw["services"].items():
+        env = svc.get("environment") or {}
+        assert isinstance(env, dict), f"{name}: write environment as a mapping"
+        for key, value in env.items():
+            if "PASSWORD" in key:
+                found += 1
+                match = _VARIABLE.fullmatch(str(value))
+                assert match and match.group(2) == ":?", f"{name}: {key}={value!r}"
+    assert found >= 6  # the superuser, replication, the nodes' role, the REST API, Grafana
+    defaults = re.findall(r"\$\{(\w*PASSWORD\w*):?-", COMPOSE.read_text())
+    assert not defaults, f"passwords with a default: {defaults}"
+
+
+def test_no_secret_on_any_command_line(services: dict[str, dict[str, Any]]) -> None:
+    """Command lines are readable by every account of the host (`ps`): no password there,
+    nor in a health check; DSNs carry none (the driver reads PGPASSWORD)."""
+    secrets = {_stand_in(v) for v in _REQUIRED.findall(COMPOSE.read_text())}
+    assert secrets
+    for name, svc in services.items():
+        argv = [*_command(svc), *map(str, svc.get("entrypoint") or [])]
+        check = svc.get("healthcheck") or {}
+        argv += [str(t) for t in check.get("test", [])]
+        for arg in argv:
+            assert not any(secret in arg for secret in secrets), f"{name}: {arg}"
+            for dsn in re.findall(r"postgres(?:ql)?://\S+", arg):
+                assert urlsplit(dsn).password is None, f"{name}: a password in {dsn}"
+
+
+def test_the_nodes_role_is_made_without_superuser_powers() -> None:
+    """post-bootstrap.sh creates `chronoq` (what the nodes' DSN names) owning the database,
+    with its password read by psql from the environment, not given on a command line."""
+    script = (ROOT / "docker" / "patroni" / "post-bootstrap.sh").read_text()
+    assert "\\getenv app_password CHRONOQ_DB_PASSWORD" in script
+    assert "<<'SQL'" in script  # stdin, and no shell expansion of the SQL
+    assert re.search(r"CREATE ROLE chronoq LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE", script)
+    assert "CREATE DATABASE chronoq OWNER chronoq" in script
+    assert "REVOKE ALL ON DATABASE postgres FROM PUBLIC" in script
+
+
+def test_patronis_rest_api_wants_a_password(services: dict[str, dict[str, Any]]) -> None:
+    members = _of_image(services, PATRONI_IMAGE)
+    for name, pg in members.items():
+        env = pg["environment"]
+        assert env["PATRONI_RESTAPI_USERNAME"], name
+        assert env["PATRONI_RESTAPI_PASSWORD"] == _stand_in("CHRONOQ_PATRONI_API_PASSWORD")
+        assert not any(str(p).endswith(":8008") for p in pg.get("ports", [])), (
+            f"{name}: the REST API stays on the compose network"
+        )

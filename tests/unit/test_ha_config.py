@@ -16,6 +16,7 @@ from chronoq.embedded.ha.config import (
     LOOP_WAIT_S,
     MAX_MEMBERS,
     MIN_MEMBERS,
+    RESTAPI_USER,
     RETRY_TIMEOUT_S,
     TTL_S,
     member_addresses,
@@ -60,6 +61,7 @@ def test_config_is_synchronous_strict_failsafe_and_within_patronis_rules() -> No
     config = member_config(
         scope="s", member=member, etcd_hosts=["127.0.0.1:2379"], data_dir="/d", bin_dir="/b",
         socket_dir="/s", pgpass="/p", superuser_password="x", replication_password="y",
+        restapi_password="z",
     )  # fmt: skip
     dcs = config["bootstrap"]["dcs"]
     assert dcs["synchronous_mode"] and dcs["synchronous_mode_strict"] and dcs["failsafe_mode"]
@@ -68,6 +70,9 @@ def test_config_is_synchronous_strict_failsafe_and_within_patronis_rules() -> No
     assert config["restapi"]["connect_address"] == f"{member.host}:{member.api_port}"
     assert "fsync" not in config["postgresql"]["parameters"]  # durable by default
     assert all("trust" not in line for line in config["postgresql"]["pg_hba"])
+    # Unsafe REST calls want a password; the API listens on the member's loopback address.
+    assert config["restapi"]["authentication"] == {"username": RESTAPI_USER, "password": "z"}
+    assert config["restapi"]["listen"].startswith("127.")
 
 
 def test_roles_are_read_from_patronis_cluster_answer() -> None:

@@ -12,6 +12,7 @@ always runs from ``__exit__``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -34,7 +35,9 @@ from typing import Any
 from chronoq.coordinator.credentials import read_password
 from chronoq.embedded import processes
 from chronoq.embedded.ha.config import (
+    APP_ROLE,
     MEMBER_HOSTS,
+    RESTAPI_USER,
     SUPERUSER,
     MemberAddress,
     Topology,
@@ -49,6 +52,7 @@ from chronoq.embedded.ha.install import (
     postgres_bin_dir,
     run_as,
 )
+from chronoq.embedded.pg_auth import give_database_sql, give_tables_sql, role_sql
 from chronoq.embedded.supervisor import Child
 
 # Loopback only: never let http_proxy and friends intercept Patroni's REST API.
@@ -59,7 +63,10 @@ API_TIMEOUT_S = 2.0
 STOP_TIMEOUT_S = 20.0
 _LOG_TAIL_LINES = 30
 _POLL_S = 0.1
+#: The generated secrets (mode 0600): PostgreSQL's superuser, replication and the nodes' role,
+#: and Patroni's REST API.
 PASSWORDS_FILE = "ha-passwords.json"
+_SECRETS = ("superuser", "replication", "app", "restapi")
 #: A write that proves the store takes commits (in the ``postgres`` database, never chronoq's).
 PROBE_SQL = (
     "CREATE TABLE IF NOT EXISTS chronoq_ha_probe (id int PRIMARY KEY, at timestamptz);"
@@ -180,9 +187,18 @@ class PatroniCluster:
         """The superuser's password (generated on the first start, kept in the workdir)."""
         return self._load_passwords()["superuser"]
 
-    def dsn_for(self, database: str) -> str:
-        """The multi-host DSN of ``database``: it reaches whichever member is primary."""
-        return multi_host_dsn(self.addresses, self.password, database)
+    @property
+    def restapi_auth(self) -> tuple[str, str]:
+        """User and password of Patroni's REST API, which its unsafe calls want."""
+        return RESTAPI_USER, self._load_passwords()["restapi"]
+
+    def dsn_for(self, database: str, *, admin: bool = False) -> str:
+        """The multi-host DSN of ``database`` as the nodes' role (the superuser with
+        ``admin``): it reaches whichever member is primary."""
+        if admin:
+            return multi_host_dsn(self.addresses, self.password, database)
+        app = self._load_passwords()["app"]
+        return multi_host_dsn(self.addresses, app, database, user=APP_ROLE)
 
     @property
     def bin_dir(self) -> Path:
@@ -207,6 +223,8 @@ class PatroniCluster:
             for member in self.members.values():
                 self._spawn(member)
             self.wait_ready(timeout)
+            self.wait_writable(timeout)
+            self.run_sql(role_sql(APP_ROLE, self._load_passwords()["app"]), hidden=True)
         except BaseException:
             self.stop()
             raise
@@ -374,7 +392,7 @@ class PatroniCluster:
             f"{self.members[seen.leader].address.api_url}/switchover",
             data=json.dumps(body).encode(),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self.api_headers()},
         )
         try:
             with _HTTP.open(request, timeout=timeout) as reply:
@@ -392,6 +410,12 @@ class PatroniCluster:
             if time.monotonic() > deadline:
                 raise PatroniError(f"no new leader within {timeout:g} s (seen: {new})")
             time.sleep(_POLL_S)
+
+    def api_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of an unsafe REST call (basic, over loopback)."""
+        user, password = self.restapi_auth
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
 
     def restart_member(self, name: str, timeout: float = 120.0) -> None:
         """Start a member that is down again, on its data; wait until its postgres runs."""
@@ -413,33 +437,45 @@ class PatroniCluster:
     # -- SQL ---------------------------------------------------------------------------------
 
     def run_sql(
-        self, sql: str, database: str = "postgres", *, on: str | None = None, timeout: float = 60
+        self,
+        sql: str,
+        database: str = "postgres",
+        *,
+        on: str | None = None,
+        timeout: float = 60,
+        hidden: bool = False,
     ) -> str:
-        """Run ``sql`` with psql on member ``on`` (default: the current primary); unaligned,
-        tuples-only output."""
+        """Run ``sql`` as the superuser with psql on member ``on`` (default: the current
+        primary); unaligned, tuples-only output. ``hidden``: ``sql`` carries a secret, so it
+        goes on psql's stdin, not its command line or an error message."""
         member = self._member(on)
+        shown = "a statement with a secret" if hidden else repr(sql)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env |= {"PGPASSWORD": self.password, "PGCONNECT_TIMEOUT": "10", "LC_ALL": "C"}
         cmd = [str(self.bin_dir / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"]
         cmd += ["-h", member.address.host, "-p", str(member.address.pg_port), "-U", SUPERUSER]
-        cmd += ["-d", database, "-c", sql]
+        cmd += ["-d", database, *([] if hidden else ["-c", sql])]
         try:
             result = subprocess.run(
                 cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False,
-                stdin=subprocess.DEVNULL,
+                input=sql if hidden else None, stdin=None if hidden else subprocess.DEVNULL,
             )  # fmt: skip
         except subprocess.TimeoutExpired as exc:
-            raise PatroniError(f"psql timed out running {sql!r}") from exc
+            raise PatroniError(f"psql timed out running {shown}") from exc
         if result.returncode != 0:
-            raise PatroniError(f"psql failed running {sql!r}: {result.stderr.strip()}")
+            raise PatroniError(f"psql failed running {shown}: {result.stderr.strip()}")
         return result.stdout
 
     def ensure_database(self, name: str) -> str:
-        """Create ``name`` on the primary if missing (the standbys replicate it); its DSN."""
+        """Create ``name`` on the primary if missing (the standbys replicate it), owned by the
+        nodes' role; one made by an older chronoq is given to that role, tables and all.
+        Returns its DSN (as that role)."""
         literal = "'" + name.replace("'", "''") + "'"
         exists = f"SELECT 1 FROM pg_database WHERE datname = {literal}"
         if not self.run_sql(exists).strip():
-            self.run_sql('CREATE DATABASE "' + name.replace('"', '""') + '"')
+            self.run_sql('CREATE DATABASE "' + name.replace('"', '""') + f'" OWNER {APP_ROLE}')
+        self.run_sql(give_database_sql(name, APP_ROLE))
+        self.run_sql(give_tables_sql(APP_ROLE), name)
         # A commit waits for the standby's flush, not its replay, and asyncpg tries the hosts
         # of a DSN in order: it gives up on a standby that has not replayed the database yet
         # ("does not exist") instead of moving on to the primary. So wait for every member.
@@ -469,19 +505,26 @@ class PatroniCluster:
         return seen
 
     def _load_passwords(self) -> dict[str, str]:
+        """The secrets of ``PASSWORDS_FILE``; those missing (all on a first start, the newer
+        ones in a workdir of an older chronoq) are generated and the file rewritten, 0600."""
         if self._passwords:
             return self._passwords
         path = self.workdir / PASSWORDS_FILE
+        known: dict[str, str] = {}
         with contextlib.suppress(FileNotFoundError):
-            self._passwords = json.loads(path.read_text())
-            return self._passwords
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        fresh = {k: secrets.token_urlsafe(24) for k in ("superuser", "replication")}
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(fresh, out)
-        self._passwords = fresh
-        return fresh
+            known = json.loads(path.read_text())
+        if any(k not in known for k in _SECRETS):
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            known = {k: known.get(k) or secrets.token_urlsafe(24) for k in _SECRETS}
+            partial = path.with_name(PASSWORDS_FILE + ".partial")
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(known, out)
+            os.replace(partial, path)
+        self._passwords = known
+        return known
 
     def _prepare(self) -> None:
         """Member directories owned by the member's account, and each member's config."""
@@ -511,6 +554,7 @@ class PatroniCluster:
                 pgpass=str(member.home / "pgpass"),
                 superuser_password=passwords["superuser"],
                 replication_password=passwords["replication"],
+                restapi_password=passwords["restapi"],
                 durable=self.durable,
             )
             fd = os.open(member.config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -29,9 +29,15 @@ RETRY_TIMEOUT_S = 5
 PRIMARY_START_TIMEOUT_S = 30
 #: Connections each member accepts.
 MAX_CONNECTIONS = 300
-#: Role names (PostgreSQL logins): the superuser chronoq connects as, and replication.
+#: Role names (PostgreSQL logins): the superuser (setup only), replication, and the role the
+#: nodes log in as, which owns chronoq's database and nothing more.
 SUPERUSER = "postgres"
 REPLICATION_USER = "replicator"
+APP_ROLE = "chronoq"
+#: The user of Patroni's REST API: every unsafe call (switchover, restart, reinitialise, a
+#: configuration change) wants its password; without it, any local account could run a
+#: command as the PostgreSQL account (``archive_command`` through ``PATCH /config``).
+RESTAPI_USER = "chronoq"
 #: The sub-path of etcd under which Patroni keeps its keys (``<namespace>/<scope>/...``).
 NAMESPACE = "/chronoq-patroni/"
 
@@ -94,6 +100,7 @@ def member_config(
     pgpass: str,
     superuser_password: str,
     replication_password: str,
+    restapi_password: str,
     durable: bool = True,
     parameters: Mapping[str, str] | None = None,
     etcd_auth: tuple[str, str] | None = None,
@@ -132,6 +139,7 @@ def member_config(
         "restapi": {
             "listen": f"{member.host}:{member.api_port}",
             "connect_address": f"{member.host}:{member.api_port}",
+            "authentication": {"username": RESTAPI_USER, "password": restapi_password},
         },
         "etcd3": {
             "hosts": list(etcd_hosts),
