@@ -23,6 +23,22 @@ SECRET_BYTES = 24
 JSON_CONTENT_TYPE = "application/json"
 #: ``Sec-Fetch-Site`` values of an app's own requests (``none``: typed in the address bar).
 OWN_FETCH_SITES = frozenset({"same-origin", "none"})
+#: What a page of a local web app may load and run: its own files only. No inline script or
+#: style (the pages keep both in static files), no plugins, no ``<base>`` or form sent
+#: elsewhere, no framing by another page. Data is set as text by the scripts, so a name read
+#: from etcd or a tenant's queue name cannot become markup, and if it ever did, no script of it
+#: would run.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+#: Headers on every response of the lab and the console, errors and static files included.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 #: How much of a header value an error message repeats.
 SHORT = 60
 _LOOPBACK_NAMES = frozenset({"localhost"})

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from chronoq import errors
+from chronoq import errors, origins
 from chronoq.console import guard
 from chronoq.console.link import MAX_BULK_IDS, ClusterLink, TaskFilter
 from chronoq.console.payload import DEFAULT_SHOWN_BYTES, PayloadView, show_payload
@@ -64,14 +64,7 @@ HTTP_STATUS: Mapping[type[errors.ChronoqError], int] = {
     errors.ResourceExhausted: 429,
     errors.Unavailable: 503,
 }
-_SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; "
-    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
+_SECURITY_HEADERS = {**origins.SECURITY_HEADERS, "Cache-Control": "no-store"}
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _Action = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -166,6 +159,7 @@ class Console:
             return await self._check(request, handler)
 
         app = web.Application(middlewares=[check], client_max_size=MAX_BODY_BYTES)
+        app.on_response_prepare.append(_secure)  # every response: errors and static files too
         for path in PAGES:
             app.router.add_get(path, self._page)
         app.router.add_get(guard.LOGIN_PATH, self._login)
@@ -210,7 +204,6 @@ class Console:
                 response = web.Response(text=refusal.reason, status=refusal.status)
         else:
             response = await handler(request)
-        response.headers.update(_SECURITY_HEADERS)
         return response
 
     def _log_refusal(self, request: web.Request, reason: str) -> None:
@@ -329,6 +322,12 @@ class Console:
             return await self.link.schedule_action(_ns(body), _text(body, "name"), action)
 
         return act
+
+
+async def _secure(request: web.Request, response: web.StreamResponse) -> None:
+    """Give every response, refusals, errors and static files included, the headers that
+    keep its page to its own scripts and out of other pages' frames."""
+    response.headers.update(_SECURITY_HEADERS)
 
 
 async def _answer(produce: Callable[[], Awaitable[Any]]) -> web.Response:

@@ -49,6 +49,7 @@ from chronoq.lab.web import (
     guarded,
     int_field,
     json_action,
+    secured,
     str_field,
 )
 from chronoq.local.cluster import ClusterSpec, LocalCluster
@@ -495,6 +496,7 @@ class Lab:
             middlewares=[guarded(lambda: self._guard, self._refusals)],
             client_max_size=MAX_BODY_BYTES,
         )
+        app.on_response_prepare.append(secured)
         app.router.add_get("/", self._index)
         app.router.add_static("/static/", static)
         app.router.add_get("/api/state", self._get_state)

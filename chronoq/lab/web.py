@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from chronoq import errors
+from chronoq import errors, origins
 from chronoq.lab import guard
 
 log = logging.getLogger("chronoq.lab")
@@ -81,13 +81,16 @@ def guarded(lab_guard: Callable[[], guard.LabGuard | None], refusals: RefusalLog
         if reason is not None:
             refusals.add(request, reason)
             return web.json_response({"error": reason}, status=403)
-        response = await handler(request)
-        # Nothing of the lab may be framed by another page (clickjacking of its buttons).
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
-        return response
+        return await handler(request)
 
     return check
+
+
+async def secured(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every response (refusals, errors and static files included)
+    keeps its page to the lab's own scripts, as text, and out of other pages' frames (no
+    clickjacking of its buttons)."""
+    response.headers.update(origins.SECURITY_HEADERS)
 
 
 def json_action(action: Action) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -84,3 +84,34 @@ async def test_session_csrf_and_errors(console: Console) -> None:
         async with http.post(f"{console.origin}/api/queues/limit", headers=headers,
                              json={"queue": "q", "rate": "fast"}) as r:
             assert r.status == 400 and "rate" in (await r.json())["error"]
+
+
+async def test_every_response_carries_the_strict_script_policy(console: Console) -> None:
+    """Pages, static files, API answers, refusals and unknown paths: each has the CSP that
+    allows the console's own files only (no inline script or style), and no page inlines
+    any."""
+    from chronoq.console.server import PAGES
+    from chronoq.origins import CONTENT_SECURITY_POLICY
+
+    policy = CONTENT_SECURITY_POLICY
+    for part in ("default-src 'self'", "script-src 'self'", "object-src 'none'",
+                 "frame-ancestors 'none'"):
+        assert part in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.get(f"{console.origin}/") as r:  # refused: no session yet
+            assert r.status == 401 and r.headers["Content-Security-Policy"] == policy
+        async with http.get(console.url) as r:
+            assert r.status == 200
+        paths = [*PAGES, "/static/console.js", "/static/console.css", "/static/uPlot.iife.min.js",
+                 "/static/missing.js", "/api/overview", "/api/queues?namespace=no%20spaces",
+                 "/nowhere"]
+        for path in paths:
+            async with http.get(f"{console.origin}{path}") as r:
+                assert r.headers.get("Content-Security-Policy") == policy, (path, r.status)
+                assert r.headers["X-Frame-Options"] == "DENY"
+                if path in PAGES:
+                    page = await r.text()
+                    assert not re.search(r"<script(?![^>]*\bsrc=)", page), path
+                    assert not re.search(r"<style|\sstyle\s*=|\son[a-z]+\s*=", page), path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -185,3 +186,30 @@ async def test_the_page_with_its_secret_works(
     victim = result["victim"]
     assert not cluster.nodes[victim].alive()
     assert sum(node.alive() for node in cluster.nodes.values()) == 1
+
+
+async def test_every_response_carries_the_strict_script_policy(
+    lab: Lab, http: aiohttp.ClientSession
+) -> None:
+    """The page, its static files, the API, refusals and unknown paths all carry the CSP
+    that runs the lab's own files only; the page has no inline script or style, and its
+    script builds elements, never HTML from data."""
+    from importlib import resources
+
+    from chronoq.origins import CONTENT_SECURITY_POLICY as POLICY
+
+    base, _, secret = _base(lab)
+    own = {SECRET_HEADER: secret, "Origin": base, "Sec-Fetch-Site": "same-origin"}
+    asked = [("/", {}), ("/static/lab.js", {}), ("/static/lab.css", {}),
+             ("/static/missing.js", {}), ("/api/state", own), ("/api/state", {}),
+             ("/nowhere", own)]
+    for path, headers in asked:
+        r = await http.get(f"{base}{path}", headers=headers)
+        assert r.headers.get("Content-Security-Policy") == POLICY, (path, r.status)
+        assert r.headers["X-Frame-Options"] == "DENY"
+    refused = await http.post(f"{base}/api/kill", data="partition=0")
+    assert refused.status == 403 and refused.headers["Content-Security-Policy"] == POLICY
+    static = resources.files("chronoq.lab").joinpath("static")
+    page = static.joinpath("index.html").read_text()
+    assert not re.search(r"<script(?![^>]*\bsrc=)|<style|\sstyle\s*=|\son[a-z]+\s*=", page)
+    assert "innerHTML" not in static.joinpath("lab.js").read_text()

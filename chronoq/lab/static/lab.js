@@ -1,5 +1,6 @@
 // chronoq lab: polls /api/state once a second and draws it; the buttons POST to /api/*.
-// Plain JS and canvas, nothing loaded from the network.
+// Plain JS and canvas, nothing loaded from the network. Data (owner names read from etcd,
+// event texts) is only ever set as text: elements are built with h(), never from HTML.
 "use strict";
 
 // The per-run key comes in the URL fragment (never sent by the browser); every API call
@@ -12,6 +13,20 @@ const fmt = new Intl.NumberFormat("en-US");
 const $ = (id) => document.getElementById(id);
 let state = null;
 let busy = false;
+
+// An element with attributes (class, id, data-*) and children: strings become text nodes.
+function h(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  Object.entries(attrs || {}).forEach(([key, value]) => {
+    if (key === "class") node.className = value;
+    else node.setAttribute(key, value);
+  });
+  children.forEach((child) => {
+    if (child === null || child === undefined) return;
+    node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+  });
+  return node;
+}
 
 function n(value) { return value === null || value === undefined ? "–" : fmt.format(Math.round(value)); }
 function ms(value) { return value === null || value === undefined ? "–" : (value < 10 ? value.toFixed(3) : fmt.format(Math.round(value))); }
@@ -190,7 +205,7 @@ function renderHistogram(s) {
 
 function renderScans(s) {
   const body = $("scans").querySelector("tbody");
-  body.innerHTML = "";
+  body.replaceChildren();
   const rows = [["this tick", s.scans.now], ["next minute", s.scans.next_minute]];
   rows.forEach(([label, pair]) => {
     if (!pair) return;
@@ -200,9 +215,10 @@ function renderScans(s) {
       tr.dataset.scan = kind;
       tr.dataset.examined = String(e.examined);
       tr.dataset.due = String(e.due);
-      tr.innerHTML = `<td>${label} <span class="muted small">${hms(pair.at)}</span></td><td class="${kind}">${kind}</td>` +
-        `<td>${n(e.due)}</td><td class="${kind}">${n(e.examined)}</td>` +
-        `<td>${n(e.shared_hit + e.shared_read)}</td><td>${ms(e.server_ms)}</td>`;
+      tr.append(
+        h("td", {}, label + " ", h("span", {class: "muted small"}, hms(pair.at))),
+        h("td", {class: kind}, kind), h("td", {}, n(e.due)), h("td", {class: kind}, n(e.examined)),
+        h("td", {}, n(e.shared_hit + e.shared_read)), h("td", {}, ms(e.server_ms)));
       body.appendChild(tr);
     });
   });
@@ -223,14 +239,15 @@ function renderAdvance(s) {
   el.dataset.from = a.from;
   el.dataset.to = a.to;
   const took = a.fired_ms === null ? "not all fired yet" : `all fired ${n(a.fired_ms)} ms after the jump`;
-  el.innerHTML = `clock ${hms(a.from)} → ${hms(a.to)}: <strong id="advance-due">${n(a.due)}</strong> tasks came due, ` +
-    `<strong id="advance-fired">${n(a.fired)}</strong> fired by ${a.firers} node(s) (${took}), ` +
-    `<strong id="advance-executed">${n(a.executed)}</strong> executed so far.`;
+  el.replaceChildren(`clock ${hms(a.from)} → ${hms(a.to)}: `, h("strong", {id: "advance-due"}, n(a.due)),
+    " tasks came due, ", h("strong", {id: "advance-fired"}, n(a.fired)),
+    ` fired by ${a.firers} node(s) (${took}), `, h("strong", {id: "advance-executed"}, n(a.executed)),
+    " executed so far.");
 }
 
 function renderOwnership(s) {
   const body = $("nodes").querySelector("tbody");
-  body.innerHTML = "";
+  body.replaceChildren();
   s.nodes.forEach((node) => {
     const tr = document.createElement("tr");
     tr.dataset.node = node.node_id;
@@ -238,9 +255,11 @@ function renderOwnership(s) {
     if (!node.alive) tr.className = "dead";
     const tokens = node.token_min === null ? "–" : `${node.token_min} … ${node.token_max}`;
     const late = node.lateness_p50_ms === null ? "–" : `${ms(node.lateness_p50_ms)} / ${ms(node.lateness_p99_ms)}`;
-    tr.innerHTML = `<td><span class="swatch" style="background:${nodeColor(node.node_id)}"></span>${node.node_id}</td>` +
-      `<td>${node.alive ? "pid " + node.pid : "killed"}</td><td>${node.partitions}</td><td>${tokens}</td>` +
-      `<td>${n(node.fired_total)}</td><td>${late}</td><td></td>`;
+    const swatch = h("span", {class: "swatch"});
+    swatch.style.background = nodeColor(node.node_id);  // CSSOM: allowed under the page's CSP
+    tr.append(h("td", {}, swatch, String(node.node_id)),
+      h("td", {}, node.alive ? "pid " + node.pid : "killed"), h("td", {}, String(node.partitions)),
+      h("td", {}, tokens), h("td", {}, n(node.fired_total)), h("td", {}, late), h("td", {}));
     if (!node.alive) {
       const restart = document.createElement("button");
       restart.textContent = "restart";
@@ -255,7 +274,7 @@ function renderOwnership(s) {
   });
   const grid = $("partition-grid");
   if (grid.children.length !== s.partitions) {
-    grid.innerHTML = "";
+    grid.replaceChildren();
     for (let p = 0; p < s.partitions; p++) {
       const cell = document.createElement("div");
       cell.className = "cell";
@@ -280,12 +299,14 @@ function renderOwnership(s) {
     el.dataset.victim = t.victim;
     el.dataset.newOwner = t.new_owner || "";
     el.dataset.newToken = t.new_token === null ? "" : String(t.new_token);
-    el.innerHTML = t.new_owner
-      ? `Killed <strong>${t.victim}</strong> (partition ${t.partition}, token ${t.old_token}); ` +
-        `<strong id="new-owner">${t.new_owner}</strong> took it over with token <strong>${t.new_token}</strong> ` +
-        `${t.seconds.toFixed(1)} s later` +
-        (t.all_reowned_s === null ? "; re-owning the rest …" : `; all ${t.lost} of its partitions re-owned in ${t.all_reowned_s.toFixed(1)} s.`)
-      : `Killed <strong>${t.victim}</strong> (partition ${t.partition}, token ${t.old_token}); waiting for its lease to expire …`;
+    const killed = ["Killed ", h("strong", {}, String(t.victim)),
+      ` (partition ${t.partition}, token ${t.old_token}); `];
+    el.replaceChildren(...killed, ...(t.new_owner
+      ? [h("strong", {id: "new-owner"}, String(t.new_owner)), " took it over with token ",
+         h("strong", {}, String(t.new_token)), ` ${t.seconds.toFixed(1)} s later` +
+         (t.all_reowned_s === null ? "; re-owning the rest …"
+           : `; all ${t.lost} of its partitions re-owned in ${t.all_reowned_s.toFixed(1)} s.`)]
+      : ["waiting for its lease to expire …"]));
   }
 }
 
@@ -302,13 +323,13 @@ function renderCharts(s) {
 
 function renderEvents(s) {
   const list = $("events");
-  list.innerHTML = "";
+  list.replaceChildren();
   s.events.forEach((e) => {
     const li = document.createElement("li");
     li.className = e.kind;
     const at = new Date(e.at).toISOString().slice(11, 19);
-    li.innerHTML = `<span class="muted">${at}</span> <span class="kind">${e.kind}</span> `;
-    li.appendChild(document.createTextNode(e.text));
+    li.append(h("span", {class: "muted"}, at), " ", h("span", {class: "kind"}, String(e.kind)), " ",
+      String(e.text));
     list.appendChild(li);
   });
 }
