@@ -109,7 +109,7 @@ async def start_dev(tmp_path: Path, started: list[Dev], *extra: str, nodes: int 
             addresses[match.group(1)] = int(match.group(3))
         elif match := re.search(r"gRPC address\s+(\S+)", line):
             addresses[match.group(1)] = proc.pid  # one node, in dev's own process
-        if match := re.search(r"PostgreSQL DSN \S+:(\d+)/", line):
+        if match := re.search(r"PostgreSQL DSN \S+[?&]port=(\d+)", line):  # the socket's
             postgres_port = int(match.group(1))
         if match := re.search(r"PostgreSQL\s+pid (\d+)", line):
             postgres_pid = int(match.group(1))
