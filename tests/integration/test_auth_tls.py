@@ -319,7 +319,7 @@ async def test_cli_help_lists_the_security_flags() -> None:
 
     node_help = ok(await cli("node", "--help"))
     for flag in ("--tls-cert", "--tls-key", "--tls-client-ca", "--auth-tokens", "--etcd-user",
-                 "--etcd-password", "--etcd-ca", "--etcd-cert", "--etcd-key",
+                 "--etcd-password", "--etcd-password-file", "--etcd-ca", "--etcd-cert", "--etcd-key",
                  "CHRONOQ_TLS_CLIENT_CA", "CHRONOQ_ETCD_PASSWORD"):
         assert flag in node_help, flag
     top = ok(await cli("--help"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,21 @@ def test_cluster_options() -> None:
         settings_from(NodeOptions(dsn="x", etcd="a:2379", lease_ttl=1))
     with pytest.raises(ConfigError, match="need --etcd"):
         settings_from(NodeOptions(dsn="x", etcd_ca="ca.pem"))
+
+
+def test_an_etcd_password_file_is_checked_when_the_settings_are_made(tmp_path: Path) -> None:
+    path = tmp_path / "etcd-password"
+    path.write_text("s3cret\n")
+    path.chmod(0o600)
+    options = NodeOptions(dsn="x", etcd="a:2379", etcd_user="u", etcd_password_file=str(path))
+    got = settings_from(options)
+    assert got.cluster is not None and got.cluster.etcd.password_file == str(path)
+    assert got.cluster.etcd.password is None  # read at connect, never kept in the settings
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        settings_from(options)
+    with pytest.raises(ConfigError, match="need --etcd"):
+        settings_from(NodeOptions(dsn="x", etcd_password_file=str(path)))
 
 
 def test_shown_defaults_cover_the_unset_options() -> None:
