@@ -7,8 +7,10 @@ atomically by whichever node serves the claim); see ``queries.sql`` ``take_token
 
 Schedule-made tasks count too: a schedule reserves its maximum rate (``schedule_rate``) of
 its namespace's quota when it is created or resumed, and the active schedules of a namespace
-together may not reserve more than the quota. A schedule can then never produce more than
-the quota its namespace has, whichever node materialises it.
+together may not reserve more than the quota. Each occurrence is then also charged, when its
+owner makes it, to the namespace's bucket on that node (the same bucket as submits): creating
+and deleting schedules in a loop makes no more than the quota either. An occurrence the bucket
+cannot pay yet is made on a later pass.
 """
 
 from __future__ import annotations
@@ -80,3 +82,11 @@ class Quotas:
         if bucket.take(n, now):
             return None
         return bucket.wait_time(n, now)
+
+    def available(self, key: str, now: float) -> int:
+        """Whole tokens ``key`` holds now (a new key: the full burst)."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return int(self.burst)
+        bucket._refill(now)
+        return int(bucket.tokens)

@@ -114,6 +114,16 @@ def next_fire(rule: Rule, after: datetime) -> datetime:
     return nxt.astimezone(UTC)
 
 
+def occurrences(rule: Rule, after: datetime, before: datetime, limit: int) -> list[datetime]:
+    """The occurrences strictly after ``after`` and before ``before``, the first ``limit``."""
+    out: list[datetime] = []
+    at = next_fire(rule, after)
+    while at < before and len(out) < limit:
+        out.append(at)
+        at = next_fire(rule, at)
+    return out
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to create now, where the schedule continues, and how many were skipped."""

@@ -50,7 +50,7 @@ from chronoq.node.precise import PreciseFirer, Scheduled, scheduled_of
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
-from chronoq.node.service import TaskService, WorkerService
+from chronoq.node.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.soon import SoonBroadcast
 from chronoq.store import FireResult, Store
 from chronoq.store.pool_logs import quiet_pool_outages
@@ -143,6 +143,9 @@ class Node:
         self.clock_check: ClockCheck | None = None
         self.api_clock: Clock = self.clock  # corrected while the clock check finds it off
         self.pump: SchedulePump | None = None
+        #: Each namespace's submit quota on this node, taken by submits and by the
+        #: occurrences its schedules make here (None: no quota).
+        self.quotas = submit_quotas(settings)
         self.notifier = ReadyNotifier()
         self.probe: ReadyProbe | None = None
         self.broadcast: ReadyBroadcast | None = None
@@ -278,13 +281,14 @@ class Node:
             may_resume=clock_check.may_resume if clock_check is not None else lambda: True,
             reachable_elsewhere=self._store_reachable_elsewhere(grace),
         )
-        self.schedules = Schedules(self.store)
+        self.schedules = Schedules(self.store, lookahead=s.schedule_lookahead)
         self.pump = SchedulePump(
             self.schedules,
             self.ownership,
             self.clock,
             interval=s.schedule_interval.total_seconds(),
             lookahead=s.schedule_lookahead,
+            quotas=self.quotas,
         )
         self.probe = ReadyProbe(
             self.notifier, self.store.ready_counts, interval=s.claim_poll.total_seconds()
@@ -357,7 +361,9 @@ class Node:
     def _add_services(self, server: grpc.aio.Server) -> None:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
-        task_service = TaskService(self.store, self.api_clock, s, self.notifier, self.metrics)
+        task_service = TaskService(
+            self.store, self.api_clock, s, self.notifier, self.metrics, quotas=self.quotas
+        )
         task_service.on_scheduled = self._scheduled
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
             task_service, server

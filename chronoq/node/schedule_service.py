@@ -73,7 +73,8 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     async def PauseSchedule(
         self, request: schedules_pb2.ScheduleRef, context: Ctx
     ) -> schedules_pb2.Schedule:
-        return convert.schedule_to_pb(await self._schedules.pause(*_ref(request)))
+        ns, name = _ref(request)
+        return convert.schedule_to_pb(await self._schedules.pause(ns, name, self._clock.now()))
 
     @translated
     async def ResumeSchedule(
@@ -89,7 +90,8 @@ class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
     async def DeleteSchedule(
         self, request: schedules_pb2.ScheduleRef, context: Ctx
     ) -> schedules_pb2.DeleteScheduleResponse:
-        await self._schedules.delete(*_ref(request))
+        ns, name = _ref(request)
+        await self._schedules.delete(ns, name, self._clock.now())
         return schedules_pb2.DeleteScheduleResponse()
 
 

@@ -91,18 +91,20 @@ class _Servicer:
         )
 
 
+def submit_quotas(settings: NodeSettings) -> Quotas | None:
+    """The per-namespace submit buckets ``settings`` ask for (None: no quota)."""
+    if not settings.submit_quota:
+        return None
+    return Quotas(
+        settings.submit_quota, settings.submit_quota_burst or max(1.0, settings.submit_quota)
+    )
+
+
 class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, quotas: Quotas | None = None, **kwargs: Any) -> None:
+        """``quotas``: the node's, shared with its schedule pump (default: its own)."""
         super().__init__(*args, **kwargs)
-        settings = self._settings
-        self._quotas = (
-            Quotas(
-                settings.submit_quota,
-                settings.submit_quota_burst or max(1.0, settings.submit_quota),
-            )
-            if settings.submit_quota
-            else None
-        )
+        self._quotas = quotas if quotas is not None else submit_quotas(self._settings)
 
     def _charge(self, specs: list[TaskSpec]) -> None:
         """Take each namespace's share from its submit quota, or refuse the whole request."""

@@ -580,7 +580,14 @@ RETURNING {{schedule_row}};
 SELECT coalesce(sum(max_rate), 0)::float8 FROM schedules WHERE namespace = $1 AND NOT paused;
 
 -- name: delete_schedule
-DELETE FROM schedules WHERE namespace = $1 AND name = $2 RETURNING id;
+DELETE FROM schedules s WHERE s.namespace = $1 AND s.name = $2 RETURNING {{schedule_row}};
+
+-- name: delete_unfired_occurrences
+-- A paused or deleted schedule's occurrences ($2: their idempotency keys) that never fired:
+-- SCHEDULED, never claimed (a retry waiting its backoff has fired and stays).
+DELETE FROM tasks
+WHERE namespace = $1 AND idempotency_key = ANY($2::text[])
+  AND state = 0 AND attempt = 0 AND fired_at IS NULL;
 
 -- name: due_schedules
 -- Active schedules of the caller's partitions whose next occurrence is within the

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from chronoq.buckets import partition_of
 from chronoq.errors import (
@@ -23,7 +24,7 @@ from chronoq.errors import (
 from chronoq.limits import check_name
 from chronoq.models import Schedule, ScheduleSpec, TaskSpec
 from chronoq.ratelimit import schedule_rate
-from chronoq.recurrence import CatchUp, Cron, Every, Rule, check, due, next_fire
+from chronoq.recurrence import CatchUp, Cron, Every, Rule, check, due, next_fire, occurrences
 from chronoq.saturating import ms_to_delta
 from chronoq.store.quarantine import POISON, isolate, reason
 from chronoq.store.rows import known
@@ -33,6 +34,25 @@ from chronoq.store.store import Store
 log = logging.getLogger("chronoq.store")
 _MS = timedelta(milliseconds=1)
 
+#: How far back pausing or deleting a schedule looks for occurrences that have not fired: one
+#: still SCHEDULED this long after its time is left to fire (its firing is that late).
+UNFIRED_PAST = timedelta(minutes=10)
+#: The most occurrences pausing or deleting a schedule looks up (one-second schedules over
+#: UNFIRED_PAST and a lookahead of up to two hours).
+MAX_UNFIRED = 10_000
+
+
+class Charge(Protocol):
+    """Where occurrences are paid for: the namespace's submit quota on the owner's node."""
+
+    def available(self, namespace: str) -> int:
+        """Occurrences ``namespace`` can pay for now."""
+        ...
+
+    def take(self, namespace: str, n: int) -> None:
+        """Pay for ``n`` occurrences of ``namespace`` (at most what ``available`` said)."""
+        ...
+
 
 @dataclass
 class Materialized:
@@ -40,12 +60,14 @@ class Materialized:
     skipped: int = 0
     schedules: int = 0
     quarantined: list[tuple[str, str]] = field(default_factory=list)  # (schedule id, reason)
+    unpaid: int = 0  # due schedules left for a later pass: their namespace's quota was spent
 
     def add(self, other: Materialized) -> None:
         self.created += other.created
         self.skipped += other.skipped
         self.schedules += other.schedules
         self.quarantined += other.quarantined
+        self.unpaid += other.unpaid
 
 
 def _rule(row: Any, *, saturate: bool = False) -> Rule:
@@ -88,16 +110,47 @@ def _schedule(row: Any) -> Schedule:
     )
 
 
+class _Shares:
+    """One pass's split of each namespace's quota among its due schedules."""
+
+    def __init__(self, charge: Charge | None, rows: Sequence[Any]) -> None:
+        self._charge = charge
+        self._left: dict[str, int] = {}
+        self._share: dict[str, int] = {}
+        if charge is None:
+            return
+        due_per_namespace = Counter(str(row["namespace"]) for row in rows)
+        for namespace, n in due_per_namespace.items():
+            left = max(0, charge.available(namespace))
+            self._left[namespace] = left
+            self._share[namespace] = max(1, left // n)
+
+    def of(self, namespace: str, most: int) -> int:
+        """Occurrences the next due schedule of ``namespace`` may make (at most ``most``)."""
+        if self._charge is None:
+            return most
+        if namespace not in self._left:  # read one by one after a row could not be read
+            self._left[namespace] = max(0, self._charge.available(namespace))
+            self._share[namespace] = self._left[namespace]
+        return min(most, self._share[namespace], self._left[namespace])
+
+    def paid(self, namespace: str, n: int) -> None:
+        if self._charge is not None and n:
+            self._charge.take(namespace, n)
+            self._left[namespace] -= n
+
+
 def occurrence_key(schedule_id: str, at: datetime) -> str:
     """The idempotency key of one occurrence: the same on every node and every retry."""
     return f"schedule:{schedule_id}:{at.isoformat()}"
 
 
 class Schedules:
-    """Schedules in the task store."""
+    """Schedules in the task store; ``lookahead``: how far ahead owners make occurrences."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, lookahead: timedelta = timedelta(seconds=60)) -> None:
         self.store = store
+        self.lookahead = lookahead
 
     async def create(
         self,
@@ -179,11 +232,13 @@ class Schedules:
             rows = await conn.fetch(q("list_schedules"), namespace, after, page_size)
         return [_schedule(r) for r in rows]
 
-    async def pause(self, namespace: str, name: str) -> Schedule:
-        async with self.store.connection() as conn:
+    async def pause(self, namespace: str, name: str, now: datetime) -> Schedule:
+        """Pause, and remove the occurrences made ahead that have not fired."""
+        async with self.store.connection() as conn, conn.transaction():
             row = await conn.fetchrow(q("pause_schedule"), namespace, name)
-        if row is None:
-            raise ScheduleNotFound(name, namespace)
+            if row is None:
+                raise ScheduleNotFound(name, namespace)
+            await self._remove_unfired(conn, row, now)
         return _schedule(row)
 
     async def resume(
@@ -211,11 +266,36 @@ class Schedules:
             raise ScheduleQuotaExceeded(namespace, reserved, schedule_rate(after.spec.rule), quota)
         return after
 
-    async def delete(self, namespace: str, name: str) -> None:
-        async with self.store.connection() as conn:
+    async def delete(self, namespace: str, name: str, now: datetime) -> None:
+        """Delete, and remove the occurrences made ahead that have not fired."""
+        async with self.store.connection() as conn, conn.transaction():
             row = await conn.fetchrow(q("delete_schedule"), namespace, name)
-        if row is None:
-            raise ScheduleNotFound(name, namespace)
+            if row is None:
+                raise ScheduleNotFound(name, namespace)
+            await self._remove_unfired(conn, row, now)
+
+    async def _remove_unfired(self, conn: Any, row: Any, now: datetime) -> int:
+        """Delete the schedule's occurrences still waiting to fire for the first time.
+
+        Occurrences are linked to their schedule by their idempotency key (schedule, time):
+        the keys of the times the schedule made and may not have fired yet are looked up
+        (the unique index), and only never-fired SCHEDULED rows go; a retry waiting its
+        backoff has fired and stays. Deleted rather than cancelled, so a resumed schedule
+        makes the same occurrences again. A row whose rule cannot be evaluated made none
+        that could be found (the owner pauses such a row): it removes nothing.
+        """
+        try:
+            rule = check(_rule(row))
+            before = min(row["next_fire_at"], now + self.lookahead + timedelta(minutes=1))
+            times = occurrences(rule, now - UNFIRED_PAST, before, MAX_UNFIRED)
+        except (InvalidArgument, ValueError, OverflowError, ArithmeticError) as exc:
+            log.warning("schedule %s: its occurrences stay (%s)", row["id"], reason(exc))
+            return 0
+        if not times:
+            return 0
+        keys = [occurrence_key(str(row["id"]), at) for at in times]
+        status = await conn.execute(q("delete_unfired_occurrences"), row["namespace"], keys)
+        return int(status.split()[-1])
 
     async def materialize(
         self,
@@ -225,6 +305,7 @@ class Schedules:
         lookahead: timedelta = timedelta(seconds=60),
         batch: int = 100,
         per_schedule: int = 1000,
+        charge: Charge | None = None,
     ) -> Materialized:
         """Create the tasks of due occurrences of schedules in owned partitions (fenced).
 
@@ -233,6 +314,10 @@ class Schedules:
         be read or materialised (a rule or a value no version accepts) is found by halving
         the batch, each try in a savepoint, and paused with the reason (``quarantined``);
         the others are materialised in the same pass.
+
+        With ``charge``, every occurrence is paid for from its namespace's quota as it is
+        made; what a namespace can pay is shared evenly among its due schedules (earliest
+        occurrences first), and a schedule it cannot pay for stays where it is (``unpaid``).
         """
         done = Materialized()
         if not owned:
@@ -247,6 +332,7 @@ class Schedules:
             except POISON:
                 ids = await conn.fetch(q("due_schedule_ids"), *fences, now + lookahead, batch)
                 due_rows = [(r["id"], None) for r in ids]
+            shares = _Shares(charge, [row for _id, row in due_rows if row is not None])
 
             async def write(chunk: Sequence[tuple[Any, Any]]) -> None:
                 counts = Materialized()
@@ -254,10 +340,18 @@ class Schedules:
                     for schedule_id, row in chunk:
                         if row is None:
                             row = await conn.fetchrow(q("schedule_by_id"), schedule_id)
-                        if row is not None:
-                            await self._materialize_one(
-                                conn, row, now, lookahead, per_schedule, counts
-                            )
+                        if row is None:
+                            continue
+                        allowed = shares.of(row["namespace"], per_schedule)
+                        if allowed < 1:
+                            counts.unpaid += 1
+                            continue
+                        made = await self._materialize_one(
+                            conn, row, now, lookahead, allowed, counts
+                        )
+                        # Paid at once: a savepoint tried again after a bad row pays twice
+                        # (more than the quota is never made).
+                        shares.paid(row["namespace"], made)
                 done.add(counts)
 
             async def poisoned(item: tuple[Any, Any], exc: BaseException) -> None:
@@ -278,8 +372,9 @@ class Schedules:
         lookahead: timedelta,
         per_schedule: int,
         counts: Materialized,
-    ) -> None:
-        """Create one schedule's due occurrences and move it on; raises on a bad row."""
+    ) -> int:
+        """Create one schedule's due occurrences and move it on (how many it made); raises
+        on a bad row."""
         plan = due(
             check(_rule(row)),
             row["next_fire_at"],
@@ -303,6 +398,7 @@ class Schedules:
         counts.created += len(plan.create)
         counts.skipped += plan.skipped
         counts.schedules += 1
+        return len(plan.create)
 
     def _task_spec(self, row: Any, at: datetime) -> TaskSpec:
         """An occurrence as a task. Durations are saturated into the node's limits, so a

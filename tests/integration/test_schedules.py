@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -223,3 +224,71 @@ async def test_schedule_cli(node: Node) -> None:
     assert both.exit_code == 2 and "exactly one" in both.output
     deleted: Any = await runner.invoke(app, ["schedule", "delete", "hourly", *base])
     assert deleted.exit_code == 0
+
+
+async def _waiting(store: Store, queue: str) -> int:
+    async with store.pool.acquire() as conn:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM tasks WHERE queue = $1 AND state = 0", queue
+            )
+        )
+
+
+async def test_pause_and_delete_remove_unfired_occurrences_and_resume_makes_them_again(
+    node: Node, client: Client, clock: ManualClock, store: Store
+) -> None:
+    await client.create_schedule("r", "removed", every=timedelta(seconds=10), start_at=clock.now())
+    await pump(node)
+    assert await _waiting(store, "removed") == 6  # +10 .. +60 s; the one due now is READY
+    await client.pause_schedule("r")
+    assert await _waiting(store, "removed") == 0
+    assert len(await occurrences(store, "removed")) == 1  # what fired stays
+    await pump(node)
+    assert await _waiting(store, "removed") == 0  # paused: nothing made again
+    await client.resume_schedule("r")
+    await pump(node)
+    assert await _waiting(store, "removed") == 6  # the same times, made again
+    async with store.pool.acquire() as conn:  # one has fired and waits for its retry
+        await conn.execute(
+            "UPDATE tasks SET attempt = 1, fired_at = $1 WHERE id = (SELECT id FROM tasks "
+            "WHERE queue = 'removed' AND state = 0 ORDER BY run_at LIMIT 1)",
+            clock.now(),
+        )
+    await client.delete_schedule("r")
+    async with store.pool.acquire() as conn:
+        left = await conn.fetch("SELECT attempt FROM tasks WHERE queue = 'removed' AND state = 0")
+    assert [r["attempt"] for r in left] == [1]  # the retry is a task that ran: it stays
+
+
+async def test_schedule_churn_makes_no_more_than_the_submit_quota(
+    make_node: NodeFactory, clock: ManualClock, store: Store
+) -> None:
+    """The attack: create schedules up to the quota's reservation, let the owner make their
+    occurrences, delete them, again. Each round would make 20 x 6 tasks uncharged (2,648/s
+    against 100/s before); paid from the namespace's bucket it makes the quota at most."""
+    quota = 20.0
+    node = await by_hand(
+        await make_node(clock=clock, schedule_interval=BY_HAND, submit_quota=quota)
+    )
+    assert node.pump is not None
+    created = rounds = 0
+    async with Client(node.address, namespace="churn", timeout=10) as client:
+        started = time.monotonic()
+        while time.monotonic() - started < 3.0:
+            names = [f"s{rounds}-{i}" for i in range(20)]
+            for name in names:
+                await client.create_schedule(
+                    name, "churn", every=timedelta(seconds=1), start_at=clock.now()
+                )
+            created += (await node.pump.pump()).created
+            for name in names:
+                await client.delete_schedule(name)
+            rounds += 1
+        elapsed = time.monotonic() - started
+    assert rounds * 20 * 6 > 3 * (quota * elapsed + quota)  # the attack was a real one
+    assert 0 < created <= quota * elapsed + quota  # the rate and one burst at most
+    async with store.pool.acquire() as conn:
+        made = await conn.fetchval("SELECT count(*) FROM tasks WHERE namespace = 'churn'")
+    assert made <= quota * elapsed + quota
+    assert await _waiting(store, "churn") == 0  # what had not fired went with its schedule

@@ -59,3 +59,13 @@ def test_two_schedules_at_half_the_interval_reserve_one_at_the_interval(ms: int)
     anchor = datetime(2030, 1, 1, tzinfo=UTC)
     one = schedule_rate(Every(timedelta(milliseconds=2 * ms), anchor))
     assert math.isclose(2 * one, schedule_rate(Every(timedelta(milliseconds=ms), anchor)))
+
+
+def test_available_counts_whole_tokens_and_refills() -> None:
+    from chronoq.ratelimit import Quotas
+
+    quotas = Quotas(rate=10, burst=10)
+    assert quotas.available("ns", 0.0) == 10  # a new namespace: the full burst
+    assert quotas.take("ns", 10, 0.0) is None
+    assert quotas.available("ns", 0.0) == 0
+    assert quotas.available("ns", 0.25) == 2  # 2.5 tokens: two whole occurrences
