@@ -3,8 +3,10 @@ blackhole proxies, so each node can be cut off alone.
 
 Each node gets one proxy per etcd member and one to PostgreSQL (through the cluster's
 ``node_args`` hook); the harness itself, the observer and the workers talk to the servers
-directly. A clock jump restarts the node with ``--clock-offset-ms``. Everything is stopped by
-PID in ``stop()``.
+directly. A clock jump restarts the node with ``--clock-offset-ms``; a clock drift rewrites the
+offset file each node follows (``--clock-offset-file``), without a restart. For the disk-full
+fault, PostgreSQL's data directory is a size-capped filesystem (``disk.py``). Everything is
+stopped by PID in ``stop()``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ import signal
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from chronoq.chaos.faults import ALL_KINDS, STORE_HA_KINDS, FaultKind
+from chronoq.chaos.disk import CappedDisk
+from chronoq.chaos.faults import ALL_KINDS, SINGLE_STORE_KINDS, STORE_HA_KINDS, FaultKind
 from chronoq.chaos.proxy import Blackhole, ProxyHub
+from chronoq.chaos.shaping import LinkShape
 from chronoq.coordinator.settings import EtcdSettings
 from chronoq.embedded.etcd import EmbeddedEtcd
 from chronoq.embedded.ha import PatroniCluster
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 CLOCK_FLAG = "--clock-offset-ms"
+CLOCK_FILE_FLAG = "--clock-offset-file"
 
 
 class LocalBackend:
@@ -31,14 +36,24 @@ class LocalBackend:
     name = "local"
     supported: frozenset[FaultKind] = frozenset(ALL_KINDS)
 
-    def __init__(self, workdir: Path, spec: ClusterSpec, *, pg_members: int = 1) -> None:
+    def __init__(
+        self, workdir: Path, spec: ClusterSpec, *, pg_members: int = 1, capped_disk_mb: int = 0
+    ) -> None:
         """``pg_members`` > 1: PostgreSQL members under Patroni on the cluster's etcd (the
-        store faults replace restart-postgres)."""
+        store faults replace restart-postgres and disk-full). ``capped_disk_mb``: the single
+        PostgreSQL's data directory on a filesystem of that size (the disk-full fault)."""
         self.spec = spec
+        self.workdir = workdir
         self.hub = ProxyHub()
         self.proxies: dict[str, dict[str, list[Blackhole]]] = {}
         self.ha: PatroniCluster | None = None
         self._etcd: EmbeddedEtcd | None = None
+        #: Fault kinds this run cannot inject after all, with the reason (found at start).
+        self.skipped: dict[FaultKind, str] = {}
+        self.disk: CappedDisk | None = None
+        if capped_disk_mb and pg_members <= 1:
+            self.disk = CappedDisk(workdir / "postgres", capped_disk_mb)
+        self._resets_before: dict[str, int] = {}
         if pg_members > 1:
             self._etcd = EmbeddedEtcd(
                 workdir / "etcd", members=spec.etcd_members, durable=spec.durable
@@ -47,9 +62,7 @@ class LocalBackend:
                 workdir / "pg", self._etcd.endpoints, members=pg_members,
                 etcd_auth=self._etcd.patroni_auth(),
             )  # fmt: skip
-            self.supported = frozenset(
-                {*ALL_KINDS, *STORE_HA_KINDS} - {FaultKind.RESTART_POSTGRES}
-            )
+            self.supported = frozenset({*ALL_KINDS, *STORE_HA_KINDS} - set(SINGLE_STORE_KINDS))
             self.cluster = LocalCluster(
                 workdir, spec, etcd=self._etcd, dsn=self.ha.dsn_for(spec.database),
                 node_args=self._node_args,
@@ -65,6 +78,12 @@ class LocalBackend:
                 self._etcd.start()
                 self.ha.start(timeout=180)
                 self.ha.ensure_database(self.spec.database)
+            if self.disk is not None:
+                why = self.disk.mount()
+                if why is not None:
+                    self.skipped[FaultKind.DISK_FULL] = why
+                    self.supported = self.supported - {FaultKind.DISK_FULL}
+                    self.disk = None
             self.cluster.start()
         except BaseException:
             self._stop_store()
@@ -76,6 +95,10 @@ class LocalBackend:
             self.ha.stop()
         if self._etcd is not None:
             self._etcd.stop()
+        if self.disk is not None:
+            if self.cluster.postgres is not None:
+                self.cluster.postgres.stop()  # it must let go of the filesystem first
+            self.disk.unmount()
 
     def stop(self) -> None:
         try:
@@ -131,7 +154,10 @@ class LocalBackend:
         out = list(args)
         out[out.index("--dsn") + 1] = dsn
         out[out.index("--etcd") + 1] = ",".join(p.address for p in etcd)
-        return out
+        return [*out, CLOCK_FILE_FLAG, str(self._clock_file(node_id))]
+
+    def _clock_file(self, node_id: str) -> Path:
+        return self.workdir / f"{node_id}.clock-offset"
 
     # ------------------------------------------------------------------ nodes
 
@@ -164,6 +190,13 @@ class LocalBackend:
         if offset_ms:
             self.cluster.wait_answering(node)
 
+    def drift_clock(self, node_id: str, offset_ms: int) -> None:
+        """Set the offset the node's clock follows (it rereads the file within 100 ms)."""
+        path = self._clock_file(node_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{offset_ms}\n")
+        os.replace(tmp, path)  # the node never reads half a number
+
     # ------------------------------------------------------------------ etcd and PostgreSQL
 
     def etcd_size(self) -> int:
@@ -193,6 +226,22 @@ class LocalBackend:
         assert self.cluster.postgres is not None
         self.cluster.postgres.start(timeout=60)
 
+    def fill_disk(self) -> int:
+        if self.disk is None:
+            raise RuntimeError("PostgreSQL's data directory is not on a capped filesystem")
+        return self.disk.fill()
+
+    def free_disk(self) -> bool:
+        """Remove the ballast; start PostgreSQL again if the full disk took it down."""
+        if self.disk is None:
+            return False
+        self.disk.free()
+        pg = self.cluster.postgres
+        if pg is not None and pg.pid is None:
+            pg.start(timeout=60)
+            return True
+        return False
+
     # ------------------------------------------------------------------ network
 
     def cut(self, node_id: str, service: str) -> None:
@@ -203,9 +252,31 @@ class LocalBackend:
         for p in self.proxies[node_id][service]:
             p.heal()
 
-    def heal_all(self) -> None:
+    def shape_links(self, service: str, shape: LinkShape, seed: int) -> None:
+        """Make every node's links to ``service`` slow and lossy."""
+        links = [p for ps in self.proxies.values() for p in ps[service]]
+        self._resets_before[service] = sum(p.resets for p in links)
+        for p in links:
+            p.shape(shape, seed)
+
+    def unshape_links(self, service: str) -> int:
+        links = [p for ps in self.proxies.values() for p in ps[service]]
+        for p in links:
+            p.unshape()
+        return sum(p.resets for p in links) - self._resets_before.pop(service, 0)
+
+    def _undo_degradations(self) -> None:
+        """Links clean again, the disk's space back, every clock file at 0."""
         for p in self.hub.proxies:
             p.heal()
+            p.unshape()
+        if self.disk is not None:
+            self.disk.free()
+        for node_id in self.cluster.nodes:
+            self.drift_clock(node_id, 0)
+
+    def heal_all(self) -> None:
+        self._undo_degradations()
         assert self.cluster.etcd is not None
         for i, m in enumerate(self.cluster.etcd.members):
             if m.pid is None:

@@ -35,7 +35,11 @@ write itself (the client log, the workers' ledger, etcd's owner keys, the fault 
     starting tasks, whatever one node does.
 
 Clock jumps: a node measures its clock against the store's and stops firing while it is off
-by more than a small bound, so a jump of X costs no early run beyond that bound. Older
+by more than a small bound, so a jump of X costs no early run beyond that bound. A clock that
+drifts crosses the bound between two measurements, so the node may fire until its next one
+acts: an early run during a drift is excused up to the bound plus what the drift adds in a
+measurement interval and a second (``Drift.excusable_ms``); what that node wrote as
+``fired_at`` is corrected by the drift's offset at that time. Older
 histories came from nodes that trusted their clock (a node X ahead ran tasks up to X early,
 one X behind fired up to X late): the checker holds them to that (an early run beyond X, or
 a gap beyond the bound plus X, still fails), and corrects the ``fired_at`` such a node wrote
@@ -53,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chronoq import stats
+from chronoq.chaos.drift import Drift
 from chronoq.chaos.history import (
     ACCEPTED,
     AMBIGUOUS,
@@ -78,15 +83,21 @@ NODE_FREEZES = frozenset({"freeze-node", "freeze-node-past-ttl", "pause-node"})
 FAILOVER = frozenset({"kill-node", "cut-node-etcd", "cut-node-postgres"}) | NODE_FREEZES
 # Faults after which workers must keep starting tasks: the other nodes still fire.
 EXEC_GAP_BOUNDED = frozenset({"kill-node"}) | NODE_FREEZES
-GRACEFUL = frozenset({"clock-jump", "rolling-restart"})
+GRACEFUL = frozenset({"clock-jump", "rolling-restart", "clock-drift"})
 # A replicated store's faults (chronoq.embedded.ha): like restart-postgres, nobody can take
 # over while the store fails over, and an ack that did not reach it may repeat a task.
 STORE_FAILOVER = frozenset({"kill-pg-primary", "kill-pg-member", "switchover", "kill-pg-standby"})
-INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader"}) | STORE_FAILOVER
+# A full disk under PostgreSQL: writes fail until space returns; nobody can take over.
+INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader", "disk-full"}) \
+    | STORE_FAILOVER
 WORKER = frozenset({"kill-worker", "pause-worker"})
+# Every node's links slow and lossy (target "all nodes"): a reset PostgreSQL connection
+# loses a heartbeat or the answer to a commit, as a restart does; etcd links explain none.
+SLOW_STORE_LINKS = frozenset({"slow-links-postgres"})
 # Faults that can make a task run twice without targeting its worker: a heartbeat or an
 # acknowledgement that did not reach the store, so the lease expired.
-DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres"}) | STORE_FAILOVER
+DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres", "disk-full"}) \
+    | STORE_FAILOVER | SLOW_STORE_LINKS
 NOT_OWNER = frozenset({"submit", "retry", "requeue"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED"})
 US = 1_000_000
@@ -251,6 +262,39 @@ def _clock_faults(history: History) -> list[FaultRecord]:
     return [f for f in history.faults if f.kind == "clock-jump" and "offset_ms" in f.detail]
 
 
+def _drift_of(fault: FaultRecord) -> Drift | None:
+    """The drift a clock-drift fault played (None for other faults, or an old record)."""
+    d = fault.detail
+    if fault.kind != "clock-drift" or not {"peak_ms", "rise_s", "fall_s"} <= d.keys():
+        return None
+    return Drift(int(d["peak_ms"]), rise_s=float(d["rise_s"]), fall_s=float(d["fall_s"]))
+
+
+def _drifts(history: History) -> list[tuple[FaultRecord, Drift]]:
+    return [(f, d) for f in history.faults if (d := _drift_of(f)) is not None]
+
+
+def _drift_excusable_ms(fault: FaultRecord, drift: Drift, checked: int | None) -> float:
+    return drift.excusable_ms(checked, float(fault.detail.get("check_interval_s", 2.0)))
+
+
+def drift_correction(row: TaskRow, drifts: Sequence[tuple[FaultRecord, Drift]]) -> int:
+    """µs that a drifting node's clock was ahead when it wrote ``row.fired_at``."""
+    if row.fired_at_us is None:
+        return 0
+    for f, d in drifts:
+        if row.fired_by != f.target:
+            continue
+        written = (row.fired_at_us - f.start_us) / US  # by the node's clock
+        if not 0 < written < d.duration_s + abs(d.peak_ms) / 1000:
+            continue
+        offset = d.offset_ms(written)
+        for _ in range(3):  # real = written - offset(real): a few fixed-point steps
+            offset = d.offset_ms(written - offset / 1000)
+        return round(offset * 1000)
+    return 0
+
+
 def skewed_tokens(history: History) -> dict[tuple[int, int], int]:
     """(partition, token) → the clock offset (µs) of the node that fired with it.
 
@@ -277,13 +321,17 @@ def skewed_tokens(history: History) -> dict[tuple[int, int], int]:
     return out
 
 
-def real_fired_at(row: TaskRow, skew: dict[tuple[int, int], int]) -> int | None:
+def real_fired_at(
+    row: TaskRow, skew: dict[tuple[int, int], int],
+    drifts: Sequence[tuple[FaultRecord, Drift]] = (),
+) -> int | None:
     """``fired_at`` corrected for an injected clock offset of the node that wrote it."""
     if row.fired_at_us is None:
         return None
     if row.fire_token is None:
         return row.fired_at_us
-    return row.fired_at_us - skew.get((row.partition, row.fire_token), 0)
+    fixed = skew.get((row.partition, row.fire_token), 0)
+    return row.fired_at_us - fixed - drift_correction(row, drifts)
 
 
 def _excusable_ms(fault: FaultRecord, checked: int | None) -> int:
@@ -302,6 +350,7 @@ def check_none_early(
     slack = round(p.explain_slack_s * US)
     planned = {rows[s.key].id: s.run_at_us for s in history.submits if s.key in rows}
     clocks = _clock_faults(history)
+    drifts = [(f, d) for f, d in _drifts(history) if d.peak_ms > 0]
     checked = history.meta.get("max_clock_offset_ms")  # None: nodes trusted their clocks
     excused = bad = 0
     for x in history.executions:
@@ -312,7 +361,10 @@ def check_none_early(
         ahead = [f for f in clocks if int(f.detail["offset_ms"]) > 0
                  and f.start_us - slack <= x.start_us <= f.end_us + slack
                  and early <= _excusable_ms(f, checked) * 1000 + tol]
-        if ahead:
+        drifting = [f for f, d in drifts
+                    if f.start_us - slack <= x.start_us <= f.end_us + slack
+                    and early <= _drift_excusable_ms(f, d, checked) * 1000 + tol]
+        if ahead or drifting:
             excused += 1
             continue
         bad += 1
@@ -394,8 +446,10 @@ def check_gaps(history: History, v: Verdict) -> None:
     p = history.params
     owners = Owners(history.owners)
     skew = skewed_tokens(history)
+    drifts = _drifts(history)
+    checked = history.meta.get("max_clock_offset_ms")
     tick = round(p.tick_s * US)
-    fires = [(r, real_fired_at(r, skew)) for r in history.tasks
+    fires = [(r, real_fired_at(r, skew, drifts)) for r in history.tasks
              if r.fire_token is not None and r.fired_by not in NOT_OWNER]
     everything = set(range(p.partitions))
     for i, f in enumerate(history.faults):
@@ -409,6 +463,9 @@ def check_gaps(history: History, v: Verdict) -> None:
             parts, since = owners.of(f.target, f.start_us, p.partitions), 0
         # A node whose clock is behind fires that much late by design (it trusts its clock).
         behind = max(0, -int(f.detail.get("offset_ms", 0))) / 1000
+        drift = _drift_of(f)
+        if drift is not None and drift.peak_ms < 0:  # as far behind as it may fire
+            behind = _drift_excusable_ms(f, drift, checked) / 1000
         bound = p.lease_ttl_s + p.tick_s + p.failover_slack_s + behind
         late = [
             max(0, fired - max(r.run_at_us, since)) / US
@@ -480,12 +537,13 @@ def check_execution_gaps(history: History, v: Verdict) -> None:
 def check_fencing(history: History, v: Verdict) -> int:
     """Returns how many (partition, token) pairs etcd's record could not confirm."""
     skew = skewed_tokens(history)
+    drifts = _drifts(history)
     issued: dict[tuple[int, int], str] = {
         (e.partition, e.token): e.owner
         for e in history.owners if e.owner is not None and e.token is not None
     }
     fires = sorted(
-        ((r.partition, real_fired_at(r, skew) or 0, r) for r in history.tasks
+        ((r.partition, real_fired_at(r, skew, drifts) or 0, r) for r in history.tasks
          if r.fire_token is not None and r.fired_by not in NOT_OWNER),
         key=lambda t: (t[0], t[1]),
     )
@@ -527,14 +585,43 @@ def check_fencing(history: History, v: Verdict) -> int:
 def fire_lateness(history: History) -> list[tuple[int, float]]:
     """(run_at, seconds late) of every task an owner fired."""
     skew = skewed_tokens(history)
+    drifts = _drifts(history)
     out = []
     for r in history.tasks:
         if r.fire_token is None or r.fired_by in NOT_OWNER:
             continue
-        fired = real_fired_at(r, skew)
+        fired = real_fired_at(r, skew, drifts)
         if fired is not None:
             out.append((r.run_at_us, (fired - r.run_at_us) / US))
     return sorted(out)
+
+
+def fault_effects(history: History) -> list[dict[str, Any]]:
+    """What each fault did to the clients and to firing (figures, not checks): the tasks
+    submitted during it, how many needed more than one call or stayed ambiguous (with the
+    first error a client was told), how soon after the fault a submit was accepted again, and
+    the firing lateness of the tasks due during it."""
+    late = fire_lateness(history)
+    runs_at = [t for t, _ in late]
+    out = []
+    for f in history.faults:
+        sent = [x for x in history.submits if f.start_us <= x.sent_us <= f.end_us]
+        retried = [x for x in sent if x.calls > 1]
+        after = [x.answered_us for x in history.submits
+                 if x.outcome == ACCEPTED and x.answered_us >= f.end_us]
+        lo, hi = bisect.bisect_left(runs_at, f.start_us), bisect.bisect_right(runs_at, f.end_us)
+        due = [s for _t, s in late[lo:hi]]
+        out.append({
+            "kind": f.kind, "target": f.target,
+            "tasks_submitted": len(sent), "tasks_retried": len(retried),
+            "tasks_ambiguous": sum(1 for x in sent if x.outcome == AMBIGUOUS),
+            "first_error": next((x.error[:160] for x in retried if x.error), ""),
+            "accepted_again_after_s": (min(after) - f.end_us) / US if after else None,
+            "due": len(due),
+            "fire_lateness_p99_s": stats.percentile(due, 99),
+            "fire_lateness_max_s": max(due) if due else None,
+        })
+    return out
 
 
 def _figures(
@@ -586,4 +673,5 @@ def _figures(
         "run_lateness_p99_s": stats.percentile(exec_late, 99),
         "tokens_unverified": unverified,
         "violations": len(v.violations),
+        "fault_effects": fault_effects(history),
     }

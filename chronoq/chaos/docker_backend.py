@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from chronoq.chaos.faults import FaultKind
+from chronoq.chaos.shaping import LinkShape
 from chronoq.coordinator.settings import EtcdSettings
 from chronoq.errors import ChronoqError, ConfigError
 
@@ -191,6 +192,21 @@ class DockerBackend:
 
     def heal(self, node_id: str, service: str) -> None:
         raise NotImplementedError("network cuts need the local backend")
+
+    def shape_links(self, service: str, shape: LinkShape, seed: int) -> None:
+        raise NotImplementedError("slow links need the local backend's proxies")
+
+    def unshape_links(self, service: str) -> int:
+        raise NotImplementedError("slow links need the local backend's proxies")
+
+    def drift_clock(self, node_id: str, offset_ms: int) -> None:
+        raise NotImplementedError("clock drifts need the local backend")
+
+    def fill_disk(self) -> int:
+        raise NotImplementedError("disk-full needs the local backend's capped filesystem")
+
+    def free_disk(self) -> bool:
+        raise NotImplementedError("disk-full needs the local backend's capped filesystem")
 
     def heal_all(self) -> None:
         for s in [self.postgres_service, *self.etcd_services, *self.node_services]:

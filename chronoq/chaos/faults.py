@@ -17,13 +17,17 @@ import logging
 import random
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from chronoq.chaos.drift import Drift
 from chronoq.chaos.history import FaultRecord
 from chronoq.chaos.ledger import now_us
+from chronoq.chaos.shaping import LinkShape
 from chronoq.chaos.worker import WorkerPool
+from chronoq.node.clock_check import CLOCK_CHECK_INTERVAL
 
 log = logging.getLogger("chronoq.chaos")
 
@@ -41,6 +45,10 @@ class FaultKind(enum.StrEnum):
     CUT_NODE_POSTGRES = "cut-node-postgres"  # blackhole one node's PostgreSQL traffic
     CLOCK_JUMP = "clock-jump"  # restart one node with its clock ahead or behind
     ROLLING_RESTART = "rolling-restart"  # graceful restart of every node, one by one
+    DISK_FULL = "disk-full"  # fill PostgreSQL's (size-capped) filesystem, hold, free it
+    SLOW_LINKS_ETCD = "slow-links-etcd"  # every node's etcd links slow and lossy
+    SLOW_LINKS_POSTGRES = "slow-links-postgres"  # every node's PostgreSQL links slow and lossy
+    CLOCK_DRIFT = "clock-drift"  # one node's clock drifts away and back, without a restart
     # A replicated store (--pg-members > 1, PostgreSQL members under Patroni):
     KILL_PG_PRIMARY = "kill-pg-primary"  # SIGKILL the primary's postmaster; Patroni restarts it
     KILL_PG_MEMBER = "kill-pg-member"  # SIGKILL the primary's Patroni and postgres; restart later
@@ -57,6 +65,8 @@ STORE_HA_KINDS = (
     FaultKind.KILL_PG_STANDBY,
 )
 ALL_KINDS = tuple(k for k in FaultKind if k not in STORE_HA_KINDS)
+#: Faults that need the single embedded PostgreSQL (its process or its filesystem).
+SINGLE_STORE_KINDS = (FaultKind.RESTART_POSTGRES, FaultKind.DISK_FULL)
 #: Former names, still accepted on the command line (histories keep the name they ran with).
 ALIASES = {"pause-node": FaultKind.FREEZE_NODE_PAST_TTL}
 #: A freeze shorter than the lease TTL, as a fraction of it: keepalives go every third of the
@@ -71,6 +81,9 @@ OVERHEAD: dict[FaultKind, float] = {
     FaultKind.KILL_ETCD_LEADER: 2.0, FaultKind.RESTART_POSTGRES: 3.0,
     FaultKind.CUT_NODE_ETCD: 0.5, FaultKind.CUT_NODE_POSTGRES: 0.5,
     FaultKind.CLOCK_JUMP: 6.0, FaultKind.ROLLING_RESTART: 9.0,
+    FaultKind.DISK_FULL: 3.0,  # freeing the space, maybe a PostgreSQL start
+    FaultKind.SLOW_LINKS_ETCD: 1.0, FaultKind.SLOW_LINKS_POSTGRES: 1.0,  # delayed bytes land
+    FaultKind.CLOCK_DRIFT: 3.0,  # the node measures its clock right again and rejoins
     # Patroni: crash recovery (2-10 s), a member's restart from its data (10-30 s), a
     # switchover (4-20 s), as seen on a loaded 2-core machine; then the nodes rejoin.
     FaultKind.KILL_PG_PRIMARY: 15.0, FaultKind.KILL_PG_MEMBER: 35.0,
@@ -82,6 +95,18 @@ PATRONI_TTL_S = 20.0
 #: Seconds before asking Patroni for a writable primary after a store fault: it acts on its
 #: next loop (1 s), and until then reports the roles of before the fault.
 NOTICE_S = 1.5
+#: clock-drift: the peak offset (past the nodes' 500 ms bound, so the check must act), the
+#: share of the hold spent drifting away (the rest slews back), and how often the offset file
+#: is rewritten (each step moves the clock by rate x step: 5 ms at the default 50 ms/s).
+DRIFT_PEAK_MS = 1000
+DRIFT_RISE_SHARE = 2 / 3
+DRIFT_STEP_S = 0.1
+#: disk-full: how often a probe submit asks a node while the disk is full, and how long after
+#: it a submit must be accepted again (it is recorded, not enforced: the checker judges).
+PROBE_EVERY_S = 0.5
+RESUME_WAIT_S = 60.0
+#: slow-links-*: how bad the links get (see ``LinkShape``).
+SLOW_LINK = LinkShape()
 
 
 def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, float]:
@@ -100,6 +125,10 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
         FaultKind.CUT_NODE_POSTGRES: lease_ttl + 2.0,
         FaultKind.CLOCK_JUMP: 6.0,
         FaultKind.ROLLING_RESTART: 0.0,
+        FaultKind.DISK_FULL: 8.0,
+        FaultKind.SLOW_LINKS_ETCD: 12.0,
+        FaultKind.SLOW_LINKS_POSTGRES: 12.0,
+        FaultKind.CLOCK_DRIFT: 30.0,  # 20 s away at 50 ms/s, 10 s back
         FaultKind.KILL_PG_PRIMARY: 0.0,  # Patroni restarts it at once
         FaultKind.KILL_PG_MEMBER: PATRONI_TTL_S + 2.0,
         FaultKind.SWITCHOVER: 0.0,
@@ -110,10 +139,11 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
 def parse_kinds(text: str, *, replicated: bool = False) -> list[FaultKind]:
     """``kill-node,freeze-node`` (or ``all``) as fault kinds; ValueError names a bad one.
 
-    ``replicated``: the store is PostgreSQL under Patroni; ``all`` then has its faults."""
+    ``replicated``: the store is PostgreSQL under Patroni; ``all`` then has its faults in
+    place of those of a single server."""
     if text.strip() == "all":
         if replicated:
-            single = [k for k in ALL_KINDS if k is not FaultKind.RESTART_POSTGRES]
+            single = [k for k in ALL_KINDS if k not in SINGLE_STORE_KINDS]
             return [*single, *STORE_HA_KINDS]
         return list(ALL_KINDS)
     kinds = []
@@ -135,7 +165,7 @@ class PlannedFault:
     kind: FaultKind
     pick: int  # chooses the target among the candidates at injection time
     hold: float
-    variant: str = ""  # restart-postgres: crash|clean; clock-jump: +|-
+    variant: str = ""  # restart-postgres: crash|clean; clock-jump, clock-drift: +|-
 
 
 def schedule(
@@ -167,7 +197,7 @@ def schedule(
         variant = ""
         if kind is FaultKind.RESTART_POSTGRES:
             variant = rng.choice(["crash", "clean"])
-        elif kind is FaultKind.CLOCK_JUMP:
+        elif kind in (FaultKind.CLOCK_JUMP, FaultKind.CLOCK_DRIFT):
             variant = rng.choice(["+", "-"])
         out.append(PlannedFault(round(at, 3), kind, rng.randrange(1 << 30), hold, variant))
         at += hold + OVERHEAD[kind] + rng.uniform(*gap)
@@ -197,6 +227,11 @@ class FaultTarget(Protocol):
     def start_postgres(self) -> None: ...
     def cut(self, node_id: str, service: str) -> None: ...  # service: etcd | postgres
     def heal(self, node_id: str, service: str) -> None: ...
+    def shape_links(self, service: str, shape: LinkShape, seed: int) -> None: ...  # every node
+    def unshape_links(self, service: str) -> int: ...  # connections reset since shape_links
+    def drift_clock(self, node_id: str, offset_ms: int) -> None: ...  # no restart
+    def fill_disk(self) -> int: ...  # the ballast's bytes: the store's filesystem is full
+    def free_disk(self) -> bool: ...  # whether PostgreSQL had to be started again
     def heal_all(self) -> None: ...
 
 
@@ -223,6 +258,8 @@ class Injector:
     clock_jump_ms: int = 3000
     records: list[FaultRecord] = field(default_factory=list)
     store: StoreFailoverTarget | None = None
+    #: One submit, one call, no retry: (code, message) as a node answers it (disk-full).
+    probe: Callable[[], Awaitable[tuple[str, str]]] | None = None
 
     async def run(self, plan: Sequence[PlannedFault], started: float, stop: asyncio.Event) -> None:
         """Inject each planned fault at its time (``started`` is a monotonic instant)."""
@@ -266,6 +303,10 @@ class Injector:
             FaultKind.CUT_NODE_POSTGRES: self._cut,
             FaultKind.CLOCK_JUMP: self._clock_jump,
             FaultKind.ROLLING_RESTART: self._rolling_restart,
+            FaultKind.DISK_FULL: self._disk_full,
+            FaultKind.SLOW_LINKS_ETCD: self._slow_links,
+            FaultKind.SLOW_LINKS_POSTGRES: self._slow_links,
+            FaultKind.CLOCK_DRIFT: self._clock_drift,
             FaultKind.KILL_PG_PRIMARY: self._store_fault,
             FaultKind.KILL_PG_MEMBER: self._store_fault,
             FaultKind.SWITCHOVER: self._store_fault,
@@ -369,6 +410,66 @@ class Injector:
         await asyncio.sleep(pf.hold)
         await asyncio.to_thread(self.target.set_clock, node, 0)
         return node
+
+    async def _clock_drift(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        """Move one node's clock away and back a step at a time, without restarting it."""
+        node = self._node(pf)
+        rise = pf.hold * DRIFT_RISE_SHARE
+        peak = -DRIFT_PEAK_MS if pf.variant == "-" else DRIFT_PEAK_MS
+        drift = Drift(peak, rise_s=rise, fall_s=pf.hold - rise)
+        detail.update(target=node, peak_ms=peak, rise_s=drift.rise_s, fall_s=drift.fall_s,
+                      check_interval_s=CLOCK_CHECK_INTERVAL.total_seconds())
+        started = time.monotonic()
+        detail["start_us"] = now_us()
+        try:
+            while (elapsed := time.monotonic() - started) < drift.duration_s:
+                self.target.drift_clock(node, round(drift.offset_ms(elapsed)))
+                await asyncio.sleep(DRIFT_STEP_S)
+        finally:
+            self.target.drift_clock(node, 0)
+        return node
+
+    async def _slow_links(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        """Every node's links to etcd or PostgreSQL slow and lossy for the hold."""
+        service = "etcd" if pf.kind is FaultKind.SLOW_LINKS_ETCD else "postgres"
+        shape = SLOW_LINK
+        detail.update(target="all nodes", latency_ms=shape.latency_s * 1000,
+                      jitter_ms=shape.jitter_s * 1000,
+                      bandwidth_kib_s=shape.bandwidth_bps / 1024,
+                      mean_life_s=shape.mean_life_s)
+        self.target.shape_links(service, shape, pf.pick)
+        try:
+            await asyncio.sleep(pf.hold)
+        finally:
+            detail["resets"] = self.target.unshape_links(service)
+        return "all nodes"
+
+    async def _disk_full(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        """Fill the store's filesystem with a ballast file, hold, remove it. Meanwhile probe
+        submits record what a node answers; after it, how soon a submit is accepted again."""
+        detail["target"] = "postgres"
+        answers: Counter[str] = Counter()
+        try:
+            detail["ballast_bytes"] = await asyncio.to_thread(self.target.fill_disk)
+            held = time.monotonic() + pf.hold
+            while (left := held - time.monotonic()) > 0:
+                if self.probe is not None:
+                    code, message = await self.probe()
+                    answers[code] += 1
+                    if code != "OK" and "first_refusal" not in detail:
+                        detail["first_refusal"] = f"{code}: {message[:200]}"
+                await asyncio.sleep(min(left, PROBE_EVERY_S))
+        finally:
+            detail["postgres_restarted"] = await asyncio.to_thread(self.target.free_disk)
+        detail["probes_during"] = dict(answers)
+        freed = time.monotonic()
+        if self.probe is not None:
+            for _ in range(int(RESUME_WAIT_S / PROBE_EVERY_S)):  # bounded
+                if (await self.probe())[0] == "OK":
+                    detail["accepted_again_after_s"] = round(time.monotonic() - freed, 3)
+                    break
+                await asyncio.sleep(PROBE_EVERY_S)
+        return "postgres"
 
     async def _rolling_restart(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
         for node in list(self.target.node_ids):

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,7 +49,8 @@ DEFAULT_FAULTS = (
     FaultKind.KILL_WORKER, FaultKind.PAUSE_WORKER,
     FaultKind.KILL_ETCD_MEMBER, FaultKind.KILL_ETCD_LEADER, FaultKind.RESTART_POSTGRES,
     FaultKind.CUT_NODE_ETCD, FaultKind.CUT_NODE_POSTGRES, FaultKind.CLOCK_JUMP,
-    FaultKind.ROLLING_RESTART,
+    FaultKind.ROLLING_RESTART, FaultKind.DISK_FULL, FaultKind.SLOW_LINKS_ETCD,
+    FaultKind.SLOW_LINKS_POSTGRES, FaultKind.CLOCK_DRIFT,
 )
 MAX_CLOCK_OFFSET_MS = 500  # NodeSettings.max_clock_offset's default
 
@@ -75,6 +76,7 @@ class ChaosOptions:
     cluster: str = "chaos"  # the etcd key prefix (a docker deployment's --cluster)
     docker_services: dict[str, Any] = field(default_factory=dict)  # see docker_backend
     pg_members: int = 1  # local: >1 runs PostgreSQL members under Patroni (store faults)
+    holds: Mapping[FaultKind, float] = field(default_factory=dict)  # over default_holds
 
 
 class Backend(FaultTarget, Protocol):
@@ -98,14 +100,19 @@ def make_backend(opts: ChaosOptions, workdir: Path) -> Backend:
 
         return DockerBackend(**opts.docker_services)
     from chronoq.chaos.backend import LocalBackend
+    from chronoq.chaos.disk import CAPPED_DISK_MB, MAX_WAL_SIZE
     from chronoq.local.cluster import ClusterSpec
 
+    # disk-full: PostgreSQL on a size-capped filesystem, its WAL kept to fit on it.
+    capped = FaultKind.DISK_FULL in opts.faults and opts.pg_members <= 1
     spec = ClusterSpec(
         nodes=opts.nodes, etcd_members=opts.etcd_members, partitions=opts.partitions,
         lease_ttl=opts.lease_ttl, tick_ms=opts.tick_ms, cluster=opts.cluster,
         durable=True,  # durable=False loses recent commits when PostgreSQL is killed
+        postgres_settings={"max_wal_size": MAX_WAL_SIZE} if capped else {},
     )
-    return LocalBackend(workdir, spec, pg_members=opts.pg_members)
+    return LocalBackend(workdir, spec, pg_members=opts.pg_members,
+                        capped_disk_mb=CAPPED_DISK_MB if capped else 0)
 
 
 class OwnerObserver:
@@ -241,20 +248,26 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
     submitter: Submitter | None = None
     await asyncio.to_thread(backend.start)
     try:
+        # A fault the backend found it cannot inject here (e.g. no capped disk without root).
+        skipped = {k.value: why for k, why in getattr(backend, "skipped", {}).items()
+                   if k in opts.faults}
+        for kind, why in skipped.items():
+            console.print(f"[yellow]skipped:[/yellow] {kind}: {why}")
+        kinds = [k for k in opts.faults if k.value not in skipped]
         pool = WorkerPool(backend.addresses, out / "ledger", out / "logs", count=opts.workers,
                           concurrency=opts.concurrency)
         pool.start_all()
         observer = OwnerObserver(backend.etcd_settings(opts.cluster))
         await observer.start()
         await observer.covered(opts.partitions, timeout=60)
-        holds = default_holds(opts.lease_ttl, LEASE_TIMEOUT.total_seconds())
-        plan = schedule(opts.faults, opts.duration, opts.seed, holds)
+        holds = {**default_holds(opts.lease_ttl, LEASE_TIMEOUT.total_seconds()), **opts.holds}
+        plan = schedule(kinds, opts.duration, opts.seed, holds)
         plans = plan_tasks(opts.seed, opts.duration, opts.rate)
         console.print(f"{len(plans)} tasks and {len(plan)} faults over {opts.duration:g} s "
                       f"(seed {opts.seed})")
         submitter = Submitter(backend.addresses, plans)
         injector = Injector(backend, pool, clock_jump_ms=opts.clock_jump_ms,
-                            store=getattr(backend, "ha", None))
+                            store=getattr(backend, "ha", None), probe=submitter.probe)
         t0, started = datetime.now(UTC), time.monotonic()
         stop = asyncio.Event()
         faults = asyncio.create_task(injector.run(plan, started, stop))
@@ -282,6 +295,7 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
                   "nodes": opts.nodes, "workers": opts.workers,
                   "etcd_members": opts.etcd_members, "backend": backend.name,
                   "faults_selected": [k.value for k in opts.faults],
+                  "faults_skipped": skipped,
                   # Nodes run with the default clock check: a jumped clock stops their firing.
                   "max_clock_offset_ms": MAX_CLOCK_OFFSET_MS,
                   "schedule": [(p.at, p.kind.value) for p in plan], "unfinished": left},

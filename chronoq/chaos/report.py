@@ -69,9 +69,10 @@ def summary_table(verdict: Verdict) -> Table:
 def faults_table(history: History, verdict: Verdict) -> Table:
     gaps = {g.fault: g for g in verdict.gaps}
     exec_gaps = {g.fault: g for g in verdict.exec_gaps}
+    effects = verdict.figures.get("fault_effects") or []
     table = Table(title="faults")
     for col in ("t (s)", "fault", "target", "lasted (s)", "failover gap (s)",
-                "execution gap (s)", "detail"):
+                "execution gap (s)", "effect", "detail"):
         table.add_column(col)
     for i, f in enumerate(history.faults):
         detail = {k: v for k, v in f.detail.items() if k != "hold_s"}
@@ -79,9 +80,20 @@ def faults_table(history: History, verdict: Verdict) -> Table:
             f"{(f.start_us - history.started_us) / US:.1f}", f.kind, f.target,
             f"{(f.end_us - f.start_us) / US:.1f}", _gap_cell(gaps.get(i)),
             _gap_cell(exec_gaps.get(i)),
+            _effect_cell(effects[i] if i < len(effects) else None),
             (f"[red]{f.error}[/red] " if f.error else "") + _fmt(detail),
         )
     return table
+
+
+def _effect_cell(e: dict[str, Any] | None) -> str:
+    """Submits retried of those sent during the fault, and the p99 lateness of what was due."""
+    if not e:
+        return "-"
+    cell = f"retried {e['tasks_retried']}/{e['tasks_submitted']}"
+    if e.get("fire_lateness_p99_s") is not None:
+        cell += f", late p99 {e['fire_lateness_p99_s']:.2f} s"
+    return cell
 
 
 def _gap_cell(g: Gap | ExecGap | None) -> str:
@@ -133,6 +145,8 @@ COLORS = {
     "kill-etcd-leader": "tab:green", "restart-postgres": "tab:brown",
     "cut-node-etcd": "tab:cyan", "cut-node-postgres": "tab:blue",
     "clock-jump": "gold", "rolling-restart": "tab:gray",
+    "disk-full": "saddlebrown", "slow-links-etcd": "lightseagreen",
+    "slow-links-postgres": "steelblue", "clock-drift": "khaki",
 }
 
 

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import grpc
+
 from chronoq import errors
+from chronoq.api.v1 import tasks_pb2, tasks_pb2_grpc
 from chronoq.chaos.history import (
     ACCEPTED,
     AMBIGUOUS,
@@ -33,6 +36,7 @@ from chronoq.chaos.ledger import now_us
 from chronoq.chaos.worker import QUEUE
 from chronoq.client import Client, NewTask
 from chronoq.client.pacing import pacer
+from chronoq.models import DEFAULT_NAMESPACE
 
 BATCH_EVERY = 0.2  # seconds between submit batches
 SUBMIT_TRIES = 8  # calls per batch (over all nodes) before it is recorded ambiguous
@@ -136,6 +140,11 @@ class Submitter:
         self._next = 0
         self._slots = asyncio.Semaphore(in_flight)
         self._jobs: set[asyncio.Task[None]] = set()
+        self._addresses = list(addresses)
+        self._timeout = timeout
+        self._probes = 0
+        self._t0: datetime | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _client(self) -> Client:
         self._next += 1
@@ -147,6 +156,7 @@ class Submitter:
         The plan fixes what is submitted and when each task runs (so a seed replays the same
         tasks); a throttle paces the batches, each taking what the plan has due by then.
         """
+        self._t0 = t0
         start = time.monotonic() - (datetime.now(UTC) - t0).total_seconds()
         batch: list[TaskPlan] = []
         cancels = sorted((p for p in self.plans if p.cancel_at is not None),
@@ -206,6 +216,37 @@ class Submitter:
                              sent, answered, calls, error)
             )
 
+    async def probe(self) -> tuple[str, str]:
+        """One task, one ``SubmitBatch`` call to one node, no retry: what that node answers
+        (the code's name and its message), where the SDK would ride an outage out. The probe
+        is recorded like every submit, so the checker holds it to the same rules."""
+        t0 = self._t0 or datetime.now(UTC)
+        self._probes += 1
+        address = self._addresses[self._probes % len(self._addresses)]
+        at = (datetime.now(UTC) - t0).total_seconds()
+        plan = TaskPlan(f"probe-{self._probes:05d}", "plain", at, at + 1.0, {"sleep_ms": 10}, 3,
+                        "succeeded")
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        stub = tasks_pb2_grpc.TaskServiceStub(channel)  # type: ignore[no-untyped-call]
+        req = tasks_pb2.SubmitBatchRequest(tasks=[new_task(plan, t0).to_pb(DEFAULT_NAMESPACE)],
+                                           ids_only=True)
+        sent = now_us()
+        code, message, outcome, task_id = "OK", "", ACCEPTED, None
+        try:
+            resp = await stub.SubmitBatch(req, timeout=self._timeout)
+            task_id = resp.ids[0]
+            self._ids[plan.key] = task_id
+        except grpc.aio.AioRpcError as exc:
+            code, message = exc.code().name, exc.details() or ""
+            definite = exc.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                      grpc.StatusCode.RESOURCE_EXHAUSTED)
+            outcome = REJECTED if definite else AMBIGUOUS
+        self.submits.append(SubmitRecord(plan.key, plan.kind, _us(t0, plan.run_at), plan.expect,
+                                         outcome, task_id, sent, now_us(), 1, message))
+        return code, message
+
     async def _cancel(self, plan: TaskPlan) -> None:
         task_id = self._ids.get(plan.key)
         if task_id is None:
@@ -230,6 +271,8 @@ class Submitter:
         await self.drain()
         for c in self.clients:
             await c.close()
+        for ch in self._channels.values():
+            await ch.close()
 
 
 def _us(t0: datetime, offset: float) -> int:

@@ -30,9 +30,10 @@ _FAULTS_HELP = (
     "Fault kinds, or 'all': kill-node, freeze-node (under the lease TTL), "
     "freeze-node-past-ttl (was pause-node), kill-worker, pause-worker, "
     "kill-etcd-member, kill-etcd-leader, restart-postgres, cut-node-etcd, "
-    "cut-node-postgres, clock-jump, rolling-restart; with --pg-members > 1 also "
-    "kill-pg-primary, kill-pg-member, switchover, kill-pg-standby (in place of "
-    "restart-postgres)."
+    "cut-node-postgres, clock-jump, rolling-restart, disk-full (needs root: it mounts a "
+    "size-capped filesystem, else it is skipped), slow-links-etcd, slow-links-postgres, "
+    "clock-drift; with --pg-members > 1 also kill-pg-primary, kill-pg-member, switchover, "
+    "kill-pg-standby (in place of restart-postgres and disk-full)."
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -220,6 +221,17 @@ def node(
             "harness's clock-jump fault.",
         ),
     ] = 0,
+    clock_offset_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--clock-offset-file",
+            envvar=env("CLOCK_OFFSET_FILE"),
+            hidden=True,
+            dir_okay=False,
+            help="Shift the node's clock by the milliseconds this file holds, reread as it "
+            "changes: the chaos harness's clock-drift fault.",
+        ),
+    ] = None,
     otlp_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -395,10 +407,14 @@ def node(
         raise typer.BadParameter(
             "the virtual clock lives in etcd: give --etcd too", param_hint="--virtual-clock"
         )
-    _serve(ctx.params, virtual_clock=virtual_clock, clock_offset_ms=clock_offset_ms)
+    _serve(ctx.params, virtual_clock=virtual_clock, clock_offset_ms=clock_offset_ms,
+           clock_offset_file=clock_offset_file)
 
 
-def _serve(params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int) -> None:
+def _serve(
+    params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int,
+    clock_offset_file: Path | None = None,
+) -> None:
     from chronoq.node.settings_from import NodeOptions, settings_from
 
     given = {k: v for k, v in params.items() if k in NodeOptions.names()}
@@ -412,11 +428,13 @@ def _serve(params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int)
         settings = settings_from(options)
         tracing.configure_from_env("chronoq-node", params.get("otlp_endpoint"), strict=True)
     offset = timedelta(milliseconds=clock_offset_ms)
-    run(_run_node(settings, virtual_clock=virtual_clock, clock_offset=offset))
+    run(_run_node(settings, virtual_clock=virtual_clock, clock_offset=offset,
+                  clock_offset_file=clock_offset_file))
 
 
 async def _run_node(
-    settings: NodeSettings, *, virtual_clock: bool, clock_offset: timedelta
+    settings: NodeSettings, *, virtual_clock: bool, clock_offset: timedelta,
+    clock_offset_file: Path | None = None,
 ) -> None:
     from chronoq.node.serve import serve
 
@@ -429,6 +447,7 @@ async def _run_node(
             stop_event(),
             virtual_clock=virtual_clock,
             clock_offset=clock_offset,
+            clock_offset_file=clock_offset_file,
             started=started,
             stopping=lambda: err.print("stopping …"),
         )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from chronoq.clock import Clock, OffsetClock
 from chronoq.config import NodeSettings
@@ -20,6 +21,7 @@ async def serve(
     *,
     virtual_clock: bool = False,
     clock_offset: timedelta = timedelta(0),
+    clock_offset_file: Path | None = None,
     started: Callable[[Node], None] = lambda _node: None,
     stopping: Callable[[], None] = lambda: None,
 ) -> None:
@@ -30,6 +32,8 @@ async def serve(
         stop: set to stop the node.
         virtual_clock: fire by the cluster's shared virtual clock in etcd.
         clock_offset: run the node's clock this far ahead (the chaos clock-jump fault).
+        clock_offset_file: shift it further by the offset this file holds, as it changes
+            (the chaos clock-drift fault; see ``clock_file``).
         started: called once the node serves.
         stopping: called once ``stop`` is set, before the node stops.
 
@@ -41,9 +45,11 @@ async def serve(
         vclock = await _virtual_clock(settings, stack) if virtual_clock else None
         if vclock is not None:
             clock = vclock
-        elif clock_offset:
-            # A deliberately skewed system clock (chaos clock-jump fault); never in production.
+        elif clock_offset or clock_offset_file is not None:
+            # A deliberately skewed system clock (chaos clock faults); never in production.
             clock = OffsetClock(clock_offset)
+            if clock_offset_file is not None:
+                await _follow_offset_file(clock, clock_offset_file, clock_offset, stack)
         node = Node(settings, clock=clock)
         if vclock is not None:
             vclock.on_jump = node.clock_jumped
@@ -57,6 +63,22 @@ async def serve(
         started(node)
         await stop.wait()
         stopping()
+
+
+async def _follow_offset_file(
+    clock: OffsetClock, path: Path, base: timedelta, stack: contextlib.AsyncExitStack
+) -> None:
+    from chronoq.node.clock_file import follow
+
+    task = asyncio.create_task(follow(clock, path, base), name="clock-offset-file")
+    await asyncio.sleep(0)  # the first reading, before the node measures its clock
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(stop)
 
 
 async def _virtual_clock(settings: NodeSettings, stack: contextlib.AsyncExitStack) -> EtcdClock:
