@@ -167,6 +167,8 @@ async def _dev(settings: DevStackSettings) -> None:
             for node in stack.cluster.nodes.values():
                 out.print(f"  gRPC address   {node.address}   ({node.node_id}, pid {node.pid})")
             out.print(f"  etcd           {','.join(stack.cluster.etcd_endpoints)}")
+            if stack.cluster.etcd is not None and stack.cluster.etcd.auth:
+                out.print(f"  etcd password  {stack.cluster.etcd.password_file()} (user chronoq)")
             out.print(f"  node logs      {stack.cluster.workdir}")
         # The password stays out of the terminal (and its scrollback): it is in a file.
         out.print(f"  PostgreSQL DSN {mask_dsn(stack.dsn)}")
