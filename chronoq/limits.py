@@ -78,6 +78,11 @@ MAX_REQUEUE_IDS = 1000
 #: Tasks or schedules per page of a list call.
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
+#: Index entries a CountTasks reads per state (a count that reaches it is a lower bound): an
+#: index-only scan of this many entries is a few milliseconds, whatever the backlog.
+MAX_COUNTED_TASKS = 100_000
+#: Queues a CountTasks answers per state (in queue order): bounds its answer's bytes.
+MAX_COUNTED_QUEUES = 1000
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -158,6 +158,30 @@ class SubmitOutcome:
 
 
 @dataclass(frozen=True)
+class QueueCount:
+    """Tasks of one queue in one state, and the earliest ``run_at`` among them."""
+
+    queue: str
+    state: TaskState
+    count: int
+    oldest_run_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """A namespace's tasks by queue and state, as counted within the request bounds.
+
+    ``capped``: states whose count stopped at the per-state bound (their counts are lower
+    bounds). ``truncated``: states with more queues than were answered (the first, in queue
+    order).
+    """
+
+    counts: list[QueueCount]
+    capped: frozenset[TaskState] = frozenset()
+    truncated: frozenset[TaskState] = frozenset()
+
+
+@dataclass(frozen=True)
 class Page:
     tasks: list[Task] = field(default_factory=list)
     next_token: str = ""

@@ -16,6 +16,8 @@ from chronoq.models import (
     OCTET_STREAM,
     Lease,
     MisfirePolicy,
+    QueueCount,
+    QueueCounts,
     Schedule,
     ScheduleSpec,
     Task,
@@ -426,4 +428,44 @@ def schedule_from_pb(pb: schedules_pb2.Schedule) -> Schedule:
         else None,
         created_total=pb.created_total,
         skipped_total=pb.skipped_total,
+    )
+
+
+def queue_counts_to_pb(counts: QueueCounts) -> tasks_pb2.CountTasksResponse:
+    return tasks_pb2.CountTasksResponse(
+        counts=[
+            tasks_pb2.QueueStateCount(
+                queue=c.queue,
+                state=state_to_pb(c.state),
+                count=c.count,
+                oldest_run_at=to_timestamp(c.oldest_run_at),
+            )
+            for c in counts.counts
+        ],
+        capped=sorted(state_to_pb(s) for s in counts.capped),
+        truncated=sorted(state_to_pb(s) for s in counts.truncated),
+    )
+
+
+def queue_counts_from_pb(pb: tasks_pb2.CountTasksResponse) -> QueueCounts:
+    def state(value: int) -> TaskState:
+        known = state_from_pb(value)
+        if known is None:
+            raise InvalidArgument("state", "a count without a state")
+        return known
+
+    return QueueCounts(
+        [
+            QueueCount(
+                c.queue,
+                state(c.state),
+                c.count,
+                from_timestamp("oldest_run_at", c.oldest_run_at)
+                if c.HasField("oldest_run_at")
+                else None,
+            )
+            for c in pb.counts
+        ],
+        frozenset(state(s) for s in pb.capped),
+        frozenset(state(s) for s in pb.truncated),
     )

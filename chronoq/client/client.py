@@ -33,6 +33,7 @@ from chronoq.models import (
     HeartbeatOutcome,
     Lease,
     Page,
+    QueueCounts,
     Schedule,
     Task,
     TaskState,
@@ -363,6 +364,16 @@ class Client:
         req = tasks_pb2.ListQueueLimitsRequest(namespace=self.namespace)
         resp = await self._call(lambda n: n.tasks.ListQueueLimits, req, retry=True)
         return {lim.queue: (lim.rate, lim.burst) for lim in resp.limits}
+
+    async def count_tasks(self, states: Sequence[TaskState] = ()) -> QueueCounts:
+        """This namespace's tasks by queue and state (default: scheduled, ready, running and
+        dead), counted by the node from an index within its bounds (``QueueCounts`` says
+        which counts are lower bounds)."""
+        req = tasks_pb2.CountTasksRequest(
+            namespace=self.namespace, states=[convert.state_to_pb(s) for s in states]
+        )
+        resp = await self._call(lambda n: n.tasks.CountTasks, req, retry=True)
+        return convert.queue_counts_from_pb(resp)
 
     async def drain(self) -> builtins.list[int]:
         """Ask this node to hand off its partitions and take no more; returns them."""

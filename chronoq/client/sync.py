@@ -32,6 +32,7 @@ from chronoq.models import (
     HeartbeatOutcome,
     Lease,
     Page,
+    QueueCounts,
     Schedule,
     Task,
     TaskState,
@@ -275,6 +276,9 @@ class SyncClient:
 
     def queue_limits(self) -> dict[str, tuple[float, float]]:
         return self._run(self._client.queue_limits())
+
+    def count_tasks(self, states: Sequence[TaskState] = ()) -> QueueCounts:
+        return self._run(self._client.count_tasks(states))
 
     def drain(self) -> builtins.list[int]:
         return self._run(self._client.drain())

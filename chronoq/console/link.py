@@ -30,7 +30,7 @@ from chronoq.console.views import (
     task_detail,
     task_summary,
 )
-from chronoq.limits import MAX_PAGE_SIZE, MAX_REQUEUE_IDS, check_name
+from chronoq.limits import MAX_COUNTED_TASKS, MAX_REQUEUE_IDS, check_name
 from chronoq.models import TaskState
 from chronoq.targets import node_targets
 
@@ -44,8 +44,7 @@ PROBE_TIMEOUT = 2.0
 BUCKET_HORIZON = 30
 #: Namespaces with an open client at most (the least recently used one is closed).
 MAX_NAMESPACE_CLIENTS = 16
-#: Tasks per state the queues page scans at most, and how long its tally is reused.
-QUEUE_SCAN_ROWS = 5000
+#: How long the queues page's counts are reused.
 QUEUE_TALLY_SECONDS = 3.0
 #: Pages of the API a filtered task list reads at most to fill one page of its own.
 TASK_SCAN_PAGES = 10
@@ -253,29 +252,18 @@ class ClusterLink:
         if cached is not None and time.monotonic() - cached.at < QUEUE_TALLY_SECONDS:
             return cached.result
         tally = QueueTally()
-        scans = asyncio.gather(*(self._scan(client, s, tally) for s in COUNTED_STATES))
-        limits, _ = await asyncio.gather(client.queue_limits(), scans)
+        limits, counts = await asyncio.gather(
+            client.queue_limits(), client.count_tasks(COUNTED_STATES)
+        )
+        tally.add(counts)
         status_now = self.status.now if self.status is not None else None
         now = status_now or datetime.now().astimezone()
-        result = {"namespace": client.namespace, "scan_limit": QUEUE_SCAN_ROWS,
+        result = {"namespace": client.namespace, "count_limit": MAX_COUNTED_TASKS,
                   **tally.as_json(limits, now)}
         if len(self._tallies) >= MAX_NAMESPACE_CLIENTS:
             self._tallies.clear()
         self._tallies[namespace] = _Tally(time.monotonic(), result)
         return result
-
-    async def _scan(self, client: Client, state: TaskState, tally: QueueTally) -> None:
-        seen, token = 0, ""
-        while True:
-            page = await client.list(state=state, page_size=MAX_PAGE_SIZE, page_token=token)
-            tally.add(page.tasks[: QUEUE_SCAN_ROWS - seen])
-            seen += len(page.tasks)
-            if not page.next_token:
-                return
-            if seen >= QUEUE_SCAN_ROWS:
-                tally.cut(state)
-                return
-            token = page.next_token
 
     async def set_limit(self, namespace: str, queue: str, rate: float, burst: float) -> None:
         await self.client(namespace).set_queue_limit(queue, rate, burst)

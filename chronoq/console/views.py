@@ -1,17 +1,17 @@
 """What the console's pages show, as JSON-ready dicts: tasks, schedules, queues. Pure.
 
-The gRPC API has no per-queue counts, so the queues page tallies a bounded scan of the
-non-final states (``QueueTally``) and says when the scan was cut.
+The queues page shows the counts the node took from an index (``CountTasks``), per queue and
+state (``QueueTally``), and says which states were counted only up to the bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from chronoq.models import Schedule, Task, TaskState
+from chronoq.models import QueueCounts, Schedule, Task, TaskState
 from chronoq.recurrence import Cron, Every, next_fire
 
 #: States whose tasks the queues page counts (final states grow forever: not counted).
@@ -136,20 +136,22 @@ class QueueRow:
 
 @dataclass
 class QueueTally:
-    """Per-queue counts of a namespace from a bounded scan, state by state."""
+    """Per-queue counts of a namespace, state by state, as the node counted them."""
 
     rows: dict[str, QueueRow] = field(default_factory=dict)
-    cut_states: set[TaskState] = field(default_factory=set)  # scanned only in part
+    cut_states: set[TaskState] = field(default_factory=set)  # counted only in part
 
-    def add(self, tasks: Iterable[Task]) -> None:
-        for task in tasks:
-            row = self.rows.setdefault(task.queue, QueueRow(task.queue))
-            name = state_name(task.state)
-            row.counts[name] = row.counts.get(name, 0) + 1
-            if task.state is TaskState.READY:
-                since = task.fired_at or task.run_at
-                if row.oldest_ready is None or since < row.oldest_ready:
-                    row.oldest_ready = since
+    def add(self, counts: QueueCounts) -> None:
+        """Take the node's counts; a queue's ready age is that of its earliest ``run_at``
+        among the ready tasks (when the oldest became due)."""
+        for c in counts.counts:
+            row = self.rows.setdefault(c.queue, QueueRow(c.queue))
+            name = state_name(c.state)
+            row.counts[name] = row.counts.get(name, 0) + c.count
+            if c.state is TaskState.READY and c.oldest_run_at is not None:
+                if row.oldest_ready is None or c.oldest_run_at < row.oldest_ready:
+                    row.oldest_ready = c.oldest_run_at
+        self.cut_states |= counts.capped | counts.truncated
 
     def cut(self, state: TaskState) -> None:
         self.cut_states.add(state)

@@ -34,6 +34,8 @@ from chronoq.errors import (
 from chronoq.limits import (
     DEFAULT_PAGE_SIZE,
     MAX_CLAIM_TASKS,
+    MAX_COUNTED_QUEUES,
+    MAX_COUNTED_TASKS,
     MAX_LEASES_PER_CALL,
     MAX_PAGE_SIZE,
     MAX_PAGE_TOKEN,
@@ -60,6 +62,7 @@ from chronoq.node.status import translated
 from chronoq.node.work_stream import WorkSession, first_of, opened
 from chronoq.ratelimit import Quotas
 from chronoq.store import Store
+from chronoq.store.operator import COUNTABLE_STATES
 from chronoq.timeslice import Timeslice, converted
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -288,6 +291,21 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
                 if ns == namespace
             ]
         )
+
+    @translated
+    async def CountTasks(
+        self, request: tasks_pb2.CountTasksRequest, context: Ctx
+    ) -> tasks_pb2.CountTasksResponse:
+        namespace = check_name("namespace", convert.namespace_of(request.namespace))
+        check_count("states", len(request.states), len(TaskState))
+        states = {convert.state_from_pb(s) for s in request.states}
+        if None in states:
+            raise InvalidArgument("states", "name states, not TASK_STATE_UNSPECIFIED")
+        chosen = sorted(s for s in states if s is not None) or sorted(COUNTABLE_STATES)
+        counts = await self._store.queue_counts(
+            namespace, chosen, max_tasks=MAX_COUNTED_TASKS, max_queues=MAX_COUNTED_QUEUES
+        )
+        return convert.queue_counts_to_pb(counts)
 
     @translated
     async def Requeue(

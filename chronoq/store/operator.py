@@ -8,10 +8,15 @@ from datetime import datetime
 
 from chronoq.buckets import bucket_of
 from chronoq.errors import InvalidArgument, NamespaceCapReached
-from chronoq.models import Task, TaskState
+from chronoq.models import QueueCount, QueueCounts, Task, TaskState
 from chronoq.store.connection import Connected
 from chronoq.store.rows import known, parse_task_id, task_of
 from chronoq.store.sql import q
+
+#: States ``queue_counts`` counts: those of its index (tasks_queue_states).
+COUNTABLE_STATES = frozenset(
+    {TaskState.SCHEDULED, TaskState.READY, TaskState.RUNNING, TaskState.DEAD}
+)
 
 
 class _Abort(InvalidArgument):
@@ -51,6 +56,24 @@ class OperatorStatements(Connected):
                 q("ready_counts"), [k[0] for k in keys], [k[1] for k in keys], list(caps)
             )
         return {(r["namespace"], r["queue"]): r["n"] for r in rows}
+
+    async def queue_counts(
+        self, namespace: str, states: Sequence[TaskState], *, max_tasks: int, max_queues: int
+    ) -> QueueCounts:
+        """``namespace``'s tasks in ``states`` (live ones and DEAD) by queue, from an index
+        alone: at most ``max_tasks`` entries read and ``max_queues`` queues answered per state."""
+        if not set(states) <= COUNTABLE_STATES:
+            raise InvalidArgument(
+                "states", "countable: scheduled, ready, running and dead (finished ones grow)"
+            )
+        async with self.connection() as conn:
+            rows = await conn.fetch(
+                q("queue_counts"), namespace, [int(s) for s in states], max_tasks, max_queues
+            )
+        counts = [QueueCount(r["queue"], TaskState(r["state"]), r["n"], r["oldest"]) for r in rows]
+        capped = {TaskState(r["state"]) for r in rows if r["read"] >= max_tasks}
+        truncated = {TaskState(r["state"]) for r in rows if r["groups"] > max_queues}
+        return QueueCounts(counts, frozenset(capped), frozenset(truncated))
 
     async def pending_by_bucket(
         self, partitions: Sequence[int], first: int, last: int

@@ -705,6 +705,26 @@ CROSS JOIN LATERAL (
 ) r
 WHERE r.n > 0;
 
+-- name: queue_counts
+-- One namespace's tasks by (state, queue), with the oldest run_at, from tasks_queue_states
+-- alone (an index-only scan): at most $3 index entries read per state, so a count whose
+-- `read` reaches $3 is a lower bound, and at most $4 queues per state, in queue order
+-- (`groups` says how many there were).
+SELECT s.state, c.queue, c.n, c.oldest, c.read, c.groups
+FROM unnest($2::smallint[]) AS s(state)
+CROSS JOIN LATERAL (
+    SELECT x.queue, count(*) AS n, min(x.run_at) AS oldest,
+           sum(count(*)) OVER () AS read, count(*) OVER () AS groups
+    FROM (
+        SELECT t.queue, t.run_at FROM tasks t
+        WHERE t.namespace = $1 AND t.state = s.state AND t.state IN (0, 1, 2, 4)
+        LIMIT $3
+    ) x
+    GROUP BY x.queue
+    ORDER BY x.queue
+    LIMIT $4
+) c;
+
 -- name: announce
 -- One notice per payload on the channel (pg_notify: the payloads are parameters).
 SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload;

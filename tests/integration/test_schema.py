@@ -72,6 +72,7 @@ QUERY_STATES = {
     "quarantine_tasks": {S.DEAD},
     "quarantine_unclaimable": {S.READY, S.DEAD},
     "queue_depth": {S.SCHEDULED, S.READY, S.RUNNING},
+    "queue_counts": {S.SCHEDULED, S.READY, S.RUNNING, S.DEAD},
     "ready_counts": {S.READY},
     "release": {S.RUNNING, S.READY},
     "requeue_dead": {S.DEAD, S.READY},

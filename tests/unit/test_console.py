@@ -35,7 +35,7 @@ from chronoq.console.views import (
     parse_state,
     task_summary,
 )
-from chronoq.models import Schedule, ScheduleSpec, Task, TaskState
+from chronoq.models import QueueCount, QueueCounts, Schedule, ScheduleSpec, Task, TaskState
 from chronoq.recurrence import Every
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -212,10 +212,11 @@ def test_time_window_is_half_open() -> None:
 
 def test_queue_tally_counts_states_ready_age_and_limits() -> None:
     tally = QueueTally()
-    tally.add([task(TaskState.READY, "a", NOW - timedelta(seconds=30)),
-               task(TaskState.READY, "a", NOW - timedelta(seconds=5)),
-               task(TaskState.DEAD, "b")])
-    tally.cut(TaskState.READY)
+    tally.add(QueueCounts(
+        [QueueCount("a", TaskState.READY, 2, NOW - timedelta(seconds=30)),
+         QueueCount("b", TaskState.DEAD, 1, NOW)],
+        capped=frozenset({TaskState.READY}),
+    ))
     out = tally.as_json({"c": (5.0, 1.0)}, NOW)
     rows = {r["queue"]: r for r in out["queues"]}
     assert rows["a"]["counts"] == {"scheduled": 0, "ready": 2, "running": 0, "dead": 0}

@@ -243,6 +243,36 @@ class QueueLimit(_message.Message):
     burst: float
     def __init__(self, namespace: _Optional[str] = ..., queue: _Optional[str] = ..., rate: _Optional[float] = ..., burst: _Optional[float] = ...) -> None: ...
 
+class CountTasksRequest(_message.Message):
+    __slots__ = ("namespace", "states")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    states: _containers.RepeatedScalarFieldContainer[TaskState]
+    def __init__(self, namespace: _Optional[str] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ...) -> None: ...
+
+class QueueStateCount(_message.Message):
+    __slots__ = ("queue", "state", "count", "oldest_run_at")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_RUN_AT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    state: TaskState
+    count: int
+    oldest_run_at: _timestamp_pb2.Timestamp
+    def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., count: _Optional[int] = ..., oldest_run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CountTasksResponse(_message.Message):
+    __slots__ = ("counts", "capped", "truncated")
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    CAPPED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.RepeatedCompositeFieldContainer[QueueStateCount]
+    capped: _containers.RepeatedScalarFieldContainer[TaskState]
+    truncated: _containers.RepeatedScalarFieldContainer[TaskState]
+    def __init__(self, counts: _Optional[_Iterable[_Union[QueueStateCount, _Mapping]]] = ..., capped: _Optional[_Iterable[_Union[TaskState, str]]] = ..., truncated: _Optional[_Iterable[_Union[TaskState, str]]] = ...) -> None: ...
+
 class ListQueueLimitsRequest(_message.Message):
     __slots__ = ("namespace",)
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

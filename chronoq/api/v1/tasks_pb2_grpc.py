@@ -80,6 +80,11 @@ class TaskServiceStub:
                 request_serializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsRequest.SerializeToString,
                 response_deserializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsResponse.FromString,
                 _registered_method=True)
+        self.CountTasks = channel.unary_unary(
+                '/chronoq.v1.TaskService/CountTasks',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -142,6 +147,13 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountTasks(self, request, context):
+        """Per-queue counts of the live states (and the dead letters), from an index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +201,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.ListQueueLimits,
                     request_deserializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsRequest.FromString,
                     response_serializer=chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsResponse.SerializeToString,
+            ),
+            'CountTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountTasks,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +452,33 @@ class TaskService:
             '/chronoq.v1.TaskService/ListQueueLimits',
             chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsRequest.SerializeToString,
             chronoq_dot_v1_dot_tasks__pb2.ListQueueLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/CountTasks',
+            chronoq_dot_v1_dot_tasks__pb2.CountTasksRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.CountTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -338,7 +338,7 @@ async function loadQueues() {
   banner("");
   body.dataset.ready = "true";
   document.getElementById("queues-note").textContent = q.cut_states.length
-    ? `Counted from the first ${q.scan_limit} tasks of each state; more exist in: ` +
+    ? `Counted up to ${q.count_limit} tasks (and 1000 queues) per state; more exist in: ` +
       q.cut_states.join(", ")
     : "Counts of the tasks not yet final, per state.";
   replace("queues", table(["queue", ...q.states, "ready age", "limit", ""],
