@@ -73,12 +73,17 @@ class SchedulePump:
             async with self._ownership.gate:
                 owned = dict(self._ownership.owned())
                 done = await self._schedules.materialize(
-                    owned, self._clock.now(), lookahead=self._lookahead, charge=self._charge
+                    owned,
+                    self._clock.now(),
+                    lookahead=self._lookahead,
+                    charge=self._charge,
+                    spent=sorted(total.unpaid),
                 )
             total.add(done)
-            # A paused (quarantined) schedule took a place in the batch too; an unpaid one
-            # waits for the next pass, when its namespace's bucket has refilled.
-            if done.unpaid or done.schedules + len(done.quarantined) < 100:
+            # A paused (quarantined) schedule took a place in the batch too. A namespace
+            # that could not pay waits for the next pass (its bucket refills), and is left
+            # out of this one's next batches so that its schedules hold no one else's place.
+            if not done.unpaid and done.schedules + len(done.quarantined) < 100:
                 break
         self.created += total.created
         self.skipped += total.skipped

@@ -591,11 +591,13 @@ WHERE namespace = $1 AND idempotency_key = ANY($2::text[])
 
 -- name: due_schedules
 -- Active schedules of the caller's partitions whose next occurrence is within the
--- lookahead; fenced and share-locked like fire_due.
+-- lookahead, but for namespaces ($5) whose quota this pass has spent (their schedules must
+-- not hold the others' places); fenced and share-locked like fire_due.
 {{owned_fences}}
 SELECT d.* FROM fence CROSS JOIN LATERAL (
     SELECT s.* FROM schedules s
     WHERE s.partition = fence.partition AND NOT s.paused AND s.next_fire_at <= $3
+      AND s.namespace <> ALL($5::text[])
     ORDER BY s.next_fire_at
     LIMIT $4
     FOR UPDATE SKIP LOCKED
@@ -608,6 +610,7 @@ SELECT d.* FROM fence CROSS JOIN LATERAL (
 SELECT d.id FROM fence CROSS JOIN LATERAL (
     SELECT s.id FROM schedules s
     WHERE s.partition = fence.partition AND NOT s.paused AND s.next_fire_at <= $3
+      AND s.namespace <> ALL($5::text[])
     ORDER BY s.next_fire_at
     LIMIT $4
     FOR UPDATE SKIP LOCKED

@@ -60,14 +60,14 @@ class Materialized:
     skipped: int = 0
     schedules: int = 0
     quarantined: list[tuple[str, str]] = field(default_factory=list)  # (schedule id, reason)
-    unpaid: int = 0  # due schedules left for a later pass: their namespace's quota was spent
+    unpaid: set[str] = field(default_factory=set)  # namespaces whose quota this pass spent
 
     def add(self, other: Materialized) -> None:
         self.created += other.created
         self.skipped += other.skipped
         self.schedules += other.schedules
         self.quarantined += other.quarantined
-        self.unpaid += other.unpaid
+        self.unpaid |= other.unpaid
 
 
 def _rule(row: Any, *, saturate: bool = False) -> Rule:
@@ -306,6 +306,7 @@ class Schedules:
         batch: int = 100,
         per_schedule: int = 1000,
         charge: Charge | None = None,
+        spent: Sequence[str] = (),
     ) -> Materialized:
         """Create the tasks of due occurrences of schedules in owned partitions (fenced).
 
@@ -317,7 +318,8 @@ class Schedules:
 
         With ``charge``, every occurrence is paid for from its namespace's quota as it is
         made; what a namespace can pay is shared evenly among its due schedules (earliest
-        occurrences first), and a schedule it cannot pay for stays where it is (``unpaid``).
+        occurrences first), and a schedule it cannot pay for stays where it is (its
+        namespace in ``unpaid``). Schedules of the namespaces in ``spent`` are not read.
         """
         done = Materialized()
         if not owned:
@@ -327,10 +329,14 @@ class Schedules:
             due_rows: list[tuple[Any, Any]]
             try:
                 async with conn.transaction():  # a row that cannot even be read fails this only
-                    rows = await conn.fetch(q("due_schedules"), *fences, now + lookahead, batch)
+                    rows = await conn.fetch(
+                        q("due_schedules"), *fences, now + lookahead, batch, list(spent)
+                    )
                 due_rows = [(r["id"], r) for r in rows]
             except POISON:
-                ids = await conn.fetch(q("due_schedule_ids"), *fences, now + lookahead, batch)
+                ids = await conn.fetch(
+                    q("due_schedule_ids"), *fences, now + lookahead, batch, list(spent)
+                )
                 due_rows = [(r["id"], None) for r in ids]
             shares = _Shares(charge, [row for _id, row in due_rows if row is not None])
 
@@ -344,7 +350,7 @@ class Schedules:
                             continue
                         allowed = shares.of(row["namespace"], per_schedule)
                         if allowed < 1:
-                            counts.unpaid += 1
+                            counts.unpaid.add(str(row["namespace"]))
                             continue
                         made = await self._materialize_one(
                             conn, row, now, lookahead, allowed, counts

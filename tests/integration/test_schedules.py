@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from chronoq import errors
-from chronoq.client import Client
+from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
 from chronoq.coordinator.local import LocalOwnership
 from chronoq.node import Node
@@ -292,3 +292,33 @@ async def test_schedule_churn_makes_no_more_than_the_submit_quota(
         made = await conn.fetchval("SELECT count(*) FROM tasks WHERE namespace = 'churn'")
     assert made <= quota * elapsed + quota
     assert await _waiting(store, "churn") == 0  # what had not fired went with its schedule
+
+
+async def test_a_namespace_out_of_quota_holds_no_place_of_another(
+    make_node: NodeFactory, clock: ManualClock, store: Store
+) -> None:
+    """150 due schedules of a namespace that spent its quota, all in one partition (more
+    than a batch), do not keep another namespace's schedule from being made."""
+    from chronoq.models import ScheduleSpec
+    from chronoq.recurrence import Cron
+
+    node = await by_hand(
+        await make_node(clock=clock, schedule_interval=BY_HAND, submit_quota=20.0, partitions=1)
+    )
+    assert node.pump is not None and node.schedules is not None
+    schedules = node.schedules  # the node's partitions (one)
+    for i in range(150):
+        await schedules.create(
+            ScheduleSpec(name=f"a{i}", queue="a", namespace="spent", rule=Cron("* * * * *")),
+            clock.now(),
+        )
+    async with Client(node.address, namespace="spent", timeout=10) as spender:
+        for _ in range(4):  # the namespace spends its whole bucket on submits
+            await spender.submit_ids([NewTask(queue="x", run_at=clock.now())] * 5)
+    await schedules.create(
+        ScheduleSpec(name="b", queue="b", namespace="other", rule=Cron("* * * * *")),
+        clock.now(),
+    )
+    clock.advance(timedelta(minutes=1))
+    await node.pump.pump()
+    assert len(await occurrences(store, "b")) >= 1
