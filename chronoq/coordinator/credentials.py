@@ -13,13 +13,12 @@ import stat
 from pathlib import Path
 
 from chronoq.errors import ConfigError
+from chronoq.private_files import check_file
 
 #: The largest password file read: a password, not a document.
 MAX_PASSWORD_FILE_BYTES = 4096
 #: Mode bits that let another account read a password file or change it.
 _UNSAFE_FILE = stat.S_IRWXG | stat.S_IRWXO
-#: Mode bits that let another account replace a file in its directory (unless sticky).
-_UNSAFE_DIR = stat.S_IWGRP | stat.S_IWOTH
 
 
 def private_dir(path: Path) -> Path:
@@ -65,25 +64,11 @@ def read_password(path: str | Path, what: str = "etcd password file") -> str:
 
 
 def _check_private(path: Path, st: os.stat_result, what: str) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what}: {path} is not a regular file")
-    if st.st_uid not in (os.geteuid(), 0):
-        raise ConfigError(
-            f"{what}: {path} belongs to uid {st.st_uid}, not to us (uid {os.geteuid()}) or "
-            f"root: chown it"
-        )
+    """The token files' rules (``check_file``: ours or root's, nobody else may change it or
+    replace it through a directory), and a password is a secret, so nobody else reads it."""
+    check_file(path, st, what)
     if st.st_mode & _UNSAFE_FILE:
         raise ConfigError(
             f"{what}: {path} is open to group or others (mode {stat.filemode(st.st_mode)}): "
             f"chmod 600 {path}"
-        )
-    parent = path.absolute().parent
-    try:
-        dst = parent.stat()
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot look at {parent}: {exc.strerror or exc}") from exc
-    if dst.st_mode & _UNSAFE_DIR and not dst.st_mode & stat.S_ISVTX:
-        raise ConfigError(
-            f"{what}: its directory {parent} lets group or others replace it (mode "
-            f"{stat.filemode(dst.st_mode)}): chmod go-w {parent}"
         )

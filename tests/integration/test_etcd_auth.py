@@ -189,8 +189,8 @@ async def test_another_local_account_gets_neither_password_nor_key(
     ("mode", "dir_mode", "message"),
     [
         (0o644, 0o700, "open to group or others .* chmod 600"),
-        (0o620, 0o700, "open to group or others"),
-        (0o600, 0o777, "lets group or others replace it"),
+        (0o620, 0o700, "writable by group or others .* chmod 600"),
+        (0o600, 0o777, "group or others may write .* chmod go-w"),
     ],
 )
 def test_a_password_file_others_could_read_or_replace_is_refused(
