@@ -58,6 +58,7 @@ QUERY_STATES = {
     "claim": {S.READY, S.RUNNING},
     "complete": {S.RUNNING, S.SUCCEEDED},
     "completed_by": {S.SUCCEEDED},
+    "delete_unfired_occurrences": {S.SCHEDULED},
     "due_soon": {S.SCHEDULED},
     "due_task_ids": {S.SCHEDULED},
     "expired_leases": {S.RUNNING},
