@@ -74,3 +74,19 @@ def test_grey_faults_lose_nothing_and_are_felt(tmp_path: Path) -> None:
     drifted = faults["clock-drift"]["target"]
     assert "clock off by" in (tmp_path / "cluster" / f"{drifted}.log").read_text()
     assert "resets" in faults["slow-links-postgres"]["detail"]
+
+
+@pytest.mark.slow
+def test_grey_faults_at_full_strength(tmp_path: Path) -> None:
+    """The four grey faults with the holds of a long run (the etcd links too): no check fails."""
+    kinds = (*GREY, FaultKind.SLOW_LINKS_ETCD)
+    options = ChaosOptions(
+        duration=100, nodes=3, workers=2, etcd_members=1, faults=kinds, seed=3, rate=20,
+        partitions=32, lease_ttl=2, tick_ms=50, out=tmp_path, quiesce_timeout=60, plot=False,
+    )
+    console = Console(record=True, width=160)
+    code = run(options, console)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 0 and report["ok"], console.export_text()
+    done = {f["kind"] for f in report["faults"] if not f["error"]}
+    assert done | set(report["meta"]["faults_skipped"]) == {k.value for k in kinds}
