@@ -1,4 +1,5 @@
-"""Bearer tokens bound to namespaces: the token file, and who may touch which namespace.
+"""Bearer tokens bound to namespaces: the token file, and who may touch which namespace
+(and ``ScrapeToken``, the one token that may read a node's /metrics).
 
 Pure: no gRPC here (``chronoq.node.auth_interceptor`` applies it to calls). The token file is
 TOML::
@@ -26,6 +27,7 @@ that others can read while it holds tokens in clear is logged as a warning.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import os
 import stat
@@ -238,6 +240,30 @@ class TokenFile:
         self._auth = auth
         self.reloads += 1
         log.info("token file %s reloaded: %d tokens", self.path, len(auth))
+
+
+class ScrapeToken:
+    """The one bearer token that may read a node's /metrics (a scraper is no tenant: it gets
+    no namespaces). Given as the token or as ``sha256:<hex digest>``, like a token file's keys;
+    a request's token is hashed and its digest compared in constant time."""
+
+    def __init__(self, text: str, *, source: str = "metrics token") -> None:
+        self._digest = _digest_of_key(text, source)
+        if not text.startswith(_DIGEST_PREFIX) and len(text) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"{source}: the token is shorter than {MIN_TOKEN_LENGTH} characters: replace "
+                'it with a long random one (python -c "import secrets; '
+                'print(secrets.token_urlsafe(32))")'
+            )
+        self.label = _label(self._digest)
+
+    def admits(self, authorization: str | None) -> bool:
+        """Whether an ``Authorization`` header value carries this token as a bearer token."""
+        token = bearer_token(authorization)
+        return token is not None and hmac.compare_digest(token_digest(token), self._digest)
+
+    def __repr__(self) -> str:
+        return f"ScrapeToken({self.label})"
 
 
 def _label(digest: bytes) -> str:

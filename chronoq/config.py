@@ -6,10 +6,12 @@ directly.
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from chronoq.auth import ScrapeToken
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, MAX_PARTITIONS
 from chronoq.cardinality import DEFAULT_METRICS_QUEUES, MAX_METRICS_QUEUES
 from chronoq.coordinator.settings import ClusterSettings
@@ -90,6 +92,13 @@ class NodeSettings:
     auth_tokens: str | None = None  # TOML token file (chronoq.auth); None: no auth
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: any free port
+    # The bearer token every scrape must send (chronoq.auth.ScrapeToken): a file holding it or
+    # its sha256: digest, checked like a password file and read at start, or the text itself
+    # (for containers, from the environment). Without one, /metrics serves on loopback only,
+    # unless metrics_insecure: an operator's explicit choice of an open endpoint.
+    metrics_token_file: str | None = None
+    metrics_token: str | None = field(default=None, repr=False)
+    metrics_insecure: bool = False
     # (namespace, queue) pairs exported with series of their own (the busiest); the others
     # are summed under queue="(other)" (chronoq.cardinality), so tenants do not set the count.
     metrics_queues: int = DEFAULT_METRICS_QUEUES
@@ -133,3 +142,36 @@ class NodeSettings:
             raise ConfigError(f"metrics_queues must be between 0 and {MAX_METRICS_QUEUES}")
         if self.long_polls_per_namespace < 1 or self.long_polls_per_node < 1:
             raise ConfigError("long_polls_per_namespace and long_polls_per_node must be >= 1")
+        self._check_metrics_access()
+
+    def _check_metrics_access(self) -> None:
+        """Refuse a /metrics that whoever reaches its address could read."""
+        if self.metrics_token is not None and self.metrics_token_file is not None:
+            raise ConfigError(
+                "give the metrics token once: --metrics-token-file or CHRONOQ_METRICS_TOKEN"
+            )
+        if self.metrics_token is not None:
+            ScrapeToken(self.metrics_token, source="CHRONOQ_METRICS_TOKEN")
+        if (
+            self.metrics_port is None
+            or self.metrics_insecure
+            or self.metrics_token is not None
+            or self.metrics_token_file is not None
+            or is_loopback(self.metrics_host)
+        ):
+            return
+        raise ConfigError(
+            f"/metrics on {self.metrics_host} would be open to every host that reaches it: add "
+            "--metrics-token-file FILE (a bearer token Prometheus sends), or serve it on "
+            "--metrics-host 127.0.0.1"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) can be reached from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another name, or "" (every interface)

@@ -45,6 +45,7 @@ from chronoq.targets import split_addresses
 if TYPE_CHECKING:
     from chronoq.config import NodeSettings
     from chronoq.node.node import Node
+    from chronoq.node.settings_from import NodeOptions
 
 node_app = typer.Typer(
     help="Run a scheduler node (or `chronoq node drain` one).",
@@ -278,6 +279,35 @@ def node(
             "Serve Prometheus metrics on this port [default: off].",
         ),
     ] = None,
+    metrics_token_file: Annotated[
+        str | None,
+        text_opt(
+            "--metrics-token-file",
+            "METRICS_TOKEN_FILE",
+            "Scrapes must send this file's bearer token (or match its sha256:<hex> digest); "
+            "mode 0600, ours. Needed unless --metrics-host is loopback.",
+            metavar="FILE",
+        ),
+    ] = None,
+    metrics_token: Annotated[
+        str | None,
+        text_opt(
+            "--metrics-token",
+            "METRICS_TOKEN",
+            "The bearer token itself, for containers (prefer the environment variable: a "
+            "command line is visible to every account).",
+            metavar="TOKEN",
+        ),
+    ] = None,
+    metrics_insecure: Annotated[
+        bool,
+        typer.Option(
+            "--metrics-insecure",
+            envvar=env("METRICS_INSECURE"),
+            help="Serve /metrics on a non-loopback --metrics-host without a token: whoever "
+            "reaches the port reads it.",
+        ),
+    ] = False,
     metrics_queues: Annotated[
         int | None,
         _num_opt(
@@ -411,17 +441,24 @@ def node(
            clock_offset_file=clock_offset_file)
 
 
-def _serve(
-    params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int,
-    clock_offset_file: Path | None = None,
-) -> None:
-    from chronoq.node.settings_from import NodeOptions, settings_from
+def node_options(params: dict[str, Any]) -> NodeOptions:
+    """The ``NodeOptions`` of a parsed ``chronoq node`` command line (``ctx.params``)."""
+    from chronoq.node.settings_from import NodeOptions
 
     given = {k: v for k, v in params.items() if k in NodeOptions.names()}
     for switch in ("ready_notices", "handoff"):
         if given[switch] is not None:
             given[switch] = given[switch] is Switch.on
-    options = NodeOptions(**given)
+    return NodeOptions(**given)
+
+
+def _serve(
+    params: dict[str, Any], *, virtual_clock: bool, clock_offset_ms: int,
+    clock_offset_file: Path | None = None,
+) -> None:
+    from chronoq.node.settings_from import settings_from
+
+    options = node_options(params)
     if options.etcd is None and any(options.etcd_access.values()):
         raise typer.BadParameter("etcd credentials and TLS need --etcd too", param_hint="--etcd-*")
     with reported():
@@ -480,7 +517,7 @@ _SOURCE_NAMES = {
 }
 #: Settings whose whole value is a secret, shown as ``MASK``: ``*password`` and these (any
 #: other has the passwords of its DSN or URLs masked by ``mask_dsn``; paths stay readable).
-_SECRET = frozenset({"token"})
+_SECRET = frozenset({"token", "metrics_token"})
 
 
 def _print_sources(ctx: typer.Context) -> None:

@@ -8,7 +8,9 @@ A scrape is cheap whoever sends it: label sets tenants choose are bounded before
 (``chronoq.cardinality``), the page is rendered in the HTTP server's threads, never on the
 event loop, and at most once per ``SCRAPE_CACHE`` however many scrapers ask (the others get
 the same bytes), and a client that stalls its request gives its thread back after
-``SCRAPE_TIMEOUT``. The endpoint listens on loopback unless the operator binds it elsewhere.
+``SCRAPE_TIMEOUT``. The endpoint listens on loopback unless the operator binds it elsewhere,
+and elsewhere only with a bearer token (``NodeSettings.metrics_token_file``): a request
+without it is answered 401 before anything is rendered, so a flood of them costs a hash each.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServer, generate_latest
 from prometheus_client.registry import Collector
 
+from chronoq.auth import ScrapeToken
+from chronoq.config import NodeSettings
+from chronoq.coordinator.credentials import read_password
 from chronoq.supervision import Loop
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -36,14 +41,29 @@ ROWS_BUCKETS = (0, 1, 10, 100, 1_000, 10_000, 100_000)
 SCRAPE_CACHE = 1.0
 #: A scrape connection idle this long (request not sent, answer not read) is closed.
 SCRAPE_TIMEOUT = 10.0
+_UNAUTHORIZED = b"401: send Authorization: Bearer <the token of --metrics-token-file>\n"
+
+
+def scrape_token(settings: NodeSettings) -> ScrapeToken | None:
+    """The token scrapes of ``settings`` must send: read from its file (refused, like a
+    password file, if another account could read, rewrite or replace it: owner, mode, every
+    directory up to /), or given inline; None: no token (loopback only)."""
+    if settings.metrics_token_file is not None:
+        path = settings.metrics_token_file
+        return ScrapeToken(read_password(path, "metrics token file"), source=path)
+    if settings.metrics_token is not None:
+        return ScrapeToken(settings.metrics_token, source="CHRONOQ_METRICS_TOKEN")
+    return None
 
 
 class NodeMetrics:
     """The metric objects of a node; ``serve(port)`` exposes them over HTTP."""
 
-    def __init__(self, node_id: str, *, cache: float = SCRAPE_CACHE) -> None:
+    def __init__(
+        self, node_id: str, *, cache: float = SCRAPE_CACHE, token: ScrapeToken | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.page = ScrapePage(self.registry, cache)
+        self.page = ScrapePage(self.registry, cache, token=token)
         self.node_id = node_id
         r = self.registry
         self.submitted = Counter("chronoq_tasks_submitted", "Tasks accepted (created).", registry=r)
@@ -99,17 +119,27 @@ class ScrapePage:
     """The rendered /metrics, served again for ``cache`` seconds; a WSGI app (``app``).
 
     Rendering runs in the calling (HTTP server) thread under a lock: scrapers that arrive
-    while one renders wait for that rendering instead of starting their own.
+    while one renders wait for that rendering instead of starting their own. With a ``token``,
+    a request that does not carry it is refused (401) before it can cause a rendering.
     """
 
-    def __init__(self, registry: CollectorRegistry, cache: float) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, cache: float, *, token: ScrapeToken | None = None
+    ) -> None:
         self._registry = registry
         self._cache = cache
+        self._token = token
+        self.refused = 0  # requests answered 401
         self._lock = threading.Lock()
         self._rendered_at = float("-inf")
         self._plain = b""
         self._gzipped = b""
         self.renders = 0  # how many times the registry was rendered (collected)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether requests must carry the bearer token."""
+        return self._token is not None
 
     def body(self, *, gzipped: bool = False) -> bytes:
         """The current page, rendered if the last one is older than ``cache`` seconds."""
@@ -123,6 +153,17 @@ class ScrapePage:
             return self._gzipped if gzipped else self._plain
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if self._token is not None and not self._token.admits(environ.get("HTTP_AUTHORIZATION")):
+            self.refused += 1
+            start_response(
+                "401 Unauthorized",
+                [
+                    ("Content-Type", "text/plain"),
+                    ("Content-Length", str(len(_UNAUTHORIZED))),
+                    ("WWW-Authenticate", 'Bearer realm="chronoq metrics"'),
+                ],
+            )
+            return [_UNAUTHORIZED]
         if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: /metrics is the only page\n"]

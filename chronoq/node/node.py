@@ -45,7 +45,7 @@ from chronoq.node.housekeeping import (
 )
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
-from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
+from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics, scrape_token
 from chronoq.node.precise import PreciseFirer, Scheduled, scheduled_of
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
@@ -134,7 +134,8 @@ class Node:
         self.soon: SoonBroadcast | None = None
         self.reaper: Reaper | None = None
         self.schedules: Schedules | None = None
-        self.metrics = NodeMetrics(settings.node_id)
+        # The metrics token is read now: a bad token file stops the node before it starts.
+        self.metrics = NodeMetrics(settings.node_id, token=scrape_token(settings))
         self.metrics_port: int | None = None
         self.retention: Retention | None = None
         self.depth: DepthPoller | None = None
@@ -402,7 +403,12 @@ class Node:
         self.metrics.add_collector(LoopCollector(lambda: self.supervisor.loops))
         if s.metrics_port is not None:
             self.metrics_port = self.metrics.serve(s.metrics_host, s.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.metrics_port)
+            log.info(
+                "metrics on http://%s:%d/metrics (%s)",
+                s.metrics_host,
+                self.metrics_port,
+                "bearer token" if self.metrics.page.guarded else "no token",
+            )
 
     async def _set_serving(self, serving: bool) -> None:
         status = (

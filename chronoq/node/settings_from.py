@@ -57,6 +57,9 @@ class NodeOptions:
     etcd_key: str | None = None
     metrics_host: str | None = None
     metrics_port: int | None = None
+    metrics_token_file: str | None = None
+    metrics_token: str | None = None
+    metrics_insecure: bool | None = None
     metrics_queues: int | None = None
     retention_days: float | None = None  # 0: forever
     dead_retention_days: float | None = None  # 0: forever
@@ -98,6 +101,9 @@ _SAME_NAME = (
     "auth_tokens",
     "metrics_host",
     "metrics_port",
+    "metrics_token_file",
+    "metrics_token",
+    "metrics_insecure",
     "metrics_queues",
     "submit_quota_burst",
     "long_polls_per_namespace",

@@ -625,19 +625,20 @@ def test_probe_http_for_the_lab(probe: ModuleType) -> None:
 
 
 def test_no_password_has_a_default() -> None:
-    """Every password is a required variable: `${X:?why}`, never `${X:-default}` or a literal."""
+    """Every password (and token) is a required variable: `${X:?why}`, never `${X:-default}`
+    or a literal."""
     raw = yaml.safe_load(COMPOSE.read_text())
     found = 0
     for name, svc in raw["services"].items():
         env = svc.get("environment") or {}
         assert isinstance(env, dict), f"{name}: write environment as a mapping"
         for key, value in env.items():
-            if "PASSWORD" in key:
+            if "PASSWORD" in key or "TOKEN" in key:
                 found += 1
                 match = _VARIABLE.fullmatch(str(value))
                 assert match and match.group(2) == ":?", f"{name}: {key}={value!r}"
     assert found >= 6  # the superuser, replication, the nodes' role, the REST API, Grafana
-    defaults = re.findall(r"\$\{(\w*PASSWORD\w*):?-", COMPOSE.read_text())
+    defaults = re.findall(r"\$\{(\w*(?:PASSWORD|TOKEN)\w*):?-", COMPOSE.read_text())
     assert not defaults, f"passwords with a default: {defaults}"
 
 
@@ -676,3 +677,65 @@ def test_patronis_rest_api_wants_a_password(services: dict[str, dict[str, Any]])
         assert not any(str(p).endswith(":8008") for p in pg.get("ports", [])), (
             f"{name}: the REST API stays on the compose network"
         )
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_the_nodes_metrics_need_the_token_compose_gives_them(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nodes serve /metrics on 0.0.0.0 inside the network: parsed by the real CLI with
+    their environment they start only with CHRONOQ_METRICS_TOKEN, which has no default."""
+    from chronoq.cli.node import node_options
+    from chronoq.errors import ConfigError
+    from chronoq.node.metrics import scrape_token
+    from chronoq.node.settings_from import settings_from
+
+    command = _cli().commands["node"]
+    nodes = _of_role(services, "node")
+    assert nodes
+    for name, svc in nodes.items():
+        args = _command(svc)
+        assert _flag(args, "--metrics-host") == "0.0.0.0", name
+        env = {k: str(v) for k, v in svc["environment"].items() if k.startswith("CHRONOQ_")}
+        assert env["CHRONOQ_METRICS_TOKEN"] == _stand_in("CHRONOQ_METRICS_TOKEN"), name
+        for with_token in (False, True):
+            for var in [v for v in os.environ if v.startswith("CHRONOQ_")]:
+                monkeypatch.delenv(var)
+            for var, value in env.items():
+                if with_token or var != "CHRONOQ_METRICS_TOKEN":
+                    monkeypatch.setenv(var, value)
+            params = command.make_context("node", args[1:]).params
+            if not with_token:
+                with pytest.raises(ConfigError, match="add --metrics-token-file"):
+                    settings_from(node_options(params))
+                continue
+            token = scrape_token(settings_from(node_options(params)))
+            assert token is not None, name
+            assert token.admits(f"Bearer {_stand_in('CHRONOQ_METRICS_TOKEN')}"), name
+
+
+def test_prometheus_sends_the_token_from_a_file_it_alone_reads(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Its job's credentials_file is written at start from the (required) environment
+    variable, on a tmpfs, with umask 077: the token is in no config file, argv or volume."""
+    prometheus = services["prometheus"]
+    [job] = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())[
+        "scrape_configs"
+    ]
+    auth = job["authorization"]
+    assert auth.get("type", "Bearer") == "Bearer" and "credentials" not in auth
+    path = auth["credentials_file"]
+    env = prometheus["environment"]
+    assert env["CHRONOQ_METRICS_TOKEN"] == _stand_in("CHRONOQ_METRICS_TOKEN")
+    entrypoint = [str(part) for part in prometheus["entrypoint"]]
+    assert entrypoint[:2] == ["/bin/sh", "-c"], entrypoint
+    script = entrypoint[2]
+    assert "umask 077" in script
+    assert f'printf %s "$CHRONOQ_METRICS_TOKEN" > {path}' in script
+    assert 'exec /bin/prometheus "$@"' in script
+    assert any(path.startswith(str(mount).rstrip("/") + "/") for mount in prometheus["tmpfs"])
+    # What Prometheus runs is still its config and data flags.
+    assert any(str(c).startswith("--config.file=") for c in prometheus["command"])
