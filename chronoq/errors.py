@@ -213,6 +213,49 @@ class TooManyLongPolls(ChronoqError):
         )
 
 
+class StreamStalled(ChronoqError):
+    """A worker stream's worker took none of its messages within the write deadline: the stream
+    is closed and the tasks it had not delivered are given back."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+
+    def __init__(self, seconds: float, given_back: int) -> None:
+        self.seconds = seconds
+        self.given_back = given_back
+        super().__init__(
+            f"the worker read nothing of this stream for {seconds:g} s: closed, "
+            f"{given_back} undelivered task(s) given back (read the stream, or open it with "
+            "fewer credits)"
+        )
+
+
+class StreamNotOpened(ChronoqError):
+    """A worker stream sent no opening message within its deadline."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(
+            f"a Work stream must send its open message within {seconds:g} s of its start"
+        )
+
+
+class TooManyOpenings(ChronoqError):
+    """Too many worker streams on this node have not sent their opening message yet."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, limit: int, scope: str = "node") -> None:
+        self.limit = limit
+        self.scope = scope  # "node" or "caller": which cap was reached
+        who = "this node has" if scope == "node" else "this caller has"
+        super().__init__(
+            f"{who} {limit} streams that have not sent their open message yet, the "
+            "limit: retry later, and open a stream by its first message at once"
+        )
+
+
 class RemoteError(ChronoqError):
     """A chronoq node refused or could not serve a request (client side)."""
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from chronoq.errors import InvalidArgument, shown
+from chronoq.errors import ConfigError, InvalidArgument, shown
 from chronoq.recurrence import Cron
 from chronoq.recurrence import check as check_rule
 
@@ -84,6 +84,29 @@ MAX_COUNTED_TASKS = 100_000
 #: Queues a CountTasks answers per state (in queue order): bounds its answer's bytes.
 MAX_COUNTED_QUEUES = 1000
 
+# ---------------------------------------------------------------- bytes, per answer
+
+#: The one byte budget of everything a node sends carrying tasks: a listing page, a claim's
+#: answer (``Claim``, or riding on ``CompleteBatch``), a push on a worker stream, a full
+#: ``SubmitBatch`` answer, and a worker stream's tasks claimed but not yet written. It fits in
+#: the 4 MiB a gRPC client accepts by default with room for the rest of the message, so no
+#: answer is built that a client with default settings cannot take; the statements that lease
+#: tasks stop at it (always one task, so a task at the payload limit still goes).
+MAX_ANSWER_BYTES = 3 * 1024 * 1024
+#: What a task costs in an answer besides its variable-length fields: id, times, numbers and
+#: framing (a generous upper bound, so a sum of tasks never underestimates the message).
+TASK_FIXED_BYTES = 256
+#: The largest payload a node may be configured to accept: a task at it still fits in one
+#: answer with every other field at its limit.
+MAX_PAYLOAD_LIMIT = MAX_ANSWER_BYTES - 64 * 1024
+#: A worker stream must send its opening message within this many seconds of its start, or
+#: it is closed (no stream sits open unauthenticated and uncounted).
+STREAM_OPEN_DEADLINE = 5.0
+#: A message written on a worker stream must be taken by the worker (the transport's flow
+#: control) within this many seconds, or the stream is closed and the tasks it had not
+#: delivered are given back at once, without using an attempt.
+STREAM_WRITE_DEADLINE = 5.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
@@ -100,6 +123,13 @@ class Limits:
     min_lease_timeout: timedelta = timedelta(seconds=1)
     max_lease_timeout: timedelta = timedelta(hours=24)
     min_interval: timedelta = timedelta(seconds=1)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_payload_bytes <= MAX_PAYLOAD_LIMIT:
+            raise ConfigError(
+                f"max_payload_bytes must be between 1 and {MAX_PAYLOAD_LIMIT} (a task must fit "
+                f"in one answer of {MAX_ANSWER_BYTES} bytes), got {self.max_payload_bytes}"
+            )
 
     def check(self, spec: TaskSpec, now: datetime) -> TaskSpec:
         """Return ``spec`` if it is acceptable at ``now``, else raise ``InvalidArgument``."""
@@ -233,6 +263,24 @@ def check_count(field: str, count: int, limit: int) -> int:
     if count > limit:
         raise InvalidArgument(field, f"holds {count} entries; the limit is {limit} per call")
     return count
+
+
+def full_answer_bytes(request_bytes: int, tasks: int) -> int:
+    """At most what a full ``SubmitBatch`` answer costs, from its request's size: each task
+    echoed with its id, times and numbers (``TASK_FIXED_BYTES``) added to its spec."""
+    return request_bytes + tasks * TASK_FIXED_BYTES
+
+
+def check_full_answer(request_bytes: int, tasks: int) -> None:
+    """Refuse, before anything is written, a batch whose full answer would pass the budget
+    (the caller could not read it, though every task was accepted)."""
+    size = full_answer_bytes(request_bytes, tasks)
+    if size > MAX_ANSWER_BYTES:
+        raise InvalidArgument(
+            "tasks",
+            f"a full answer to these {tasks} tasks would be up to {size} bytes; the limit is "
+            f"{MAX_ANSWER_BYTES} bytes per answer: set ids_only, or send fewer tasks per batch",
+        )
 
 
 def check_range(field: str, value: int, low: int, high: int) -> int:

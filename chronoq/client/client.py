@@ -26,6 +26,7 @@ from chronoq.client.values import (
     Submitted,
     new_keys,
 )
+from chronoq.limits import MAX_ANSWER_BYTES, full_answer_bytes
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     TASK_DEFAULTS,
@@ -63,6 +64,9 @@ STORE_RETRY_S = 45.0
 STORE_RETRY_PAUSE_S = (0.1, 1.0)  # first pause, and the cap of the doubling
 
 T = TypeVar("T")
+K = TypeVar("K")
+#: A spec's framing inside a batch request at most (its field tag and length).
+SPEC_FRAMING_BYTES = 6
 Method = Callable[[NodeStubs], Any]
 
 
@@ -213,14 +217,20 @@ class Client:
 
     @tracing.client_span
     async def submit_many(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
-        """Submit a batch in one request and one transaction; results in request order."""
+        """Submit a batch; results in request order. One request and one transaction while
+        the answer (every task echoed) fits in a node's answer budget; a larger batch goes in
+        consecutive requests that each fit, each its own transaction (every task has an
+        idempotency key, so a retry after a failure creates nothing twice)."""
         keyed = self._keyed(tasks)
-        req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in keyed])
-        resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
-        return [
-            Submitted(convert.task_from_pb(t), c or ours)
-            for t, c, (_, ours) in zip(resp.tasks, resp.created, keyed, strict=True)
-        ]
+        out: builtins.list[Submitted] = []
+        for part in answer_sized(keyed):
+            req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in part])
+            resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
+            out += [
+                Submitted(convert.task_from_pb(t), c or ours)
+                for t, c, (_, ours) in zip(resp.tasks, resp.created, part, strict=True)
+            ]
+        return out
 
     @tracing.client_span
     async def submit_ids(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
@@ -546,6 +556,25 @@ class Client:
             lambda n: n.workers.Release, req, timeout=self.ack_timeout, retry=True
         )
         return convert.task_from_pb(reply)
+
+
+def answer_sized(
+    keyed: Sequence[tuple[tasks_pb2.TaskSpec, K]],
+) -> builtins.list[Sequence[tuple[tasks_pb2.TaskSpec, K]]]:
+    """``keyed`` cut into consecutive batches whose full ``SubmitBatch`` answer fits in the
+    node's answer budget (``chronoq.limits.check_full_answer``; each spec counted with its
+    framing), one task at least each."""
+    parts: builtins.list[Sequence[tuple[tasks_pb2.TaskSpec, K]]] = []
+    start, size = 0, 0
+    for i, (spec, _) in enumerate(keyed):
+        cost = full_answer_bytes(spec.ByteSize() + SPEC_FRAMING_BYTES, 1)
+        if i > start and size + cost > MAX_ANSWER_BYTES:
+            parts.append(keyed[start:i])
+            start, size = i, 0
+        size += cost
+    if start < len(keyed) or not parts:
+        parts.append(keyed[start:])
+    return parts
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:

@@ -4,8 +4,10 @@ A ``grpc.aio`` server interceptor sees only the method name and the metadata, no
 so for chronoq methods it wraps the handler's behaviour: the wrapper reads the token from the
 ``authorization: Bearer <token>`` metadata, finds the request's namespaces (``namespace`` of
 the request, or of its ``task`` / each of its ``tasks``), checks them against the token's
-grant and only then calls the servicer (a stream: on its first message, which names its
-namespace; nothing reaches the servicer before it passes). Health and reflection stay open,
+grant and only then calls the servicer (a stream: its token at once, from the metadata, then
+its namespaces on its first message, which must come within ``STREAM_OPEN_DEADLINE`` and is
+waited for by at most ``MAX_OPENING_STREAMS`` streams at once; nothing reaches the servicer
+before it passes). Health and reflection stay open,
 so probes and ``grpcurl list`` need no token.
 
 A request type with no namespace anywhere is a cluster-wide call: ``ClusterService.Status``
@@ -33,6 +35,7 @@ from chronoq.auth import TokenAuth, TokenFile, bearer_token
 from chronoq.errors import ChronoqError, Unauthenticated
 from chronoq.models import DEFAULT_NAMESPACE
 from chronoq.node.status import code_for
+from chronoq.node.work_stream import Openings
 
 log = logging.getLogger("chronoq.auth")
 
@@ -154,6 +157,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._tokens = auth.current if isinstance(auth, TokenFile) else lambda: auth
         # A fixed set of tokens never revokes one: nothing to track.
         self.open_calls = OpenCalls(auth.current) if isinstance(auth, TokenFile) else None
+        #: Streams authenticated by their token, waiting for their first message.
+        self.openings = Openings()
 
     async def intercept_service(
         self,
@@ -200,9 +205,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def _guard_stream(self, method: str, token: str | None, behavior: Behavior) -> Behavior:
         async def guarded(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            first = None
-            with contextlib.suppress(StopAsyncIteration):
-                first = await anext(requests)
+            # The token first, from the metadata: a stream without a valid one is refused
+            # before it may hold anything while its first message is awaited.
+            await self._check_token(method, token, context)
+            try:
+                first = await self.openings.first(requests, key=token or "")
+            except ChronoqError as exc:
+                await context.abort(code_for(exc), exc.message)
             # A stream closed before its first message names no namespace: checked as one
             # of the default namespace, so the servicer can say what is missing.
             namespaces = request_namespaces(first) if first is not None else {DEFAULT_NAMESPACE}
@@ -219,6 +228,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             )
 
         return guarded
+
+    async def _check_token(
+        self, method: str, token: str | None, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        try:
+            self._tokens().authenticate(token)
+        except ChronoqError as exc:
+            log.info("auth: %s refused from %s: %s", method, context.peer(), exc.message)
+            await context.abort(code_for(exc), exc.message)
 
     async def _check(
         self,

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from chronoq.clock import Clock
 from chronoq.errors import ChronoqError
+from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import Lease, Task
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier, Watch
 from chronoq.store import Store
@@ -199,7 +200,10 @@ class Claims:
         max_tasks: int,
         *,
         unless_quiet: bool = False,
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> list[Task]:
+        """One claim statement: up to ``max_tasks`` within ``max_bytes`` (always one task if any
+        is ready; see ``Store.claim``)."""
         if unless_quiet and self._notifier.quiet(namespace, queues):
             return []
         async with self.lanes.lane(namespace):
@@ -208,7 +212,13 @@ class Claims:
             limited = await self._limited_queues()
             job = asyncio.ensure_future(
                 self._store.claim(
-                    namespace, queues, worker_id, max_tasks, self._clock.now(), limited=limited
+                    namespace,
+                    queues,
+                    worker_id,
+                    max_tasks,
+                    self._clock.now(),
+                    limited=limited,
+                    max_bytes=max_bytes,
                 )
             )
             try:

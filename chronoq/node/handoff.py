@@ -9,7 +9,10 @@ message from the instant to the handler.
 
 A plan reserves the credits it offers before the statement and gives back what the statement
 did not use (a task skipped by its misfire policy, fired elsewhere, or a fence lost), so a
-stream never gets more tasks than it has credits for. Queues with a dispatch limit are never
+stream never gets more tasks than it has credits for. It reserves bytes the same way: the
+statement leases a stream's tasks only while they fit in the stream's room (its byte budget
+less what it holds unwritten, always one task), the rest fire READY, so a stream whose worker
+does not read takes no more hand-offs than its budget. Queues with a dispatch limit are never
 handed off: their claims take tokens from the limit.
 """
 
@@ -32,23 +35,27 @@ class Taker(Protocol):
 
     def available(self) -> int: ...
 
+    def reserve(self, n: int) -> int:
+        """Hold ``n`` credits and the stream's free bytes; returns the bytes held."""
+        ...
+
+    def deliver(self, tasks: list[Task], reserved: int, reserved_bytes: int) -> None: ...
+
     def offered(self) -> None:
         """The wheel fired tasks this stream could take (whether it had credits or not)."""
         ...
 
-    def reserve(self, n: int) -> None: ...
-
-    def deliver(self, tasks: list[Task], reserved: int) -> None: ...
-
 
 @dataclass
 class Plan:
-    """What one fire statement hands off: ``leases`` (task id → worker id) for the store,
+    """What one fire statement hands off: ``leases`` (task id → worker id) and ``budgets``
+    (task id → (its stream's number in the plan, the stream's byte budget)) for the store,
     and the reservations to settle with what it returns."""
 
     leases: dict[str, str] = field(default_factory=dict)
+    budgets: dict[str, tuple[int, int]] = field(default_factory=dict)
     _takers: dict[str, Taker] = field(default_factory=dict)  # task id → its stream
-    _reserved: dict[Taker, int] = field(default_factory=dict)
+    _reserved: dict[Taker, tuple[int, int]] = field(default_factory=dict)  # credits, bytes
     _settled: bool = False
 
     def settle(self, leased: Iterable[Task]) -> int:
@@ -63,8 +70,17 @@ class Plan:
             if taker is not None:
                 mine[taker].append(task)
         for taker, tasks in mine.items():
-            taker.deliver(tasks, self._reserved[taker])
+            taker.deliver(tasks, *self._reserved[taker])
         return sum(len(t) for t in mine.values())
+
+    def budgeted(self) -> Plan:
+        """Fill ``budgets``: one byte budget per stream, however many of its keys it serves."""
+        group = {taker: i for i, taker in enumerate(self._reserved)}
+        self.budgets = {
+            task_id: (group[taker], self._reserved[taker][1])
+            for task_id, taker in self._takers.items()
+        }
+        return self
 
     def cancel(self) -> None:
         """The statement failed: nothing was leased, every reservation goes back."""
@@ -118,8 +134,9 @@ class HandOff:
                 n = min(taker.available(), len(ids))
                 if n <= 0:
                     continue
-                taker.reserve(n)
-                plan._reserved[taker] = plan._reserved.get(taker, 0) + n
+                room = taker.reserve(n)
+                credits, held = plan._reserved.get(taker, (0, 0))
+                plan._reserved[taker] = (credits + n, held + room)
                 for task_id in ids[:n]:
                     plan.leases[task_id] = taker.worker_id
                     plan._takers[task_id] = taker
@@ -128,4 +145,4 @@ class HandOff:
             for taker in served:  # to the back of the key's turn
                 takers.pop(taker, None)
                 takers[taker] = None
-        return plan if plan.leases else None
+        return plan.budgeted() if plan.leases else None

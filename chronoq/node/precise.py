@@ -330,6 +330,7 @@ class PreciseFirer:
                     [d.task_id for d in mine],
                     node_id=self.node_id,
                     leases=plan.leases if plan is not None else None,
+                    budgets=plan.budgets if plan is not None else None,
                 )
             )
             try:

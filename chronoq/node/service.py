@@ -46,6 +46,7 @@ from chronoq.limits import (
     MAX_TASK_ID,
     MAX_WORKER_ID,
     check_count,
+    check_full_answer,
     check_name,
     check_range,
     check_rate,
@@ -59,7 +60,7 @@ from chronoq.node.metrics import NodeMetrics
 from chronoq.node.precise import Scheduled, scheduled_of
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
-from chronoq.node.work_stream import WorkSession, first_of, opened
+from chronoq.node.work_stream import Openings, WorkSession, opened
 from chronoq.ratelimit import Quotas
 from chronoq.store import Store
 from chronoq.store.operator import COUNTABLE_STATES
@@ -181,6 +182,8 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
                 f"holds {len(request.tasks)} tasks; "
                 f"the limit is {self._settings.max_batch} per batch",
             )
+        if not request.ids_only:
+            check_full_answer(request.ByteSize(), len(request.tasks))
         if request.ids_only:
             now = self._clock.now()
             specs = await self._checked(list(request.tasks), now)
@@ -334,6 +337,8 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         )
         #: The streams fired tasks are handed to (see ``chronoq.node.handoff``).
         self.handoff = HandOff(self.claims.limited_keys)
+        #: Streams that have not sent their open message yet (capped, with a deadline).
+        self.openings = Openings()
 
     def _claim_args(
         self, request: worker_pb2.ClaimRequest, context: Ctx, field: str = ""
@@ -460,7 +465,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
     @translated
     async def Work(self, request_iterator: AsyncIterator[Any], context: Ctx) -> None:
         """The streaming worker protocol (see ``chronoq.node.work_stream``)."""
-        first = await first_of(request_iterator)
+        first = await self.openings.first(request_iterator)
         namespace, queues, worker_id = opened(first, context.peer() or "")
         session = WorkSession(
             self.claims,

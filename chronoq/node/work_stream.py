@@ -8,9 +8,17 @@ in between. Acks come on the same stream, each batch answered with its ``ack_seq
 slots come back as credits, usually in the same message as their acks.
 
 A stream holds one of its namespace's long-poll slots while it is open (streams are capped
-like long-polls). What a stream owns when it ends: tasks already pushed stay leased to the
-worker, which may finish and ack them elsewhere (or let the leases expire); tasks claimed for
-it but not written are released at once, without using an attempt.
+like long-polls), and before that, from its first byte, one of the node's slots for streams
+not opened yet (``Openings``): it must send its open message within
+``STREAM_OPEN_DEADLINE``. What a stream owns when it ends: tasks already pushed stay leased to
+the worker, which may finish and ack them elsewhere (or let the leases expire); tasks claimed
+for it but not written are released at once, without using an attempt.
+
+Credits count tasks; bytes are bounded too. A stream holds at most ``STREAM_BYTES`` of tasks
+claimed or handed off for it and not yet written (claims and hand-offs stop at its room, one
+task always), and every write has ``STREAM_WRITE_DEADLINE``: a worker that does not read
+(its transport's flow control blocks the write) has its stream closed, and what was not
+delivered goes back to READY at once, no attempt used.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -27,13 +36,17 @@ from chronoq import tracing
 from chronoq.api import convert
 from chronoq.api.v1 import worker_pb2
 from chronoq.clock import Clock
-from chronoq.errors import InvalidArgument
+from chronoq.errors import InvalidArgument, StreamNotOpened, StreamStalled, TooManyOpenings
 from chronoq.limits import (
+    MAX_ANSWER_BYTES,
     MAX_CLAIM_TASKS,
     MAX_LEASES_PER_CALL,
     MAX_QUEUES_PER_CLAIM,
     MAX_STREAM_CREDITS,
     MAX_WORKER_ID,
+    STREAM_OPEN_DEADLINE,
+    STREAM_WRITE_DEADLINE,
+    TASK_FIXED_BYTES,
     check_count,
     check_name,
     check_text,
@@ -57,8 +70,68 @@ QUIET_CLAIM = 16
 #: Seconds a stream keeps room for the wheel's hand-off after the wheel last had tasks for
 #: it: claims leave a quarter of its credits free meanwhile (see ``claim_size``).
 HANDOFF_MEMORY = 1.0
+#: Bytes of tasks a stream holds claimed or handed off but not written yet: the answer budget.
+STREAM_BYTES = MAX_ANSWER_BYTES
+#: Streams of a node that have not sent their open message yet (each at most
+#: ``STREAM_OPEN_DEADLINE``); beyond it a new stream is refused with RESOURCE_EXHAUSTED.
+MAX_OPENING_STREAMS = 256
+#: Of those, the streams of one caller (one token, where the node requires tokens): one
+#: tenant cannot keep another's workers from opening theirs.
+MAX_OPENING_PER_CALLER = 32
 
 Write = Callable[[worker_pb2.WorkResponse], Any]
+
+
+def task_bytes(task: Task) -> int:
+    """What ``task`` costs in a push, counted as the store's statements count it."""
+    return (
+        len(task.payload)
+        + len(task.namespace)
+        + len(task.queue)
+        + len((task.idempotency_key or "").encode())
+        + len((task.last_error or "").encode())
+        + len((task.worker_id or "").encode())
+        + len(task.content_type)
+        + TASK_FIXED_BYTES
+    )
+
+
+class Openings:
+    """The node's streams that have not sent their first message yet: at most ``cap`` at once
+    (``per_key`` of one caller, e.g. one token), each for at most ``deadline`` seconds,
+    counted from the stream's first byte, before its namespace is known."""
+
+    cap = MAX_OPENING_STREAMS
+    per_key = MAX_OPENING_PER_CALLER
+    deadline = STREAM_OPEN_DEADLINE
+
+    def __init__(self) -> None:
+        self.open: Counter[str] = Counter()
+        self.total = 0
+        self.refused = 0  # streams refused over a cap
+        self.expired = 0  # streams closed for not opening in time
+
+    async def first(self, requests: AsyncIterator[Any], key: str = "") -> Any:
+        """The first message of ``requests`` (None when the caller closed at once), within
+        the deadline and the caps: ``TooManyOpenings`` or ``StreamNotOpened`` otherwise."""
+        if self.total >= self.cap or self.open[key] >= self.per_key:
+            self.refused += 1
+            if self.total >= self.cap:
+                raise TooManyOpenings(self.cap, "node")
+            raise TooManyOpenings(self.per_key, "caller")
+        self.open[key] += 1
+        self.total += 1
+        try:
+            async with asyncio.timeout(self.deadline):
+                return await first_of(requests)
+        except TimeoutError:
+            self.expired += 1
+            raise StreamNotOpened(self.deadline) from None
+        finally:
+            self.total -= 1
+            self.open[key] -= 1
+            if not self.open[key]:
+                del self.open[key]
 
 
 def claim_size(free: int, *, more: bool, last: int, handoff: bool) -> int:
@@ -129,6 +202,11 @@ class WorkSession:
         self.credits = 0  # granted by the worker, not pushed yet
         self.held = 0  # of ``credits``, those a claim or a hand-off in flight may fill
         self.pushed = 0
+        self.unwritten = 0  # bytes of tasks claimed or handed off for us, not written yet
+        self.held_bytes = 0  # bytes a claim or a hand-off in flight may fill
+        self.unwritten_tasks = 0  # tasks of ``unwritten``
+        self._stalled: StreamStalled | None = None  # a write passed its deadline
+        self._stalled_write: asyncio.Future[Any] | None = None  # that write, still pending
         self._offered_at = -HANDOFF_MEMORY  # loop time the wheel last had tasks for us
         self._closed = False
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -168,6 +246,12 @@ class WorkSession:
                 for job in (*jobs, self._failed):
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
+                if self._stalled_write is not None:
+                    # A write past its deadline is still in the transport (cancelling it would
+                    # leave the call unable to send its status): the call ends once it
+                    # completes or the worker leaves, and until then keeps its slot, so
+                    # stalled streams count against the caps. It holds that one message only.
+                    await asyncio.gather(self._stalled_write, return_exceptions=True)
 
     def _close(self, keys: list[tuple[str, str]]) -> None:
         """Take no more hand-offs (one settled from now on gives its tasks back)."""
@@ -241,19 +325,31 @@ class WorkSession:
         )
 
     def available(self) -> int:
-        """Credits neither pushed nor held by a claim or hand-off in flight."""
-        return 0 if self._closed else self.credits - self.held
+        """Credits neither pushed nor held by a claim or hand-off in flight; none while the
+        stream holds its byte budget unwritten (its worker reads slowly, or not at all)."""
+        if self._closed or self.unwritten >= STREAM_BYTES:
+            return 0
+        return self.credits - self.held
 
-    def reserve(self, n: int) -> None:
-        """Hold ``n`` credits for a hand-off (settled by ``deliver``)."""
+    def room(self) -> int:
+        """Bytes a claim or hand-off may still fill (one task goes even at none)."""
+        return max(0, STREAM_BYTES - self.unwritten - self.held_bytes)
+
+    def reserve(self, n: int) -> int:
+        """Hold ``n`` credits and the free bytes for a hand-off (settled by ``deliver``);
+        returns the bytes held."""
+        room = self.room()
         self.held += n
+        self.held_bytes += room
         if self.available() <= 0:
             self._drained.set()  # the pusher stops waiting for notices it could not act on
+        return room
 
-    def deliver(self, tasks: list[Task], reserved: int) -> None:
+    def deliver(self, tasks: list[Task], reserved: int, reserved_bytes: int) -> None:
         """A hand-off is settled: push ``tasks`` (leased to this worker by the fire
-        statement) and free the ``reserved`` credits they did not use."""
+        statement) and free the ``reserved`` credits and bytes they did not use."""
         self.held -= reserved
+        self.held_bytes -= reserved_bytes
         if reserved > len(tasks):
             self._credited.set()
         if not tasks:
@@ -262,7 +358,10 @@ class WorkSession:
         if self._closed:
             self._claims.give_back(self.namespace, tasks)
             return
-        job = asyncio.get_running_loop().create_task(self._send(tasks), name="chronoq-work-handoff")
+        size = self._hold(tasks)
+        job = asyncio.get_running_loop().create_task(
+            self._send(tasks, size), name="chronoq-work-handoff"
+        )
         self._deliveries.add(job)
         job.add_done_callback(functools.partial(self._delivered, tasks))
 
@@ -288,7 +387,9 @@ class WorkSession:
                 n = claim_size(
                     self.available(), more=more, last=last, handoff=self._handing_off()
                 )
+                room = self.room()
                 self.held += n
+                self.held_bytes += room
                 try:
                     tasks = await self._claims.claim_once(
                         self._caller,
@@ -297,14 +398,16 @@ class WorkSession:
                         self.worker_id,
                         n,
                         unless_quiet=not more,
+                        max_bytes=max(1, room),
                     )
                 finally:
                     self.held -= n
+                    self.held_bytes -= room
                 last = len(tasks)
                 if not tasks:
                     more = await self._wait(watch, keys)
                     continue
-            more = len(tasks) == n
+            more = len(tasks) == n or room <= 0
             if more:
                 self._claims.wake_more(keys)
             self.credits -= len(tasks)
@@ -328,21 +431,56 @@ class WorkSession:
         return woken
 
     async def _push_tasks(self, tasks: list[Task]) -> None:
+        size = self._hold(tasks)
         try:
-            await self._send(tasks)
+            await self._send(tasks, size)
         except BaseException:
             # Not seen by the worker: back to READY at once, no attempt used.
             self._claims.give_back(self.namespace, tasks)
             raise
         self.pushed += len(tasks)
 
-    async def _send(self, tasks: list[Task]) -> None:
-        tracing.claimed(tasks, self.worker_id)  # no-op unless tracing is on
-        await self._write(worker_pb2.WorkResponse(tasks=await converted(tasks, convert.task_to_pb)))
+    def _hold(self, tasks: list[Task]) -> int:
+        """Count ``tasks`` as held for this stream, unwritten; returns their bytes."""
+        size = sum(task_bytes(t) for t in tasks)
+        self.unwritten += size
+        self.unwritten_tasks += len(tasks)
+        return size
+
+    async def _send(self, tasks: list[Task], size: int) -> None:
+        """Push ``tasks`` (``size`` bytes of ``unwritten``, freed once written or failed)."""
+        try:
+            tracing.claimed(tasks, self.worker_id)  # no-op unless tracing is on
+            pushed = await converted(tasks, convert.task_to_pb)
+            await self._write(worker_pb2.WorkResponse(tasks=pushed))
+        finally:
+            self.unwritten -= size
+            self.unwritten_tasks -= len(tasks)
+            self._credited.set()  # room again: the pusher may claim
 
     async def _write(self, response: worker_pb2.WorkResponse) -> None:
+        """One message to the worker, taken within ``STREAM_WRITE_DEADLINE`` once it is this
+        message's turn; past it the stream ends (``StreamStalled``): what was not delivered
+        is given back by the callers, this message's tasks included (if the worker reads it
+        later, their leases are stale)."""
         async with self._writing:
-            await self._write_raw(response)
+            if self._stalled is not None:
+                raise self._stalled  # an earlier write timed out: the stream is ending
+            write = asyncio.ensure_future(self._write_raw(response))
+            await asyncio.wait({write}, timeout=STREAM_WRITE_DEADLINE)
+            if write.done():
+                write.result()
+                return
+            self._stalled_write = write
+            self._stalled = StreamStalled(STREAM_WRITE_DEADLINE, self._undelivered())
+            log.info("worker stream of %s stalled: %s", self.worker_id, self._stalled.message)
+            if not self._failed.done():
+                self._failed.set_exception(self._stalled)
+            raise self._stalled
+
+    def _undelivered(self) -> int:
+        """Tasks claimed or handed off for this stream and not written (given back)."""
+        return self.unwritten_tasks
 
 
 async def first_of(requests: AsyncIterator[Any]) -> Any:

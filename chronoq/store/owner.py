@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from chronoq.buckets import bucket_of
+from chronoq.limits import MAX_ANSWER_BYTES, TASK_FIXED_BYTES
 from chronoq.models import Task, TaskState
 from chronoq.saturating import ms_of
 from chronoq.store.connection import Connected
@@ -138,6 +139,7 @@ class OwnerStatements(Connected):
         *,
         node_id: str = "",
         leases: Mapping[str, str] | None = None,
+        budgets: Mapping[str, tuple[int, int]] | None = None,
     ) -> FireResult:
         """Fire the listed tasks of owned partitions (partition → token) that are still
         SCHEDULED and due at ``now`` (``run_at <= now`` in the statement too), fenced like
@@ -145,7 +147,10 @@ class OwnerStatements(Connected):
         aside; nothing is retried here.
 
         ``leases`` (task id → worker id) hands those tasks straight to their workers in the
-        same write: RUNNING, leased as by a claim; they come back in ``FireResult.leased``."""
+        same write: RUNNING, leased as by a claim; they come back in ``FireResult.leased``.
+        ``budgets`` (task id → (stream, bytes), each lease's stream and that stream's byte
+        budget) bounds what is leased per stream: its tasks while they fit (always one), the
+        rest fire READY. A lease without one has the answer budget."""
         result = FireResult()
         if not owned or not task_ids:
             return result
@@ -160,10 +165,14 @@ class OwnerStatements(Connected):
             ms_of(self.horizon),
         ]
         if leases:
+            budget = budgets or {}
             args += [
                 [parse_task_id(t) for t in leases],
                 list(leases.values()),
                 *self.lease_bounds_ms,
+                [budget.get(t, (-1, 0))[0] for t in leases],
+                [budget.get(t, (-1, MAX_ANSWER_BYTES))[1] for t in leases],
+                TASK_FIXED_BYTES,
             ]
         async with self.connection() as conn:
             try:

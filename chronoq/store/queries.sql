@@ -54,6 +54,15 @@ CASE WHEN t.finished_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59
      ELSE t.finished_at END AS finished_at,
 t.fired_by, t.fire_token, t.content_type, t.trace_context
 
+-- fragment: task_bytes
+-- What a task's variable-length columns (of `t`) cost in an answer, in bytes; the caller adds
+-- the fixed part. octet_length and pg_column_size read a stored value's size without
+-- fetching it, so a statement can stop at a byte budget before it reads a payload.
+octet_length(t.payload) + octet_length(t.namespace) + octet_length(t.queue)
++ coalesce(octet_length(t.last_error), 0) + coalesce(octet_length(t.idempotency_key), 0)
++ coalesce(octet_length(t.worker_id), 0) + coalesce(octet_length(t.fired_by), 0)
++ coalesce(octet_length(t.content_type), 0) + coalesce(pg_column_size(t.trace_context), 0)
+
 -- fragment: fired_row
 -- What firing answers: no instant, only the lateness in seconds, so that no stored value
 -- can fail the answer of a statement that has already committed.
@@ -233,7 +242,10 @@ RETURNING {{fired_row}};
 -- its worker in $9, the same position) go SCHEDULED -> RUNNING, leased as by claim (lease
 -- timeout saturated into [$10, $11] ms), in the same write that fires them: the hand-off to
 -- a worker stream waiting on this node. A task its misfire policy skips is skipped, never
--- leased; the others fire READY as in fire_ids. Fenced the same way.
+-- leased; the others fire READY as in fire_ids. Each lease names its stream ($12, same
+-- position) and that stream's byte budget ($13): a stream's tasks are leased, in the order
+-- listed, while their size (as claim counts it, $14 the fixed part) fits in its budget (the
+-- first always); the rest fire READY. Fenced the same way.
 {{owned_fences}},
 target AS (
     SELECT t.id,
@@ -241,17 +253,25 @@ target AS (
             AND t.run_at < $4::timestamptz
                 - least(greatest(t.misfire_grace_ms, 0), $7::bigint) * interval '1 ms') AS skip,
            array_position($8::uuid[], t.id) AS slot,
-           t.attempt
+           t.attempt,
+           {{task_bytes}} + $14::integer AS bytes
     FROM tasks t
     WHERE t.id = ANY($5::uuid[]) AND t.partition = ANY(ARRAY(SELECT partition FROM fence))
       AND t.state + 0 = 0 AND (t.bucket, t.run_at) <= ($3::bigint, $4::timestamptz)
     FOR UPDATE OF t
 ),
-plan AS (
+offered AS (
     -- a task whose attempt counter is at its end is fired READY (claims set it aside)
-    SELECT g.id, g.skip, (g.slot IS NOT NULL AND NOT g.skip AND g.attempt < 2147483647) AS leased,
-           g.slot
+    SELECT g.id, g.slot,
+           sum(g.bytes) OVER w AS upto, row_number() OVER w AS n
     FROM target g
+    WHERE g.slot IS NOT NULL AND NOT g.skip AND g.attempt < 2147483647
+    WINDOW w AS (PARTITION BY ($12::integer[])[g.slot] ORDER BY g.slot)
+),
+plan AS (
+    SELECT g.id, g.skip,
+           coalesce(o.upto <= ($13::bigint[])[o.slot] OR o.n = 1, false) AS leased, g.slot
+    FROM target g LEFT JOIN offered o ON o.id = g.id
 )
 UPDATE tasks t
 SET state = CASE WHEN p.skip THEN 6 WHEN p.leased THEN 2 ELSE 1 END,
@@ -379,22 +399,34 @@ SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2 FOR UPDATE
 -- the READY backlog. The candidate ids are computed once (an InitPlan), so a nested-loop
 -- rescan with SKIP LOCKED can never hand out more than the limit. The lease timeout is
 -- saturated into the limits' [$7, $8] ms before it becomes an interval: no stored value can
--- overflow the lease, or fail the claim of everyone on the queue.
+-- overflow the lease, or fail the claim of everyone on the queue. The claim stops before its
+-- tasks' size passes $9 bytes (each task its variable-length columns, its worker id and $10
+-- for the rest; the first always comes), so no task is leased that its answer cannot carry.
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
     lease_until = $5::timestamptz
         + least(greatest(t.lease_timeout_ms, $7::bigint), $8::bigint) * interval '1 ms'
 WHERE t.id = ANY(ARRAY(
-    SELECT c.id
-    FROM unnest($2::text[], $6::integer[]) AS q(queue, cap) CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM tasks
-        WHERE namespace = $1 AND queue = q.queue AND state = 1
-        ORDER BY priority DESC, run_at
-        LIMIT q.cap
-        FOR UPDATE SKIP LOCKED
-    ) c
-    ORDER BY c.priority DESC, c.run_at
-    LIMIT $3
+    SELECT b.id FROM (
+        SELECT c.id,
+               sum(c.bytes) OVER (ORDER BY c.priority DESC, c.run_at, c.id) AS upto,
+               row_number() OVER (ORDER BY c.priority DESC, c.run_at, c.id) AS n
+        FROM (
+            SELECT c.id, c.priority, c.run_at, c.bytes
+            FROM unnest($2::text[], $6::integer[]) AS q(queue, cap) CROSS JOIN LATERAL (
+                SELECT t.id, t.priority, t.run_at,
+                       {{task_bytes}} + octet_length($4::text) + $10::integer AS bytes
+                FROM tasks t
+                WHERE t.namespace = $1 AND t.queue = q.queue AND t.state = 1
+                ORDER BY t.priority DESC, t.run_at
+                LIMIT q.cap
+                FOR UPDATE SKIP LOCKED
+            ) c
+            ORDER BY c.priority DESC, c.run_at
+            LIMIT $3
+        ) c
+    ) b
+    WHERE b.upto <= $9::bigint OR b.n = 1
 )) AND t.state + 0 = 1
 RETURNING {{task_row}};
 
@@ -459,19 +491,14 @@ RETURNING {{task_row}};
 -- fragment: bytes_bounded_page
 -- A page of the candidate rows that ends before the rows' size passes $6 bytes (the first row
 -- always comes): the variable-length columns plus $7 for the fixed ones, so a page of large
--- payloads stays small. octet_length reads a stored value's size without fetching it.
--- page_rows tells the caller whether the page was cut short.
+-- payloads stays small. page_rows tells the caller whether the page was cut short.
 SELECT * FROM (
     SELECT p.*, sum(p.row_bytes) OVER (ORDER BY p.id) AS page_bytes,
            row_number() OVER (ORDER BY p.id) AS page_row,
            count(*) OVER () AS page_rows
     FROM (
-        SELECT c.*, octet_length(c.payload) + octet_length(c.namespace) + octet_length(c.queue)
-                    + coalesce(octet_length(c.last_error), 0)
-                    + coalesce(octet_length(c.idempotency_key), 0)
-                    + coalesce(octet_length(c.worker_id), 0)
-                    + coalesce(octet_length(c.fired_by), 0) + $7::integer AS row_bytes
-        FROM candidates c
+        SELECT t.*, {{task_bytes}} + $7::integer AS row_bytes
+        FROM candidates t
     ) p
 ) b
 WHERE b.page_bytes <= $6 OR b.page_row = 1

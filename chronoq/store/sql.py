@@ -24,6 +24,10 @@ def queries() -> dict[str, str]:
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         sql = "\n".join(lines).rstrip().rstrip(";")
         (fragments if kind == "fragment" else named)[name] = sql
+    # A fragment may use fragments defined before it (one level: the page bound uses the
+    # task's size).
+    for name, sql in fragments.items():
+        fragments[name] = _INCLUDE.sub(lambda m: fragments[m.group(1)], sql)
     return {
         name: _named(name, _INCLUDE.sub(lambda m: fragments[m.group(1)], sql))
         for name, sql in named.items()

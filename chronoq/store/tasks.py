@@ -18,7 +18,7 @@ from chronoq import tracecontext
 from chronoq.buckets import bucket_of, buckets_of, partitions_of
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
 from chronoq.ids import time_ordered_id_bytes
-from chronoq.limits import MAX_ERROR_MESSAGE, MAX_PAGE_SIZE
+from chronoq.limits import MAX_ANSWER_BYTES, MAX_ERROR_MESSAGE, MAX_PAGE_SIZE, TASK_FIXED_BYTES
 from chronoq.models import (
     OCTET_STREAM,
     AckOutcome,
@@ -41,12 +41,12 @@ from chronoq.timeslice import Timeslice, converted
 log = logging.getLogger("chronoq.store")
 
 _ZERO_UUID = uuid.UUID(int=0)
-#: Bytes a page of a listing holds at most (unless one task alone is larger): it fits in the
-#: 4 MiB a gRPC client accepts by default, and eight concurrent listings of 256 KiB payloads
+#: Bytes a page of a listing or a claim holds at most (unless one task alone is larger): the
+#: one answer budget (see ``chronoq.limits``), so eight concurrent listings of 256 KiB payloads
 #: hold tens of megabytes on a node, not gigabytes.
-PAGE_BYTES = 3 * 1024 * 1024
+PAGE_BYTES = MAX_ANSWER_BYTES
 #: What a listed task costs besides its strings: ids, times, numbers and framing.
-ROW_BYTES = 256
+ROW_BYTES = TASK_FIXED_BYTES
 #: Specs turned into insert columns between two yields to the event loop (a few ms).
 COLUMN_SLICE = 200
 #: Rows per insert statement: a larger batch is inserted in several statements of one
@@ -333,11 +333,14 @@ class TaskStatements(Connected):
         now: datetime,
         *,
         limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> list[Task]:
         """READY → RUNNING for up to ``max_tasks``; each gets attempt + 1 as its lease token.
 
-        Queues in ``limited`` have a cluster-wide dispatch limit: tokens are taken from their
-        bucket first, and the ones a claim did not use are given back.
+        The claim stops before its tasks pass ``max_bytes`` in an answer (it always takes one,
+        if any is ready), so what it leases can be sent. Queues in ``limited`` have a
+        cluster-wide dispatch limit: tokens are taken from their bucket first, and the ones a
+        claim did not use are given back.
         """
         async with self.connection() as conn:
             caps = []
@@ -351,7 +354,9 @@ class TaskStatements(Connected):
                 caps.append(cap)
             if not any(caps):
                 return []
-            rows = await self._claim_rows(conn, namespace, queues, max_tasks, worker_id, now, caps)
+            rows = await self._claim_rows(
+                conn, namespace, queues, max_tasks, worker_id, now, caps, max_bytes
+            )
             for queue, cap in zip(queues, caps, strict=True):
                 if (namespace, queue) in limited:
                     used = sum(1 for r in rows if r["queue"] == queue)
@@ -370,11 +375,22 @@ class TaskStatements(Connected):
         worker_id: str,
         now: datetime,
         caps: list[int],
+        max_bytes: int,
     ) -> list[Any]:
         """The claim statement. Its lease arithmetic saturates, so only a READY row whose
         attempt counter is at its end (no next lease token fits) can fail it: such rows of
         the claimed queues are quarantined, and the claim runs once more for everyone else."""
-        args = (namespace, list(queues), max_tasks, worker_id, now, caps, *self.lease_bounds_ms)
+        args = (
+            namespace,
+            list(queues),
+            max_tasks,
+            worker_id,
+            now,
+            caps,
+            *self.lease_bounds_ms,
+            max_bytes,
+            TASK_FIXED_BYTES,
+        )
         try:
             return list(await conn.fetch(q("claim"), *args))
         except POISON as exc:

@@ -32,10 +32,11 @@ class FakeTaker:
     def available(self) -> int:
         return self.credits - self.held
 
-    def reserve(self, n: int) -> None:
+    def reserve(self, n: int) -> int:
         self.held += n
+        return 1 << 20
 
-    def deliver(self, tasks: list[Task], reserved: int) -> None:
+    def deliver(self, tasks: list[Task], reserved: int, reserved_bytes: int) -> None:
         self.held -= reserved
         self.credits -= len(tasks)
         self.delivered += tasks

@@ -47,6 +47,7 @@ class FakeStore:
         *,
         node_id: str = "",
         leases: Mapping[str, str] | None = None,
+        budgets: Mapping[str, tuple[int, int]] | None = None,
     ) -> FireResult:
         return FireResult(fired=len(ids))
 
