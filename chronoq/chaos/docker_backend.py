@@ -130,7 +130,17 @@ class DockerBackend:
         return [self._published(s, ETCD_PORT) for s in self.etcd_services]
 
     def etcd_settings(self, cluster: str) -> EtcdSettings:
-        return EtcdSettings(endpoints=self.etcd_endpoints, cluster=cluster)
+        """The published members, as etcd's user chronoq with the password docker-compose.yml
+        was started with (``CHRONOQ_ETCD_PASSWORD``, as for compose: no default)."""
+        password = os.environ.get("CHRONOQ_ETCD_PASSWORD")
+        if not password:
+            raise ConfigError(
+                "set CHRONOQ_ETCD_PASSWORD to the etcd password docker-compose.yml was started "
+                "with (its etcd requires a login)"
+            )
+        return EtcdSettings(
+            endpoints=self.etcd_endpoints, cluster=cluster, username="chronoq", password=password
+        )
 
     @property
     def node_ids(self) -> list[str]:

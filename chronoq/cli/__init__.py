@@ -36,6 +36,7 @@ from chronoq.cli import (  # noqa: E402
     chaos,
     console,
     dev,
+    etcd,
     node,
     schedules,
     status,
@@ -139,6 +140,7 @@ def _load_config(path: Path) -> dict[str, Any]:
 # The order of --help: the local stack, the node, tasks, schedules, status, workers, tools.
 dev.register(app)
 node.register(app)
+etcd.register(app)
 tasks.register(app)
 schedules.register(app)
 status.register(app)

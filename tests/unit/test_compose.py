@@ -137,6 +137,16 @@ def _healthy_deps(service: dict[str, Any]) -> set[str]:
     return {name for name, d in deps.items() if d.get("condition") == "service_healthy"}
 
 
+def _one_shot(services: dict[str, dict[str, Any]]) -> set[str]:
+    """The services others wait on to have ended well (`service_completed_successfully`)."""
+    return {
+        dep
+        for svc in services.values()
+        for dep, d in (svc.get("depends_on") or {}).items()
+        if d.get("condition") == "service_completed_successfully"
+    }
+
+
 def _health_test(service: dict[str, Any]) -> list[str]:
     check = service.get("healthcheck")
     assert check and not check.get("disable"), "a health check is required here"
@@ -318,18 +328,23 @@ def test_every_flag_and_env_var_of_the_chronoq_services_exists_in_the_cli(
     """Each command is parsed by the real CLI (unknown flags and bad values raise)."""
     cli = _cli()
     global_envvars = {p.envvar for p in cli.params if p.envvar}
-    roles = {"node", "worker", "lab"}
+    roles = {"node", "worker", "lab", "etcd"}
     seen: set[str] = set()
     for name, svc in services.items():
         args = _command(svc)
         if args[:1] and args[0] in roles:
             seen.add(args[0])
-            command = cli.commands[args[0]]
+            command, rest = cli.commands[args[0]], args[1:]
+            envvars = set(global_envvars)
+            group = getattr(command, "commands", None)  # typer's groups: its own click's
+            if group is not None and rest[:1] and rest[0] in group:
+                envvars |= {p.envvar for p in command.params if p.envvar}
+                command, rest = group[rest[0]], rest[1:]  # `chronoq etcd init`
             try:
-                command.make_context(args[0], args[1:])
+                command.make_context(args[0], rest)
             except typer.TyperException as exc:  # no such option, a bad value, a missing one
                 pytest.fail(f"{name}: `chronoq {' '.join(args)}`: {exc.format_message()}")
-            envvars = global_envvars | {p.envvar for p in command.params if p.envvar}
+            envvars |= {p.envvar for p in command.params if p.envvar}
             for var in svc.get("environment") or {}:
                 if var.startswith("CHRONOQ_"):
                     assert var in envvars, f"{name}: chronoq {args[0]} reads no {var}"
@@ -414,8 +429,12 @@ def test_named_volumes_network_and_restart_policies(
     assert not any(v.startswith((".", "/")) for v in used), "state on named volumes, not binds"
     assert len(declared) >= 4, "3 etcd members and PostgreSQL"
     assert compose.get("networks")
+    one_shot = _one_shot(services)
     for name, svc in services.items():
-        assert svc.get("restart") in ("always", "unless-stopped", "on-failure"), name
+        if name in one_shot:  # it ends: restarting it would run it again and again
+            assert svc.get("restart") == "no", name
+        else:
+            assert svc.get("restart") in ("always", "unless-stopped", "on-failure"), name
         assert svc.get("networks"), f"{name}: on the project network"
         for port in svc.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name}: {port} binds beyond loopback"
@@ -739,3 +758,140 @@ def test_prometheus_sends_the_token_from_a_file_it_alone_reads(
     assert any(path.startswith(str(mount).rstrip("/") + "/") for mount in prometheus["tmpfs"])
     # What Prometheus runs is still its config and data flags.
     assert any(str(c).startswith("--config.file=") for c in prometheus["command"])
+
+
+# --------------------------------------------------------------------------- etcd's logins
+
+ETCD_PASSWORDS = {
+    "root": "CHRONOQ_ETCD_ROOT_PASSWORD",
+    "chronoq": "CHRONOQ_ETCD_PASSWORD",
+    "patroni": "CHRONOQ_ETCD_PATRONI_PASSWORD",
+}
+
+
+def test_no_etcd_member_answers_a_foreign_page_or_host(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """etcd's default CORS is `*` and it answers any Host: each member allows its own origin
+    only and the names it is reached by (a rebound name gets 421)."""
+    members = _of_image(services, ETCD_IMAGE)
+    assert len(members) == 3
+    for name, svc in members.items():
+        flags = _flags(_command(svc))
+        assert flags.get("--cors") == [f"http://{name}:2379"], (
+            f"{name}: --cors {flags.get('--cors')}"
+        )
+        [hosts] = flags.get("--host-whitelist", [""])
+        assert sorted(hosts.split(",")) == sorted([name, "etcd", "localhost", "127.0.0.1"]), name
+        assert not any("*" in v for vs in flags.values() for v in vs), f"{name}: a wildcard"
+
+
+def test_etcd_init_turns_auth_on_before_anything_else_uses_etcd(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """`chronoq etcd init` runs once the members run, with the three passwords from required
+    variables; every service that talks to etcd waits until it has ended well."""
+    from chronoq.embedded.etcd_auth import USERS
+
+    members = sorted(_of_image(services, ETCD_IMAGE))
+    inits = _of_role(services, "etcd")
+    assert list(inits) == ["etcd-init"], sorted(inits)
+    init = inits["etcd-init"]
+    args = _command(init)
+    assert args[:2] == ["etcd", "init"], args
+    assert sorted(_flag(args, "--etcd").split(",")) == [f"{m}:2379" for m in members]
+    assert "--adopt-keys" not in _flags(args), "keys in a new etcd are refused by default"
+    env = init["environment"]
+    assert set(ETCD_PASSWORDS) == set(USERS), "a variable for each user etcd-init creates"
+    for variable in ETCD_PASSWORDS.values():
+        assert env[variable] == _stand_in(variable), variable
+    # Started, not healthy: the members' check logs in, which may need etcd-init first.
+    deps = init["depends_on"]
+    assert {m: deps[m]["condition"] for m in members} == dict.fromkeys(members, "service_started")
+    assert init.get("restart") == "no" and (init.get("healthcheck") or {}).get("disable")
+    assert _one_shot(services) == {"etcd-init"}
+    talks_to_etcd = {
+        name
+        for name, svc in services.items()
+        if "--etcd" in _flags(_command(svc))
+        or any(str(k).startswith("PATRONI_ETCD") for k in svc.get("environment") or {})
+    } - {"etcd-init"}
+    assert talks_to_etcd >= {*_of_role(services, "node"), *_of_image(services, PATRONI_IMAGE)}
+    for name in talks_to_etcd:
+        condition = services[name]["depends_on"].get("etcd-init", {}).get("condition")
+        assert condition == "service_completed_successfully", f"{name}: before etcd-init ends"
+    # Workers talk to the nodes, not etcd; the lab runs its own etcd (with auth) inside.
+    for name, svc in {**_of_role(services, "worker"), **_of_role(services, "lab")}.items():
+        assert not any(f.startswith("--etcd") for f in _flags(_command(svc))), name
+        assert not any("ETCD" in str(k) for k in svc.get("environment") or {}), name
+
+
+def test_every_etcd_client_logs_in_as_its_own_user(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nodes as `chronoq`, Patroni as `patroni` (each reaches its prefix only), the members'
+    health check as `chronoq`; every password from a required variable, in the environment.
+    The nodes' command and environment are parsed by the real CLI into their settings."""
+    from chronoq.cli.node import node_options
+    from chronoq.embedded.etcd_auth import CHRONOQ_USER, USERS
+    from chronoq.node.settings_from import settings_from
+
+    command = _cli().commands["node"]
+    nodes = _of_role(services, "node")
+    assert len(nodes) == 3
+    for name, svc in nodes.items():
+        args = _command(svc)
+        assert _flag(args, "--etcd-user") == CHRONOQ_USER, name
+        env = {k: str(v) for k, v in svc["environment"].items() if k.startswith("CHRONOQ_")}
+        assert env["CHRONOQ_ETCD_PASSWORD"] == _stand_in("CHRONOQ_ETCD_PASSWORD"), name
+        for var in [v for v in os.environ if v.startswith("CHRONOQ_")]:
+            monkeypatch.delenv(var)
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        settings = settings_from(node_options(command.make_context("node", args[1:]).params))
+        assert settings.cluster is not None, name
+        etcd = settings.cluster.etcd
+        assert (etcd.username, etcd.password) == (CHRONOQ_USER, _stand_in("CHRONOQ_ETCD_PASSWORD"))
+    patroni_yml = yaml.safe_load((ROOT / "docker" / "patroni" / "patroni.yml").read_text())
+    assert patroni_yml["namespace"] == USERS["patroni"], "Patroni's keys: the patroni user's"
+    for name, pg in _of_image(services, PATRONI_IMAGE).items():
+        env = pg["environment"]
+        assert env["PATRONI_ETCD3_USERNAME"] == "patroni", name
+        assert env["PATRONI_ETCD3_PASSWORD"] == _stand_in(ETCD_PASSWORDS["patroni"]), name
+    for name, svc in _of_image(services, ETCD_IMAGE).items():
+        env = svc["environment"]
+        assert env["ETCDCTL_USER"] == CHRONOQ_USER, name
+        assert env["ETCDCTL_PASSWORD"] == _stand_in("CHRONOQ_ETCD_PASSWORD"), name
+
+
+def test_no_etcd_password_has_a_default_or_a_flag(services: dict[str, dict[str, Any]]) -> None:
+    """Each etcd password is required (the compose tool test shows `config` refuses to go on
+    without it) and no command line carries a password flag (only `--...-password-file`)."""
+    required = set(_REQUIRED.findall(COMPOSE.read_text()))
+    assert set(ETCD_PASSWORDS.values()) <= required
+    for name, svc in services.items():
+        for flag in _flags(_command(svc)):
+            assert "password" not in flag or flag.endswith("-file"), f"{name}: {flag}"
+
+
+def test_the_chaos_docker_backend_logs_in_to_etcd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the nodes do, with the password compose was started with; none set: one clear error."""
+    from chronoq.chaos.docker_backend import DockerBackend
+    from chronoq.embedded.etcd_auth import CHRONOQ_USER
+    from chronoq.errors import ConfigError
+
+    class Published(DockerBackend):
+        def __init__(self) -> None:  # no engine here: the ports are made up
+            self.etcd_services = ["etcd-1", "etcd-2"]
+
+        def _published(self, service: str, port: str) -> str:
+            return f"127.0.0.1:{23790 + int(service[-1])}"
+
+    backend = Published()
+    monkeypatch.delenv("CHRONOQ_ETCD_PASSWORD", raising=False)
+    with pytest.raises(ConfigError, match="set CHRONOQ_ETCD_PASSWORD"):
+        backend.etcd_settings("prod")
+    monkeypatch.setenv("CHRONOQ_ETCD_PASSWORD", "the-password")
+    settings = backend.etcd_settings("prod")
+    assert list(settings.endpoints) == ["127.0.0.1:23791", "127.0.0.1:23792"]
+    assert (settings.username, settings.password) == (CHRONOQ_USER, "the-password")
