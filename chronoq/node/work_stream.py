@@ -111,13 +111,16 @@ class Openings:
         self.refused = 0  # streams refused over a cap
         self.expired = 0  # streams closed for not opening in time
 
-    async def first(self, requests: AsyncIterator[Any], key: str = "") -> Any:
+    async def first(self, requests: AsyncIterator[Any], key: str | None = None) -> Any:
         """The first message of ``requests`` (None when the caller closed at once), within
-        the deadline and the caps: ``TooManyOpenings`` or ``StreamNotOpened`` otherwise."""
-        if self.total >= self.cap or self.open[key] >= self.per_key:
+        the deadline and the caps (``per_key`` for a caller ``key``, none without one):
+        ``TooManyOpenings`` or ``StreamNotOpened`` otherwise."""
+        if self.total >= self.cap:
             self.refused += 1
-            if self.total >= self.cap:
-                raise TooManyOpenings(self.cap, "node")
+            raise TooManyOpenings(self.cap, "node")
+        key = "" if key is None else f"caller:{key}"
+        if key and self.open[key] >= self.per_key:
+            self.refused += 1
             raise TooManyOpenings(self.per_key, "caller")
         self.open[key] += 1
         self.total += 1

@@ -24,10 +24,12 @@ import pytest
 from chronoq.api.v1 import tasks_pb2, tasks_pb2_grpc, worker_pb2, worker_pb2_grpc
 from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
+from chronoq.coordinator.local import LocalOwnership
 from chronoq.limits import MAX_ANSWER_BYTES
-from chronoq.models import TaskState
+from chronoq.models import TaskSpec, TaskState
 from chronoq.node import Node, work_stream
 from chronoq.node.work_stream import Openings
+from chronoq.store import Store
 from tests.integration.conftest import NodeFactory
 
 pytestmark = pytest.mark.timeout(120)
@@ -279,3 +281,24 @@ async def test_the_sdk_splits_a_batch_whose_answer_would_not_fit(
     large = await client.submit_many([NewTask(queue="sdk2", payload=b"y" * BIG) for _ in range(30)])
     assert [s.task.payload for s in large] == [b"y" * BIG] * 30
     assert len(await states(node, "sdk")) == 10_000
+
+
+async def test_a_hand_off_leases_a_stream_no_more_than_its_byte_budget(
+    store: Store, clock: ManualClock
+) -> None:
+    now = clock.now()
+    specs = [TaskSpec(queue="h", run_at=now, payload=b"z" * BIG) for _ in range(12)]
+    subs = await store.submit(specs, now - timedelta(seconds=5))
+    ids = [s.task.id for s in subs]
+    owner = LocalOwnership(store, "n")
+    await owner.start()
+    # Two streams of one worker id: 8 tasks offered to the first (1 MiB), 4 to the second
+    # (its budget passed already: one task still goes, as a claim takes one).
+    leases = dict.fromkeys(ids, "w")
+    budgets = {i: (0, 1024 * 1024) for i in ids[:8]} | {i: (1, 1) for i in ids[8:]}
+    result = await store.fire_listed(owner.owned(), now, ids, leases=leases, budgets=budgets)
+    leased = [t.id for t in result.leased]
+    assert leased[:3] == ids[:3] and len(leased) == 4  # 3 x 256 KiB fit in 1 MiB, a 4th not
+    assert ids[8] in leased
+    rest = [await store.get(i, "default") for i in ids if i not in leased]
+    assert {(t.state, t.attempt) for t in rest} == {(TaskState.READY, 0)}  # fired, not leased
