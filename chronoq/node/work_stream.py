@@ -387,10 +387,11 @@ class WorkSession:
                 self._credited.clear()
                 await self._credited.wait()
             with self._claims.watch(self.namespace, self.queues) as watch:
-                n = claim_size(
-                    self.available(), more=more, last=last, handoff=self._handing_off()
-                )
-                room = self.room()
+                free = self.available()
+                n = claim_size(free, more=more, last=last, handoff=self._handing_off())
+                # The claim's share of the free bytes is its share of the free credits: what
+                # it leaves to the hand-off, it leaves in both.
+                room = self.room() if n >= free else self.room() * n // max(1, free)
                 self.held += n
                 self.held_bytes += room
                 try:
@@ -410,7 +411,9 @@ class WorkSession:
                 if not tasks:
                     more = await self._wait(watch, keys)
                     continue
-            more = len(tasks) == n or room <= 0
+            # Full, or cut at its bytes (another task like these would not have fitted).
+            size = sum(task_bytes(t) for t in tasks)
+            more = len(tasks) == n or size + size // len(tasks) > room
             if more:
                 self._claims.wake_more(keys)
             self.credits -= len(tasks)
