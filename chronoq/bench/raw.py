@@ -23,7 +23,7 @@ import asyncpg
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of
 from chronoq.diagnostics.task_rows import NAMESPACE, QUEUE, copy_rows, task_rows
-from chronoq.limits import Limits
+from chronoq.limits import MAX_ANSWER_BYTES, TASK_FIXED_BYTES, Limits
 from chronoq.store import Store
 from chronoq.store.sql import q
 
@@ -246,7 +246,7 @@ async def _raw_claim_complete(
             take = min(claim_batch, rows - done)
             got = await claims[conn].fetch(
                 NAMESPACE, [QUEUE], take, f"raw-{id(conn)}", now, [take],  # per-queue cap
-                *lease_bounds,
+                *lease_bounds, MAX_ANSWER_BYTES, TASK_FIXED_BYTES,  # the answer's byte budget
             )
             if not got:
                 return

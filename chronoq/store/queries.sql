@@ -262,16 +262,15 @@ target AS (
 ),
 offered AS (
     -- a task whose attempt counter is at its end is fired READY (claims set it aside)
-    SELECT g.id, g.slot,
-           sum(g.bytes) OVER w AS upto, row_number() OVER w AS n
+    SELECT g.*, (g.slot IS NOT NULL AND NOT g.skip AND g.attempt < 2147483647) AS offer
     FROM target g
-    WHERE g.slot IS NOT NULL AND NOT g.skip AND g.attempt < 2147483647
-    WINDOW w AS (PARTITION BY ($12::integer[])[g.slot] ORDER BY g.slot)
 ),
 plan AS (
-    SELECT g.id, g.skip,
-           coalesce(o.upto <= ($13::bigint[])[o.slot] OR o.n = 1, false) AS leased, g.slot
-    FROM target g LEFT JOIN offered o ON o.id = g.id
+    SELECT o.id, o.skip, o.slot,
+           o.offer AND (sum(o.bytes) FILTER (WHERE o.offer) OVER w <= ($13::bigint[])[o.slot]
+                        OR count(*) FILTER (WHERE o.offer) OVER w = 1) AS leased
+    FROM offered o
+    WINDOW w AS (PARTITION BY ($12::integer[])[o.slot] ORDER BY o.slot)
 )
 UPDATE tasks t
 SET state = CASE WHEN p.skip THEN 6 WHEN p.leased THEN 2 ELSE 1 END,
@@ -408,9 +407,7 @@ SET state = 2, attempt = t.attempt + 1, worker_id = $4,
         + least(greatest(t.lease_timeout_ms, $7::bigint), $8::bigint) * interval '1 ms'
 WHERE t.id = ANY(ARRAY(
     SELECT b.id FROM (
-        SELECT c.id,
-               sum(c.bytes) OVER (ORDER BY c.priority DESC, c.run_at, c.id) AS upto,
-               row_number() OVER (ORDER BY c.priority DESC, c.run_at, c.id) AS n
+        SELECT c.id, sum(c.bytes) OVER w AS upto, row_number() OVER w AS n
         FROM (
             SELECT c.id, c.priority, c.run_at, c.bytes
             FROM unnest($2::text[], $6::integer[]) AS q(queue, cap) CROSS JOIN LATERAL (
@@ -425,6 +422,9 @@ WHERE t.id = ANY(ARRAY(
             ORDER BY c.priority DESC, c.run_at
             LIMIT $3
         ) c
+        -- in the order the candidates came (no second sort); rows, not peers, so ties of
+        -- (priority, run_at) are counted one by one
+        WINDOW w AS (ORDER BY c.priority DESC, c.run_at ROWS UNBOUNDED PRECEDING)
     ) b
     WHERE b.upto <= $9::bigint OR b.n = 1
 )) AND t.state + 0 = 1

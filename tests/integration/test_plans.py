@@ -123,7 +123,10 @@ async def test_wheel_fire_reads_its_ids_once_whatever_the_statistics_say(
         await conn.execute("ANALYZE partition_fences")
         for name, extra in (
             ("fire_ids", []),
-            ("fire_ids_leasing", [fired[:100], ["w"] * 100, 1000, 86_400_000]),
+            (
+                "fire_ids_leasing",
+                [fired[:100], ["w"] * 100, 1000, 86_400_000, [0] * 100, [3 << 20] * 100, 256],
+            ),
         ):
             nodes = await _plan(conn, name, *base, *extra)
             assert _task_indexes(nodes) == {"tasks_pkey"}, name
