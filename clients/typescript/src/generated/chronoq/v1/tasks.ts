@@ -306,6 +306,33 @@ export interface QueueLimit {
   burst: number;
 }
 
+/**
+ * Tasks of the caller's namespace by queue and state, counted from an index (never by
+ * reading tasks), within bounds: at most 100,000 counted per state and 1,000 queues answered
+ * per state, in queue order (chronoq.limits).
+ */
+export interface CountTasksRequest {
+  namespace: string;
+  /** empty: scheduled, ready, running and dead */
+  states: TaskState[];
+}
+
+export interface QueueStateCount {
+  queue: string;
+  state: TaskState;
+  count: number;
+  /** the earliest run_at among them */
+  oldestRunAt: Date | undefined;
+}
+
+export interface CountTasksResponse {
+  counts: QueueStateCount[];
+  /** counted up to the bound: their counts are lower bounds */
+  capped: TaskState[];
+  /** more queues than answered */
+  truncated: TaskState[];
+}
+
 export interface ListQueueLimitsRequest {
   namespace: string;
 }
@@ -2566,6 +2593,359 @@ export const QueueLimit: MessageFns<QueueLimit> = {
   },
 };
 
+function createBaseCountTasksRequest(): CountTasksRequest {
+  return { namespace: "", states: [] };
+}
+
+export const CountTasksRequest: MessageFns<CountTasksRequest> = {
+  encode(message: CountTasksRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    if (message.states.length !== 0) {
+      writer.uint32(18).fork();
+      for (const v of message.states) {
+        writer.int32(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CountTasksRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCountTasksRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag === 16) {
+              message.states.push(reader.int32() as any);
+
+              continue;
+            }
+
+            if (tag === 18) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.states.push(reader.int32() as any);
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CountTasksRequest {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      states: globalThis.Array.isArray(object?.states) ? object.states.map((e: any) => taskStateFromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: CountTasksRequest): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.states?.length) {
+      obj.states = message.states.map((e) => taskStateToJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CountTasksRequest>, I>>(base?: I): CountTasksRequest {
+    return CountTasksRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CountTasksRequest>, I>>(object: I): CountTasksRequest {
+    const message = createBaseCountTasksRequest();
+    message.namespace = object.namespace ?? "";
+    message.states = object.states?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseQueueStateCount(): QueueStateCount {
+  return { queue: "", state: 0, count: 0, oldestRunAt: undefined };
+}
+
+export const QueueStateCount: MessageFns<QueueStateCount> = {
+  encode(message: QueueStateCount, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== "") {
+      writer.uint32(10).string(message.queue);
+    }
+    if (message.state !== 0) {
+      writer.uint32(16).int32(message.state);
+    }
+    if (message.count !== 0) {
+      writer.uint32(24).uint64(message.count);
+    }
+    if (message.oldestRunAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.oldestRunAt), writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueStateCount {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueStateCount();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.state = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.count = longToNumber(reader.uint64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.oldestRunAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueStateCount {
+    return {
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+      state: isSet(object.state) ? taskStateFromJSON(object.state) : 0,
+      count: isSet(object.count) ? globalThis.Number(object.count) : 0,
+      oldestRunAt: isSet(object.oldestRunAt)
+        ? fromJsonTimestamp(object.oldestRunAt)
+        : isSet(object.oldest_run_at)
+        ? fromJsonTimestamp(object.oldest_run_at)
+        : undefined,
+    };
+  },
+
+  toJSON(message: QueueStateCount): unknown {
+    const obj: any = {};
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    if (message.state !== 0) {
+      obj.state = taskStateToJSON(message.state);
+    }
+    if (message.count !== 0) {
+      obj.count = Math.round(message.count);
+    }
+    if (message.oldestRunAt !== undefined) {
+      obj.oldestRunAt = message.oldestRunAt.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueStateCount>, I>>(base?: I): QueueStateCount {
+    return QueueStateCount.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueStateCount>, I>>(object: I): QueueStateCount {
+    const message = createBaseQueueStateCount();
+    message.queue = object.queue ?? "";
+    message.state = object.state ?? 0;
+    message.count = object.count ?? 0;
+    message.oldestRunAt = object.oldestRunAt ?? undefined;
+    return message;
+  },
+};
+
+function createBaseCountTasksResponse(): CountTasksResponse {
+  return { counts: [], capped: [], truncated: [] };
+}
+
+export const CountTasksResponse: MessageFns<CountTasksResponse> = {
+  encode(message: CountTasksResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.counts) {
+      QueueStateCount.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.capped.length !== 0) {
+      writer.uint32(18).fork();
+      for (const v of message.capped) {
+        writer.int32(v);
+      }
+      writer.join();
+    }
+    if (message.truncated.length !== 0) {
+      writer.uint32(26).fork();
+      for (const v of message.truncated) {
+        writer.int32(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CountTasksResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCountTasksResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.counts.push(QueueStateCount.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag === 16) {
+              message.capped.push(reader.int32() as any);
+
+              continue;
+            }
+
+            if (tag === 18) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.capped.push(reader.int32() as any);
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 3: {
+            if (tag === 24) {
+              message.truncated.push(reader.int32() as any);
+
+              continue;
+            }
+
+            if (tag === 26) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.truncated.push(reader.int32() as any);
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CountTasksResponse {
+    return {
+      counts: globalThis.Array.isArray(object?.counts)
+        ? object.counts.map((e: any) => QueueStateCount.fromJSON(e))
+        : [],
+      capped: globalThis.Array.isArray(object?.capped) ? object.capped.map((e: any) => taskStateFromJSON(e)) : [],
+      truncated: globalThis.Array.isArray(object?.truncated)
+        ? object.truncated.map((e: any) => taskStateFromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: CountTasksResponse): unknown {
+    const obj: any = {};
+    if (message.counts?.length) {
+      obj.counts = message.counts.map((e) => QueueStateCount.toJSON(e));
+    }
+    if (message.capped?.length) {
+      obj.capped = message.capped.map((e) => taskStateToJSON(e));
+    }
+    if (message.truncated?.length) {
+      obj.truncated = message.truncated.map((e) => taskStateToJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CountTasksResponse>, I>>(base?: I): CountTasksResponse {
+    return CountTasksResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CountTasksResponse>, I>>(object: I): CountTasksResponse {
+    const message = createBaseCountTasksResponse();
+    message.counts = object.counts?.map((e) => QueueStateCount.fromPartial(e)) || [];
+    message.capped = object.capped?.map((e) => e) || [];
+    message.truncated = object.truncated?.map((e) => e) || [];
+    return message;
+  },
+};
+
 function createBaseListQueueLimitsRequest(): ListQueueLimitsRequest {
   return { namespace: "" };
 }
@@ -2790,6 +3170,16 @@ export const TaskServiceService = {
       Buffer.from(ListQueueLimitsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListQueueLimitsResponse => ListQueueLimitsResponse.decode(value),
   },
+  /** Per-queue counts of the live states (and the dead letters), from an index. */
+  countTasks: {
+    path: "/chronoq.v1.TaskService/CountTasks" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CountTasksRequest): Buffer => Buffer.from(CountTasksRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CountTasksRequest => CountTasksRequest.decode(value),
+    responseSerialize: (value: CountTasksResponse): Buffer => Buffer.from(CountTasksResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CountTasksResponse => CountTasksResponse.decode(value),
+  },
 } as const;
 
 export interface TaskServiceServer extends UntypedServiceImplementation {
@@ -2804,6 +3194,8 @@ export interface TaskServiceServer extends UntypedServiceImplementation {
   /** Per-queue dispatch limits, enforced on claims by every node. */
   setQueueLimit: handleUnaryCall<QueueLimit, QueueLimit>;
   listQueueLimits: handleUnaryCall<ListQueueLimitsRequest, ListQueueLimitsResponse>;
+  /** Per-queue counts of the live states (and the dead letters), from an index. */
+  countTasks: handleUnaryCall<CountTasksRequest, CountTasksResponse>;
 }
 
 export interface TaskServiceClient extends Client {
@@ -2940,6 +3332,22 @@ export interface TaskServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListQueueLimitsResponse) => void,
+  ): ClientUnaryCall;
+  /** Per-queue counts of the live states (and the dead letters), from an index. */
+  countTasks(
+    request: CountTasksRequest,
+    callback: (error: ServiceError | null, response: CountTasksResponse) => void,
+  ): ClientUnaryCall;
+  countTasks(
+    request: CountTasksRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CountTasksResponse) => void,
+  ): ClientUnaryCall;
+  countTasks(
+    request: CountTasksRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CountTasksResponse) => void,
   ): ClientUnaryCall;
 }
 
