@@ -1,0 +1,86 @@
+"""The store contract: one suite that every shape of the task store must pass.
+
+Each test here speaks only the store's public calls (no SQL, no pool, no driver), so a new
+shape of the store (more shards, a shard under Patroni) plugs in as one more entry of
+``SHAPES`` and runs every contract unchanged, as every driver of River runs its driver tests.
+
+A shape prepares its fresh migrated database(s) and opens a connected store of
+``PARTITIONS`` partitions on them, closed after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from chronoq.store import Store
+from chronoq.store.schedules import Schedules
+
+#: Few partitions, so that "the other partitions" exist and stay cheap to fence.
+PARTITIONS = 8
+#: The fixed instant the contracts start at: 10 s into a 60 s bucket (they move it by hand).
+START = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one shape of the store is made for a test.
+
+    ``prepare`` runs outside the event loop and takes the servers and databases it needs
+    from fixtures (``request.getfixturevalue``); ``open`` connects a store on them.
+    """
+
+    prepare: Callable[[pytest.FixtureRequest], Any]
+    open: Callable[[Any], AbstractAsyncContextManager[Store]]
+
+
+@contextlib.asynccontextmanager
+async def _open_single(dsn: str) -> AsyncIterator[Store]:
+    store = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=4)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+#: Every shape of the store the contracts run against. Shapes that join later, each built
+#: on real servers (no fakes):
+#:   "two-shards": two fresh databases of the session PostgreSQL as shard-0 and shard-1
+#:                 behind one port, the partitions split between them by a shard map;
+#:   "patroni":    one shard whose database is a Patroni cluster (the tests/ha fixtures).
+SHAPES: dict[str, Shape] = {
+    # Today's store: one fresh copy of the migrated template on the session PostgreSQL.
+    "single": Shape(prepare=lambda request: request.getfixturevalue("dsn"), open=_open_single),
+}
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def shape(request: pytest.FixtureRequest) -> tuple[Shape, Any]:
+    """The shape and what it prepared (outside the event loop: databases are made there)."""
+    chosen = SHAPES[request.param]
+    return chosen, chosen.prepare(request)
+
+
+@pytest.fixture
+async def store_shape(shape: tuple[Shape, Any]) -> AsyncIterator[Store]:
+    """A connected, empty, migrated store of each shape."""
+    chosen, prepared = shape
+    async with chosen.open(prepared) as store:
+        yield store
+
+
+@pytest.fixture
+def schedules(store_shape: Store) -> Schedules:
+    """The schedule calls of the shape's store."""
+    return Schedules(store_shape)
+
+
+@pytest.fixture
+def now() -> datetime:
+    return START
