@@ -11,6 +11,7 @@ import pytest
 from chronoq.buckets import bucket_of
 from chronoq.models import Task, TaskSpec, TaskState
 from chronoq.store import Store
+from tests.contract.conftest import PARTITIONS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +46,7 @@ async def test_an_owner_fires_its_partitions_due_tasks_only_and_never_early(
     store_shape: Store, now: datetime
 ) -> None:
     tasks = await spread(store_shape, now, 80, timedelta(seconds=1))
-    mine = range(store_shape.partitions // 2)
+    mine = range(PARTITIONS // 2)
     owned = await own(store_shape, mine, 7, "me")
     at = now + timedelta(seconds=40)  # tasks 0..39 are due, exactly up to ``at``
 
@@ -71,7 +72,7 @@ async def test_an_owner_fires_its_partitions_due_tasks_only_and_never_early(
 async def test_backfill_fires_every_missed_bucket(store_shape: Store, now: datetime) -> None:
     """An owner taking partitions late fires what came due while no one owned them."""
     tasks = await spread(store_shape, now, 40, timedelta(minutes=1))  # 40 buckets
-    owned = await own(store_shape, range(store_shape.partitions), 1, "late")
+    owned = await own(store_shape, range(PARTITIONS), 1, "late")
     fired = 0
     at = now + timedelta(hours=1)
     for _ in range(100):  # bounded: a pass fires up to its batch per partition
@@ -85,7 +86,7 @@ async def test_backfill_fires_every_missed_bucket(store_shape: Store, now: datet
 
 async def test_a_stale_fence_writes_nothing(store_shape: Store, now: datetime) -> None:
     tasks = await spread(store_shape, now, 40, timedelta(seconds=1))
-    parts = range(store_shape.partitions)
+    parts = range(PARTITIONS)
     old = await own(store_shape, parts, 10, "old")
     new = await own(store_shape, parts, 11, "new")  # a newer owner: "old" is fenced
     at = now + timedelta(minutes=5)
@@ -116,7 +117,7 @@ async def test_a_stale_owner_cannot_reap_what_the_new_owner_holds(
         now,
     )
     claimed = await store_shape.claim("default", ["r"], "w", 8, now)
-    parts = range(store_shape.partitions)
+    parts = range(PARTITIONS)
     old = await own(store_shape, parts, 3, "old")
     new = await own(store_shape, parts, 4, "new")
     later = now + timedelta(seconds=6)
@@ -130,7 +131,7 @@ async def test_a_stale_owner_cannot_reap_what_the_new_owner_holds(
 async def test_local_fences_bump_every_token(store_shape: Store, now: datetime) -> None:
     """A single node takes every partition with a token above the stored one, fencing any
     earlier process on the same store."""
-    parts = list(range(store_shape.partitions))
+    parts = list(range(PARTITIONS))
     first = await store_shape.take_fences_local(parts, "one")
     second = await store_shape.take_fences_local(parts, "two")
     assert set(first) == set(second) == set(parts)
