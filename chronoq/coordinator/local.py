@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Protocol
 
 from chronoq.coordinator.protocols import ClusterView, MemberView
-from chronoq.store import Store
+from chronoq.partitionmap import PartitionMap
+from chronoq.store.port import ByPartition
+
+
+class _CountedStore(ByPartition, Protocol):
+    """A store that says how many partitions it was made with (a store used on its own)."""
+
+    @property
+    def partitions(self) -> int: ...
 
 
 class LocalOwnership:
@@ -16,8 +25,17 @@ class LocalOwnership:
     partitions (a stale ``chronoq node`` left running against the same database).
     """
 
-    def __init__(self, store: Store, node_id: str, address: str = "") -> None:
+    def __init__(
+        self,
+        store: _CountedStore,
+        node_id: str,
+        address: str = "",
+        *,
+        partitions: PartitionMap | None = None,
+    ) -> None:
         self._store = store
+        #: The node hands its map; a store used on its own (tests, tools) gives its count.
+        self.partitions = partitions or PartitionMap(store.partitions)
         self._node_id = node_id
         self._address = address
         self._owned: dict[int, int] = {}
@@ -25,7 +43,7 @@ class LocalOwnership:
         self.draining = False
 
     async def start(self) -> None:
-        fences = await self._store.take_fences_local(range(self._store.partitions), self._node_id)
+        fences = await self._store.take_fences_local(self.partitions.all, self._node_id)
         self._owned = {p: f.token for p, f in fences.items()}
 
     async def stop(self) -> None:
@@ -35,7 +53,7 @@ class LocalOwnership:
         return self._owned
 
     def expected(self) -> set[int]:
-        return set() if self.draining else set(range(self._store.partitions))
+        return set() if self.draining else set(self.partitions.all)
 
     def leads(self) -> bool:
         return True

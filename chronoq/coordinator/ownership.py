@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import aetcd
 
@@ -37,7 +38,8 @@ from chronoq.coordinator.lease import NodeLease
 from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import StoreUnavailable
-from chronoq.store import Store
+from chronoq.partitionmap import PartitionMap
+from chronoq.store.port import Admin, ByPartition
 from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
@@ -61,22 +63,28 @@ class MemberInfo:
     address: str
 
 
+class OwnerStore(ByPartition, Admin, Protocol):
+    """What ownership asks of the store: its fences and the partitions' loads."""
+
+
 class EtcdOwnership:
     """Owns the partitions ``assign`` gives this node; see the module docstring."""
 
     def __init__(
         self,
-        store: Store,
+        store: OwnerStore,
         node_id: str,
         address: str,
         settings: ClusterSettings,
         clock: Clock,
         *,
+        partitions: PartitionMap,
         stats: Callable[[], dict[str, float]] = dict,
         monotonic: Callable[[], float] = time.monotonic,
         supervisor: Supervisor | None = None,
     ) -> None:
         self._store = store
+        self.partitions = partitions
         # The node's supervisor: these loops count in its health like its own.
         self.supervisor = supervisor or Supervisor()
         self.node_id = node_id
@@ -276,7 +284,7 @@ class EtcdOwnership:
     def assignment(self) -> dict[int, str]:
         members = [m.node_id for m in self.live_members()]
         return ring.assign(
-            self._store.partitions, members, self.published_loads(), epsilon=self.settings.epsilon
+            self.partitions.count, members, self.published_loads(), epsilon=self.settings.epsilon
         )
 
     def owner_of(self) -> dict[int, tuple[str, int]]:
@@ -472,7 +480,7 @@ class EtcdOwnership:
         would overload a member with it; returns whether it published."""
         current = bucket_of(self._clock.now(), self._store.bucket_seconds)
         counts = await self._store.pending_by_bucket(
-            range(self._store.partitions), current, current + self.settings.load_horizon_buckets - 1
+            self.partitions.all, current, current + self.settings.load_horizon_buckets - 1
         )
         fresh: dict[int, float] = {}
         for (part, _b), count in counts.items():
@@ -482,7 +490,7 @@ class EtcdOwnership:
             return False
         members = [m.node_id for m in self.live_members()]
         current_map = self.assignment()
-        weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in range(self._store.partitions)}
+        weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in self.partitions.all}
         cap = ring.capacity(sum(weights.values()), len(members), self.settings.epsilon)
         per_member: dict[str, float] = {}
         for part, member in current_map.items():

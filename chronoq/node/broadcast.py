@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from chronoq.errors import ChronoqError
+from chronoq.store.port import Listening, Notices
 
 log = logging.getLogger("chronoq.node")
 
@@ -24,21 +24,6 @@ log = logging.getLogger("chronoq.node")
 NOTICE_BYTES = 7000
 
 Body = TypeVar("Body")
-
-
-class Notices(Protocol):
-    """Where notices go and come from (the store: NOTIFY and LISTEN on PostgreSQL)."""
-
-    async def announce(self, channel: str, payloads: Sequence[str]) -> None: ...
-
-    async def listen(self, channel: str, on_notice: Callable[[str], None]) -> Listening: ...
-
-
-class Listening(Protocol):
-    @property
-    def closed(self) -> bool: ...
-
-    async def close(self) -> None: ...
 
 
 class Broadcast(ABC, Generic[Body]):

@@ -23,7 +23,7 @@ from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import Lease, Task
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier, Watch
-from chronoq.store import Store
+from chronoq.store.port import ByQueue, ByTaskId
 
 log = logging.getLogger("chronoq.node")
 
@@ -123,12 +123,16 @@ def caller_gone(caller: Caller) -> bool:
     return caller.cancelled() or (remaining is not None and remaining <= 0)
 
 
+class ClaimStore(ByQueue, ByTaskId, Protocol):
+    """What claims ask of the store: claims and limits by queue, releases by task id."""
+
+
 class Claims:
     """READY → RUNNING for workers, at once or after waiting for tasks to become ready."""
 
     def __init__(
         self,
-        store: Store,
+        store: ClaimStore,
         clock: Clock,
         notifier: ReadyNotifier,
         slots: LongPollSlots,

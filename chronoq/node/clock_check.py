@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from chronoq.clock import Clock, OffsetClock, SystemClock
 from chronoq.coordinator.protocols import Ownership
-from chronoq.store import Store
+from chronoq.store.port import ServerSession
 from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.node")
@@ -78,7 +78,7 @@ class ClockCheck:
 
     def __init__(
         self,
-        store: Store,
+        store: ServerSession,
         clock: Clock,
         ownership: Ownership,
         *,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -16,15 +16,19 @@ from chronoq.errors import InvalidArgument
 from chronoq.limits import MAX_STATUS_BUCKETS
 from chronoq.node.firing import Firer
 from chronoq.node.status import translated
-from chronoq.store import Store
+from chronoq.store.port import Admin, ByPartition
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class StatusStore(ByPartition, Admin, Protocol):
+    """What the status asks of the store: the partitions' counts and fences."""
 
 
 class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
     def __init__(
         self,
-        store: Store,
+        store: StatusStore,
         clock: Clock,
         settings: NodeSettings,
         ownership: Ownership,

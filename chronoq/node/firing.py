@@ -24,7 +24,8 @@ from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.node.lateness import LatenessWindow
 from chronoq.node.metrics import NodeMetrics
-from chronoq.store import FireResult, Store
+from chronoq.store import FireResult
+from chronoq.store.port import ByPartition
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
 log = logging.getLogger("chronoq.firing")
@@ -52,7 +53,7 @@ class Firer:
 
     def __init__(
         self,
-        store: Store,
+        store: ByPartition,
         ownership: Ownership,
         clock: Clock,
         *,

@@ -13,7 +13,8 @@ from chronoq.cardinality import DEFAULT_METRICS_QUEUES, top_queues
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.models import TaskState
-from chronoq.store import Store
+from chronoq.partitionmap import PartitionMap
+from chronoq.store.port import ByPartition, Reachable
 from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.node")
@@ -31,7 +32,7 @@ class Retention:
 
     def __init__(
         self,
-        store: Store,
+        store: ByPartition,
         ownership: Ownership,
         clock: Clock,
         *,
@@ -91,14 +92,16 @@ class DepthPoller:
 
     def __init__(
         self,
-        store: Store,
+        store: ByPartition,
         clock: Clock,
         *,
+        partitions: PartitionMap,
         interval: float = 15.0,
         leads: Callable[[], bool] = lambda: True,
         queues: int = DEFAULT_METRICS_QUEUES,
     ) -> None:
         self._store = store
+        self._partitions = partitions
         self._clock = clock
         self._interval = interval
         self._leads = leads
@@ -117,9 +120,7 @@ class DepthPoller:
             return self.depth
         now = bucket_of(self._clock.now(), self._store.bucket_seconds)
         horizon = max(1, 3600 // self._store.bucket_seconds)
-        depth = await self._store.queue_depth(
-            range(self._store.partitions), now - 1, now + horizon
-        )
+        depth = await self._store.queue_depth(self._partitions.all, now - 1, now + horizon)
         # Bounded here, once a poll, so a scrape never pays for how many queues exist.
         self.depth = top_queues(depth, self._queues)
         return self.depth
@@ -185,7 +186,7 @@ class StoreWatch:
 
     def __init__(
         self,
-        store: Store,
+        store: Reachable,
         ownership: Ownership,
         last_ok: Callable[[], float],
         *,

@@ -15,7 +15,8 @@ from datetime import timedelta
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.ratelimit import Quotas
-from chronoq.store.schedules import Materialized, Schedules
+from chronoq.store.port import ScheduleOwner
+from chronoq.store.schedules import Materialized
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
 log = logging.getLogger("chronoq.schedules")
@@ -43,7 +44,7 @@ class SchedulePump:
 
     def __init__(
         self,
-        schedules: Schedules,
+        schedules: ScheduleOwner,
         ownership: Ownership,
         clock: Clock,
         *,

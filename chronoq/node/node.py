@@ -52,6 +52,7 @@ from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.soon import SoonBroadcast
+from chronoq.partitionmap import PartitionMap
 from chronoq.store import FireResult, Store
 from chronoq.store.pool_logs import quiet_pool_outages
 from chronoq.store.schedules import Schedules
@@ -95,13 +96,14 @@ def default_ownership(node: Node, store: Store) -> Ownership:
     """Every partition on a single node, or the etcd-coordinated share of a cluster."""
     s = node.settings
     if s.cluster is None:
-        return LocalOwnership(store, s.node_id, node.address)
+        return LocalOwnership(store, s.node_id, node.address, partitions=node.partition_map)
     ownership = EtcdOwnership(
         store,
         s.node_id,
         node.address,
         s.cluster,
         node.clock,
+        partitions=node.partition_map,
         stats=lambda: {
             **(node_stats(node.firer) if node.firer is not None else {}),
             "store_ok_at": node.store_ok_at(),
@@ -127,6 +129,8 @@ class Node:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
         self._ownership_factory = ownership
+        #: The partitions of the cluster, from the settings (the store is made with the same).
+        self.partition_map = PartitionMap(settings.partitions)
         self.store: Store | None = None
         self.ownership: Ownership | None = None
         self.firer: Firer | None = None
@@ -241,7 +245,11 @@ class Node:
             on_purged=self.metrics.purged.inc,
         )
         self.depth = DepthPoller(
-            self.store, self.clock, leads=self.ownership.leads, queues=s.metrics_queues
+            self.store,
+            self.clock,
+            partitions=self.partition_map,
+            leads=self.ownership.leads,
+            queues=s.metrics_queues,
         )
         if (
             s.cluster is not None

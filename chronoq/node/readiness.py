@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 from chronoq.errors import TooManyLongPolls
-from chronoq.node.broadcast import NOTICE_BYTES, Broadcast, Notices
+from chronoq.node.broadcast import NOTICE_BYTES, Broadcast
+from chronoq.store.port import Notices
 
 log = logging.getLogger("chronoq.node")
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.models import Task
-from chronoq.store import Store
+from chronoq.store.port import ByPartition
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
 log = logging.getLogger("chronoq.reaper")
@@ -20,7 +20,7 @@ class Reaper:
 
     def __init__(
         self,
-        store: Store,
+        store: ByPartition,
         ownership: Ownership,
         clock: Clock,
         *,

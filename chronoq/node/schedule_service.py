@@ -20,13 +20,13 @@ from chronoq.limits import (
     check_text,
 )
 from chronoq.node.status import translated
-from chronoq.store.schedules import Schedules
+from chronoq.store.port import ScheduleAdmin
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
 class ScheduleService(schedules_pb2_grpc.ScheduleServiceServicer):
-    def __init__(self, schedules: Schedules, clock: Clock, settings: NodeSettings) -> None:
+    def __init__(self, schedules: ScheduleAdmin, clock: Clock, settings: NodeSettings) -> None:
         self._schedules = schedules
         self._clock = clock
         self._settings = settings

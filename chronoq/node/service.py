@@ -62,8 +62,8 @@ from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
 from chronoq.node.work_stream import Openings, WorkSession, opened
 from chronoq.ratelimit import Quotas
-from chronoq.store import Store
 from chronoq.store.operator import COUNTABLE_STATES
+from chronoq.store.port import TaskStore
 from chronoq.timeslice import Timeslice, converted
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -77,7 +77,7 @@ class _Servicer:
 
     def __init__(
         self,
-        store: Store,
+        store: TaskStore,
         clock: Clock,
         settings: NodeSettings,
         notifier: ReadyNotifier,

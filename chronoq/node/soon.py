@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 
-from chronoq.node.broadcast import NOTICE_BYTES, Broadcast, Notices
+from chronoq.node.broadcast import NOTICE_BYTES, Broadcast
+from chronoq.store.port import Notices
 from chronoq.wheel import Due
 
 #: The PostgreSQL channel of near-future submits.

@@ -55,7 +55,7 @@ from chronoq.models import AckOutcome, Task
 from chronoq.node.claims import Caller, Claims
 from chronoq.node.handoff import HandOff
 from chronoq.node.readiness import Watch
-from chronoq.store import Store
+from chronoq.store.port import ByTaskId
 from chronoq.timeslice import converted
 
 log = logging.getLogger("chronoq.node")
@@ -181,7 +181,7 @@ class WorkSession:
     def __init__(
         self,
         claims: Claims,
-        store: Store,
+        store: ByTaskId,
         clock: Clock,
         caller: Caller,
         write: Write,
