@@ -15,17 +15,30 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
 from chronoq.store import Store
+from chronoq.store.port import ScheduleAdmin, ScheduleOwner, TaskStore
 from chronoq.store.schedules import Schedules
 
 #: Few partitions, so that "the other partitions" exist and stay cheap to fence.
 PARTITIONS = 8
 #: The fixed instant the contracts start at: 10 s into a 60 s bucket (they move it by hand).
 START = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
+
+
+class ScheduleStore(ScheduleAdmin, ScheduleOwner, Protocol):
+    """The schedule calls of the port, both halves."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A connected store of one shape, as the port names it."""
+
+    store: TaskStore
+    schedules: ScheduleStore
 
 
 @dataclass(frozen=True)
@@ -37,14 +50,14 @@ class Shape:
     """
 
     prepare: Callable[[pytest.FixtureRequest], Any]
-    open: Callable[[Any], AbstractAsyncContextManager[Store]]
+    open: Callable[[Any], AbstractAsyncContextManager[Opened]]
 
 
 @contextlib.asynccontextmanager
-async def _open_single(dsn: str) -> AsyncIterator[Store]:
+async def _open_single(dsn: str) -> AsyncIterator[Opened]:
     store = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=4)
     try:
-        yield store
+        yield Opened(store, Schedules(store))
     finally:
         await store.close()
 
@@ -68,17 +81,23 @@ def shape(request: pytest.FixtureRequest) -> tuple[Shape, Any]:
 
 
 @pytest.fixture
-async def store_shape(shape: tuple[Shape, Any]) -> AsyncIterator[Store]:
-    """A connected, empty, migrated store of each shape."""
+async def opened(shape: tuple[Shape, Any]) -> AsyncIterator[Opened]:
     chosen, prepared = shape
     async with chosen.open(prepared) as store:
         yield store
 
 
 @pytest.fixture
-def schedules(store_shape: Store) -> Schedules:
+def store_shape(opened: Opened) -> TaskStore:
+    """A connected, empty, migrated store of each shape, typed as the port: the contracts
+    call nothing else (mypy checks it)."""
+    return opened.store
+
+
+@pytest.fixture
+def schedules(opened: Opened) -> ScheduleStore:
     """The schedule calls of the shape's store."""
-    return Schedules(store_shape)
+    return opened.schedules
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease
 from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
-from chronoq.store import Store
+from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,7 +19,9 @@ pytestmark = pytest.mark.timeout(60)
 LEASE = timedelta(seconds=30)
 
 
-async def ready(store: Store, now: datetime, n: int, queue: str = "w", **spec: Any) -> list[Task]:
+async def ready(
+    store: TaskStore, now: datetime, n: int, queue: str = "w", **spec: Any
+) -> list[Task]:
     out = await store.submit(
         [TaskSpec(queue=queue, run_at=now, lease_timeout=LEASE, **spec) for _ in range(n)],
         now,
@@ -27,7 +29,7 @@ async def ready(store: Store, now: datetime, n: int, queue: str = "w", **spec: A
     return [o.task for o in out]
 
 
-async def owner(store: Store, token: int = 1) -> dict[int, int]:
+async def owner(store: TaskStore, token: int = 1) -> dict[int, int]:
     """Every partition, owned with ``token``."""
     owned = {}
     for p in range(PARTITIONS):
@@ -36,7 +38,7 @@ async def owner(store: Store, token: int = 1) -> dict[int, int]:
     return owned
 
 
-async def test_concurrent_claims_never_share_a_task(store_shape: Store, now: datetime) -> None:
+async def test_concurrent_claims_never_share_a_task(store_shape: TaskStore, now: datetime) -> None:
     submitted = await ready(store_shape, now, 120)
     batches = await asyncio.gather(
         *(store_shape.claim("default", ["w"], f"w{i}", 20, now) for i in range(8))
@@ -56,7 +58,9 @@ async def test_concurrent_claims_never_share_a_task(store_shape: Store, now: dat
     assert sorted(ids + [t.id for t in rest]) == sorted(t.id for t in submitted)
 
 
-async def test_a_claim_leases_with_the_attempt_as_token(store_shape: Store, now: datetime) -> None:
+async def test_a_claim_leases_with_the_attempt_as_token(
+    store_shape: TaskStore, now: datetime
+) -> None:
     (task,) = await ready(store_shape, now, 1, payload=b"p")
     assert await store_shape.claim("default", ["other"], "w", 5, now) == []  # not its queue
     assert await store_shape.claim("elsewhere", ["w"], "w", 5, now) == []  # not its namespace
@@ -67,7 +71,7 @@ async def test_a_claim_leases_with_the_attempt_as_token(store_shape: Store, now:
     assert await store_shape.get(task.id, "default") == got
 
 
-async def test_a_claim_takes_higher_priority_first(store_shape: Store, now: datetime) -> None:
+async def test_a_claim_takes_higher_priority_first(store_shape: TaskStore, now: datetime) -> None:
     low = await ready(store_shape, now, 3, priority=0)
     high = await ready(store_shape, now, 2, priority=9)
     got = await store_shape.claim("default", ["w"], "w", 2, now)
@@ -75,7 +79,9 @@ async def test_a_claim_takes_higher_priority_first(store_shape: Store, now: date
     assert len(await store_shape.claim("default", ["w"], "w", 9, now)) == len(low)
 
 
-async def test_a_heartbeat_extends_only_a_current_lease(store_shape: Store, now: datetime) -> None:
+async def test_a_heartbeat_extends_only_a_current_lease(
+    store_shape: TaskStore, now: datetime
+) -> None:
     await ready(store_shape, now, 1)
     (task,) = await store_shape.claim("default", ["w"], "w", 1, now)
     later = now + timedelta(seconds=20)
@@ -89,7 +95,7 @@ async def test_a_heartbeat_extends_only_a_current_lease(store_shape: Store, now:
     assert (await store_shape.get(task.id, "default")).state is TaskState.RUNNING
 
 
-async def test_complete_is_final_and_safe_to_repeat(store_shape: Store, now: datetime) -> None:
+async def test_complete_is_final_and_safe_to_repeat(store_shape: TaskStore, now: datetime) -> None:
     await ready(store_shape, now, 1)
     (task,) = await store_shape.claim("default", ["w"], "w", 1, now)
     (ack,) = await store_shape.complete("default", [Lease(task.id, 1)], now)
@@ -106,7 +112,7 @@ async def test_complete_is_final_and_safe_to_repeat(store_shape: Store, now: dat
 
 
 async def test_fail_retries_with_backoff_then_dead_letters(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     (task,) = await ready(store_shape, now, 1, max_attempts=2)
     (first,) = await store_shape.claim("default", ["w"], "w", 1, now)
@@ -129,14 +135,14 @@ async def test_fail_retries_with_backoff_then_dead_letters(
     assert [t.id for t in page.tasks] == [task.id]
 
 
-async def test_a_fatal_failure_dead_letters_at_once(store_shape: Store, now: datetime) -> None:
+async def test_a_fatal_failure_dead_letters_at_once(store_shape: TaskStore, now: datetime) -> None:
     await ready(store_shape, now, 1, max_attempts=5)
     (task,) = await store_shape.claim("default", ["w"], "w", 1, now)
     dead = await store_shape.fail("default", Lease(task.id, 1), "bad input", now, fatal=True)
     assert dead.state is TaskState.DEAD
 
 
-async def test_retry_after_sets_the_next_run(store_shape: Store, now: datetime) -> None:
+async def test_retry_after_sets_the_next_run(store_shape: TaskStore, now: datetime) -> None:
     await ready(store_shape, now, 1)
     (task,) = await store_shape.claim("default", ["w"], "w", 1, now)
     wait = timedelta(minutes=7)
@@ -145,7 +151,7 @@ async def test_retry_after_sets_the_next_run(store_shape: Store, now: datetime) 
 
 
 async def test_requeue_brings_dead_letters_back_all_or_none(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     await ready(store_shape, now, 3, max_attempts=1)
     claimed = await store_shape.claim("default", ["w"], "w", 3, now)
@@ -168,7 +174,7 @@ async def test_requeue_brings_dead_letters_back_all_or_none(
 
 
 async def test_release_gives_a_task_back_without_using_an_attempt(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     (task,) = await ready(store_shape, now, 1, max_attempts=2)
     await store_shape.claim("default", ["w"], "w", 1, now)
@@ -184,7 +190,7 @@ async def test_release_gives_a_task_back_without_using_an_attempt(
 
 
 async def test_cancel_stops_waiting_ready_running_and_dead_tasks(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     (sub,) = await store_shape.submit([TaskSpec(queue="w", run_at=now + timedelta(hours=1))], now)
     waiting = sub.task
@@ -210,7 +216,7 @@ async def test_cancel_stops_waiting_ready_running_and_dead_tasks(
 
 
 async def test_an_expired_lease_is_reaped_to_a_backoff_or_dead(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     retry = await ready(store_shape, now, 2, queue="retry", max_attempts=3)
     last = await ready(store_shape, now, 2, queue="last", max_attempts=1)

@@ -11,7 +11,7 @@ import pytest
 from chronoq.buckets import bucket_of
 from chronoq.errors import InvalidArgument
 from chronoq.models import Lease, Task, TaskSpec, TaskState
-from chronoq.store import Store
+from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,11 +19,13 @@ pytestmark = pytest.mark.timeout(60)
 ALL = list(range(PARTITIONS))
 
 
-async def submit(store: Store, now: datetime, specs: list[TaskSpec]) -> list[Task]:
+async def submit(store: TaskStore, now: datetime, specs: list[TaskSpec]) -> list[Task]:
     return [o.task for o in await store.submit(specs, now)]
 
 
-async def test_pending_counts_per_partition_and_bucket(store_shape: Store, now: datetime) -> None:
+async def test_pending_counts_per_partition_and_bucket(
+    store_shape: TaskStore, now: datetime
+) -> None:
     tasks = await submit(
         store_shape,
         now,
@@ -48,7 +50,9 @@ async def test_pending_counts_per_partition_and_bucket(store_shape: Store, now: 
     assert await store_shape.pending_by_bucket(ALL, first, last) == dict(left)
 
 
-async def test_queue_counts_by_state_with_their_bounds(store_shape: Store, now: datetime) -> None:
+async def test_queue_counts_by_state_with_their_bounds(
+    store_shape: TaskStore, now: datetime
+) -> None:
     soon = now + timedelta(minutes=1)
     await submit(
         store_shape,
@@ -91,7 +95,7 @@ async def test_queue_counts_by_state_with_their_bounds(store_shape: Store, now: 
     assert running.queue == "a"
 
 
-async def test_ready_counts_and_depths(store_shape: Store, now: datetime) -> None:
+async def test_ready_counts_and_depths(store_shape: TaskStore, now: datetime) -> None:
     await submit(
         store_shape,
         now,
@@ -111,7 +115,7 @@ async def test_ready_counts_and_depths(store_shape: Store, now: datetime) -> Non
 
 
 async def test_pages_miss_and_repeat_nothing_while_tasks_are_added(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     before = await submit(store_shape, now, [TaskSpec(queue="p", run_at=now) for _ in range(230)])
     seen: list[str] = []
@@ -129,7 +133,7 @@ async def test_pages_miss_and_repeat_nothing_while_tasks_are_added(
     assert set(seen) <= {t.id for t in before + added}
 
 
-async def test_filtered_and_byte_bounded_pages(store_shape: Store, now: datetime) -> None:
+async def test_filtered_and_byte_bounded_pages(store_shape: TaskStore, now: datetime) -> None:
     big = b"x" * 2000
     tasks = await submit(
         store_shape,
@@ -166,7 +170,7 @@ async def test_filtered_and_byte_bounded_pages(store_shape: Store, now: datetime
 
 
 async def test_retention_purges_finished_tasks_of_its_partitions(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     await submit(store_shape, now, [TaskSpec(queue="r", run_at=now) for _ in range(30)])
     done = await store_shape.claim("default", ["r"], "w", 20, now)

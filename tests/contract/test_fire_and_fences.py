@@ -10,7 +10,7 @@ import pytest
 
 from chronoq.buckets import bucket_of
 from chronoq.models import Task, TaskSpec, TaskState
-from chronoq.store import Store
+from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
 
 pytestmark = pytest.mark.timeout(60)
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 CLUSTER = "contract"
 
 
-async def spread(store: Store, now: datetime, n: int, step: timedelta) -> list[Task]:
+async def spread(store: TaskStore, now: datetime, n: int, step: timedelta) -> list[Task]:
     """``n`` tasks due one ``step`` apart from ``now + step`` on (partitions as the store
     places them)."""
     specs = [TaskSpec(queue="f", run_at=now + step * (i + 1)) for i in range(n)]
@@ -26,7 +26,7 @@ async def spread(store: Store, now: datetime, n: int, step: timedelta) -> list[T
 
 
 async def own(
-    store: Store, partitions: range | list[int], token: int, owner: str
+    store: TaskStore, partitions: range | list[int], token: int, owner: str
 ) -> dict[int, int]:
     """Take ``partitions`` with ``token`` (as an etcd create revision would be); partition →
     token of the ones taken."""
@@ -38,12 +38,12 @@ async def own(
     return owned
 
 
-async def states(store: Store, tasks: list[Task]) -> dict[str, TaskState]:
+async def states(store: TaskStore, tasks: list[Task]) -> dict[str, TaskState]:
     return {t.id: (await store.get(t.id, t.namespace)).state for t in tasks}
 
 
 async def test_an_owner_fires_its_partitions_due_tasks_only_and_never_early(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     tasks = await spread(store_shape, now, 80, timedelta(seconds=1))
     mine = range(PARTITIONS // 2)
@@ -69,7 +69,7 @@ async def test_an_owner_fires_its_partitions_due_tasks_only_and_never_early(
     assert (await store_shape.fire_due(owned, at + timedelta(microseconds=1))).fired == 0
 
 
-async def test_backfill_fires_every_missed_bucket(store_shape: Store, now: datetime) -> None:
+async def test_backfill_fires_every_missed_bucket(store_shape: TaskStore, now: datetime) -> None:
     """An owner taking partitions late fires what came due while no one owned them."""
     tasks = await spread(store_shape, now, 40, timedelta(minutes=1))  # 40 buckets
     owned = await own(store_shape, range(PARTITIONS), 1, "late")
@@ -84,7 +84,7 @@ async def test_backfill_fires_every_missed_bucket(store_shape: Store, now: datet
     assert set((await states(store_shape, tasks)).values()) == {TaskState.READY}
 
 
-async def test_a_stale_fence_writes_nothing(store_shape: Store, now: datetime) -> None:
+async def test_a_stale_fence_writes_nothing(store_shape: TaskStore, now: datetime) -> None:
     tasks = await spread(store_shape, now, 40, timedelta(seconds=1))
     parts = range(PARTITIONS)
     old = await own(store_shape, parts, 10, "old")
@@ -110,7 +110,7 @@ async def test_a_stale_fence_writes_nothing(store_shape: Store, now: datetime) -
 
 
 async def test_a_stale_owner_cannot_reap_what_the_new_owner_holds(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     await store_shape.submit(
         [TaskSpec(queue="r", run_at=now, lease_timeout=timedelta(seconds=5)) for _ in range(8)],
@@ -128,7 +128,7 @@ async def test_a_stale_owner_cannot_reap_what_the_new_owner_holds(
     assert sorted(t.id for t in reaped) == sorted(t.id for t in claimed)
 
 
-async def test_local_fences_bump_every_token(store_shape: Store, now: datetime) -> None:
+async def test_local_fences_bump_every_token(store_shape: TaskStore, now: datetime) -> None:
     """A single node takes every partition with a token above the stored one, fencing any
     earlier process on the same store."""
     parts = list(range(PARTITIONS))
@@ -142,7 +142,7 @@ async def test_local_fences_bump_every_token(store_shape: Store, now: datetime) 
     assert (await store_shape.fire_due({p: f.token for p, f in second.items()}, at)).fired == 16
 
 
-async def test_watermarks_advance_for_the_owner_only(store_shape: Store, now: datetime) -> None:
+async def test_watermarks_advance_for_the_owner_only(store_shape: TaskStore, now: datetime) -> None:
     owned = await own(store_shape, [0, 1], 5, "me")
     bucket = bucket_of(now) + 3
     assert await store_shape.advance_watermarks(owned, bucket) == {0, 1}
@@ -150,7 +150,9 @@ async def test_watermarks_advance_for_the_owner_only(store_shape: Store, now: da
     assert marks == {0: bucket, 1: bucket}
 
 
-async def test_listed_tasks_fire_when_due_and_owned_only(store_shape: Store, now: datetime) -> None:
+async def test_listed_tasks_fire_when_due_and_owned_only(
+    store_shape: TaskStore, now: datetime
+) -> None:
     tasks = await spread(store_shape, now, 48, timedelta(seconds=1))
     by_partition: dict[int, list[Task]] = defaultdict(list)
     for t in tasks:
@@ -165,7 +167,9 @@ async def test_listed_tasks_fire_when_due_and_owned_only(store_shape: Store, now
     assert {i for i, s in got.items() if s is TaskState.READY} == {t.id for t in expected}
 
 
-async def test_due_soon_lists_what_an_owner_will_fire(store_shape: Store, now: datetime) -> None:
+async def test_due_soon_lists_what_an_owner_will_fire(
+    store_shape: TaskStore, now: datetime
+) -> None:
     tasks = await spread(store_shape, now, 30, timedelta(seconds=2))
     parts = [0, 1, 2]
     soon = await store_shape.due_soon(parts, now, now + timedelta(seconds=30), limit=100)

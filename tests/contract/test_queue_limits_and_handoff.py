@@ -10,7 +10,7 @@ import pytest
 
 from chronoq.errors import NamespaceCapReached
 from chronoq.models import Lease, TaskSpec, TaskState
-from chronoq.store import Store
+from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,7 +19,7 @@ LIMITED = frozenset({("default", "lim")})
 
 
 async def test_a_queue_limit_bounds_claims_even_concurrent_ones(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     await store_shape.submit([TaskSpec(queue="lim", run_at=now) for _ in range(30)], now)
     await store_shape.set_queue_limit("default", "lim", 1.0, 5.0, now, cap=10)
@@ -38,7 +38,7 @@ async def test_a_queue_limit_bounds_claims_even_concurrent_ones(
     assert len(await store_shape.claim("default", ["lim"], "w", 3, later)) == 3
 
 
-async def test_unused_tokens_are_given_back(store_shape: Store, now: datetime) -> None:
+async def test_unused_tokens_are_given_back(store_shape: TaskStore, now: datetime) -> None:
     await store_shape.set_queue_limit("default", "lim", 0.001, 4.0, now, cap=10)
     await store_shape.submit([TaskSpec(queue="lim", run_at=now)], now)
     assert len(await store_shape.claim("default", ["lim"], "w", 4, now, limited=LIMITED)) == 1
@@ -48,7 +48,7 @@ async def test_unused_tokens_are_given_back(store_shape: Store, now: datetime) -
 
 
 async def test_limits_are_capped_per_namespace_and_removed_by_rate_zero(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     await store_shape.set_queue_limit("default", "a", 1.0, 1.0, now, cap=1)
     with pytest.raises(NamespaceCapReached):
@@ -64,7 +64,7 @@ async def test_limits_are_capped_per_namespace_and_removed_by_rate_zero(
 
 
 async def test_a_hand_off_leases_owned_due_tasks_and_can_be_given_back(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     out = await store_shape.submit(
         [TaskSpec(queue="h", run_at=now + timedelta(seconds=5)) for _ in range(6)], now

@@ -10,9 +10,8 @@ import pytest
 from chronoq.errors import AlreadyExists, NamespaceCapReached, ScheduleNotFound
 from chronoq.models import ScheduleSpec, Task, TaskState
 from chronoq.recurrence import Cron, Every
-from chronoq.store import Store
-from chronoq.store.schedules import Schedules
-from tests.contract.conftest import PARTITIONS
+from chronoq.store.port import TaskStore
+from tests.contract.conftest import PARTITIONS, ScheduleStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,7 +24,7 @@ def every_ten(name: str, now: datetime, namespace: str = "default") -> ScheduleS
     )
 
 
-async def owned(store: Store, token: int, owner: str) -> dict[int, int]:
+async def owned(store: TaskStore, token: int, owner: str) -> dict[int, int]:
     out = {}
     for p in range(PARTITIONS):
         assert await store.take_fence(p, token, "contract", owner) is not None
@@ -33,14 +32,14 @@ async def owned(store: Store, token: int, owner: str) -> dict[int, int]:
     return out
 
 
-async def queue_tasks(store: Store, namespace: str = "default") -> list[Task]:
+async def queue_tasks(store: TaskStore, namespace: str = "default") -> list[Task]:
     page = await store.list_tasks(namespace, queue="s", page_size=1000)
     assert page.next_token == ""
     return page.tasks
 
 
 async def test_create_get_list_and_delete(
-    store_shape: Store, schedules: Schedules, now: datetime
+    store_shape: TaskStore, schedules: ScheduleStore, now: datetime
 ) -> None:
     made = await schedules.create(every_ten("b", now), now)
     assert made.spec.name == "b" and not made.paused and made.next_fire_at == now
@@ -65,7 +64,7 @@ async def test_create_get_list_and_delete(
     assert (await schedules.get("other", "b")).spec.namespace == "other"
 
 
-async def test_list_pages_by_name(schedules: Schedules, now: datetime) -> None:
+async def test_list_pages_by_name(schedules: ScheduleStore, now: datetime) -> None:
     names = [f"s{i:02d}" for i in range(25)]
     for name in reversed(names):
         await schedules.create(every_ten(name, now), now)
@@ -80,7 +79,7 @@ async def test_list_pages_by_name(schedules: Schedules, now: datetime) -> None:
     assert seen == names
 
 
-async def test_a_namespace_holds_at_most_its_cap(schedules: Schedules, now: datetime) -> None:
+async def test_a_namespace_holds_at_most_its_cap(schedules: ScheduleStore, now: datetime) -> None:
     await schedules.create(every_ten("one", now), now, cap=1)
     with pytest.raises(NamespaceCapReached):
         await schedules.create(every_ten("two", now), now, cap=1)
@@ -88,7 +87,7 @@ async def test_a_namespace_holds_at_most_its_cap(schedules: Schedules, now: date
 
 
 async def test_the_owner_materialises_each_occurrence_once(
-    store_shape: Store, schedules: Schedules, now: datetime
+    store_shape: TaskStore, schedules: ScheduleStore, now: datetime
 ) -> None:
     made = await schedules.create(every_ten("m", now), now)
     others = {p: 1 for p in range(PARTITIONS) if p != made.partition}
@@ -118,7 +117,7 @@ async def test_the_owner_materialises_each_occurrence_once(
 
 
 async def test_pause_removes_what_has_not_fired_and_resume_goes_forward(
-    store_shape: Store, schedules: Schedules, now: datetime
+    store_shape: TaskStore, schedules: ScheduleStore, now: datetime
 ) -> None:
     await schedules.create(every_ten("p", now), now)
     owner = await owned(store_shape, 1, "me")

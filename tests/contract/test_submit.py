@@ -8,13 +8,13 @@ import pytest
 
 from chronoq.errors import StoreUnavailable, TaskNotFound
 from chronoq.models import TaskSpec, TaskState
-from chronoq.store import Store
+from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
 
 pytestmark = pytest.mark.timeout(60)
 
 
-async def every_task(store: Store, namespace: str) -> list[str]:
+async def every_task(store: TaskStore, namespace: str) -> list[str]:
     """Ids of every task of ``namespace``, through the listing's pages."""
     ids: list[str] = []
     token = ""
@@ -26,7 +26,7 @@ async def every_task(store: Store, namespace: str) -> list[str]:
     raise AssertionError("the listing never ended")
 
 
-async def test_one_submit_is_stored_as_asked(store_shape: Store, now: datetime) -> None:
+async def test_one_submit_is_stored_as_asked(store_shape: TaskStore, now: datetime) -> None:
     later = now + timedelta(minutes=5)
     (out,) = await store_shape.submit(
         [TaskSpec(queue="mail", run_at=later, namespace="a", payload=b"hi", priority=3)], now
@@ -42,7 +42,7 @@ async def test_one_submit_is_stored_as_asked(store_shape: Store, now: datetime) 
 
 
 async def test_a_due_task_starts_ready_a_later_one_scheduled(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     due, later = await store_shape.submit(
         [TaskSpec(queue="q", run_at=now), TaskSpec(queue="q", run_at=now + timedelta(seconds=1))],
@@ -53,7 +53,7 @@ async def test_a_due_task_starts_ready_a_later_one_scheduled(
 
 
 async def test_a_batch_answers_in_order_and_spreads_over_partitions(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     specs = [
         TaskSpec(queue="q", run_at=now + timedelta(seconds=i), payload=str(i).encode())
@@ -69,7 +69,7 @@ async def test_a_batch_answers_in_order_and_spreads_over_partitions(
     assert await store_shape.submit([], now) == []
 
 
-async def test_a_refused_batch_inserts_nothing(store_shape: Store, now: datetime) -> None:
+async def test_a_refused_batch_inserts_nothing(store_shape: TaskStore, now: datetime) -> None:
     """One spec the store cannot keep (a NUL in a text) refuses the whole batch.
 
     The port does not name the error yet (today the driver's own data error comes out; the
@@ -86,7 +86,7 @@ async def test_a_refused_batch_inserts_nothing(store_shape: Store, now: datetime
     assert all(o.created for o in out)
 
 
-async def test_a_repeated_key_returns_the_first_task(store_shape: Store, now: datetime) -> None:
+async def test_a_repeated_key_returns_the_first_task(store_shape: TaskStore, now: datetime) -> None:
     (first,) = await store_shape.submit(
         [TaskSpec(queue="q", run_at=now, idempotency_key="k", payload=b"first")], now
     )
@@ -108,7 +108,7 @@ async def test_a_repeated_key_returns_the_first_task(store_shape: Store, now: da
 
 
 async def test_keys_of_different_namespaces_are_independent(
-    store_shape: Store, now: datetime
+    store_shape: TaskStore, now: datetime
 ) -> None:
     out = await store_shape.submit(
         [
@@ -127,7 +127,7 @@ async def test_keys_of_different_namespaces_are_independent(
     assert await every_task(store_shape, "b") == [out[1].task.id]
 
 
-async def test_submit_ids_creates_like_submit(store_shape: Store, now: datetime) -> None:
+async def test_submit_ids_creates_like_submit(store_shape: TaskStore, now: datetime) -> None:
     specs = [TaskSpec(queue="q", run_at=now, idempotency_key=f"k{i % 3}") for i in range(6)]
     ids = await store_shape.submit_ids(specs, now)
     assert [created for _id, created in ids] == [True, True, True, False, False, False]
