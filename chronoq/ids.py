@@ -5,7 +5,13 @@ indexes: with millions of tasks pending, every insert and every state change the
 a cold leaf page somewhere in gigabytes of index, and the cost of a task grows with the size
 of the table. Time-ordered ids put the entries of tasks created together side by side at the
 right edge of those indexes, where the pages are hot. The 74 random bits keep ids unguessable
-and unique; the partition is a hash of all 16 bytes, so placement stays uniform.
+and unique; the partition of such an id is a hash of all 16 bytes.
+
+The store mints task and schedule ids as version 8 now (``chronoq.routing``), which keep this
+48-bit millisecond prefix and carry their partition: index locality holds as before (ids of
+one moment still sort side by side, v7 and v8 alike) and a by-id call reads the partition off
+the id. v7 ids made here remain valid task ids (``routing.id_partition`` hashes them) and
+serve as the SDK's minted idempotency keys.
 """
 
 from __future__ import annotations

@@ -89,6 +89,34 @@ def submit_partition(
     return int.from_bytes(raw[:4], "big") % partitions
 
 
+def submit_partitions(routes: Sequence[tuple[str, str | None]], partitions: int) -> list[int]:
+    """``submit_partition`` of many new tasks, each given as (namespace, its first present
+    routing key or None): the count checked once, each namespace's prefix built once, and
+    the draws of keyless tasks read from the system's randomness in one go."""
+    _check_partitions(partitions)
+    raw = os.urandom(4 * sum(1 for _ns, key in routes if not key))
+    # A hash state per namespace that has absorbed its prefix: copying it is cheaper than
+    # keying a new one per task (this runs for every task of every submit).
+    started: dict[str, hashlib.blake2b] = {}
+    out = []
+    drawn = 0
+    for namespace, key in routes:
+        if key:
+            base = started.get(namespace)
+            if base is None:
+                ns = namespace.encode()
+                base = started[namespace] = hashlib.blake2b(
+                    len(ns).to_bytes(4, "big") + ns, digest_size=8, person=_PERSON
+                )
+            h = base.copy()
+            h.update(key.encode())
+            out.append(int.from_bytes(h.digest(), "big") % partitions)
+        else:
+            out.append(int.from_bytes(raw[drawn : drawn + 4], "big") % partitions)
+            drawn += 4
+    return out
+
+
 def new_task_id_bytes(partitions: Sequence[int], unix_ms: int) -> list[bytes]:
     """One new id (16 bytes, layout above) per partition given, for ``unix_ms``, from one
     read of the system's randomness."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import asyncpg
 
-from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of, partition_of
-from chronoq.ids import time_ordered_ids
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, bucket_of
 from chronoq.models import DEFAULT_NAMESPACE, TASK_DEFAULTS, TaskState
+from chronoq.routing import id_partition, new_task_ids, submit_partitions
 
 QUEUE = "bench"
 NAMESPACE = DEFAULT_NAMESPACE
@@ -63,15 +63,16 @@ def task_rows(
     step = spread / count if count else timedelta(0)
     ids: list[uuid.UUID] = []
     for i in range(count):
-        if not ids:  # ids as the store makes them, a thousand at a time
-            ids = time_ordered_ids(min(1000, count - i), time.time_ns() // 1_000_000)[::-1]
+        if not ids:  # as the store places and names keyless tasks, a thousand at a time
+            drawn = submit_partitions([(NAMESPACE, None)] * min(1000, count - i), partitions)
+            ids = new_task_ids(drawn, time.time_ns() // 1_000_000)[::-1]
         task_id = ids.pop()
         run_at = first + step * i
         yield (
             task_id,
             NAMESPACE,
             QUEUE,
-            partition_of(task_id.bytes, partitions),
+            id_partition(task_id, partitions),
             bucket_of(run_at, bucket_seconds),
             run_at,
             int(TaskState.SCHEDULED),

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chronoq.buckets import partition_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import ChronoqError
@@ -34,6 +33,7 @@ from chronoq.gathering import RATE_WINDOW, DueRate, gather_for
 from chronoq.models import Task
 from chronoq.node.firing import Firer
 from chronoq.node.handoff import HandOff, Plan
+from chronoq.routing import id_partition
 from chronoq.store import Store
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 from chronoq.wheel import Due, TimingWheel
@@ -232,7 +232,7 @@ class PreciseFirer:
         for task_id, run_at, key in scheduled:
             if run_at > until:
                 continue
-            p = partition_of(uuid.UUID(task_id).bytes, partitions)
+            p = id_partition(uuid.UUID(task_id), partitions)
             if p in owned:
                 mine.append(Due(task_id, p, instant_of(run_at), key))
             else:

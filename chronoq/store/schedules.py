@@ -6,14 +6,13 @@ Kept beside ``Store`` (same pool, same named queries) so the task store stays re
 from __future__ import annotations
 
 import logging
-import uuid
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from chronoq.buckets import partition_of
 from chronoq.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -25,6 +24,7 @@ from chronoq.limits import check_name
 from chronoq.models import Schedule, ScheduleSpec, TaskSpec
 from chronoq.ratelimit import schedule_rate
 from chronoq.recurrence import CatchUp, Cron, Every, Rule, check, due, next_fire, occurrences
+from chronoq.routing import key_partition, new_task_ids
 from chronoq.saturating import ms_to_delta
 from chronoq.store.quarantine import POISON, isolate, reason
 from chronoq.store.rows import known
@@ -173,7 +173,11 @@ class Schedules:
         check(spec.rule)
         if spec.max_attempts < 1:
             raise InvalidArgument("max_attempts", "must be >= 1")
-        schedule_id = uuid.uuid4()
+        # Placed by (namespace, name), like a keyed submit, and its id carries the partition:
+        # its occurrences go to the same partition (``_materialize_one``), so a schedule and
+        # its tasks commit together wherever that partition lives (docs/design/shards.md).
+        partition = key_partition(spec.namespace, spec.name, self.store.partitions)
+        (schedule_id,) = new_task_ids([partition], time.time_ns() // 1_000_000)
         anchor = spec.start_at or now
         first = anchor if isinstance(spec.rule, Every) else next_fire(spec.rule, anchor)
         if first < now:
@@ -188,7 +192,7 @@ class Schedules:
                 schedule_id,
                 spec.namespace,
                 spec.name,
-                partition_of(schedule_id.bytes, self.store.partitions),
+                partition,
                 spec.queue,
                 cron,
                 interval,
@@ -391,7 +395,7 @@ class Schedules:
         )
         specs = [self._task_spec(row, at) for at in plan.create]
         if specs:
-            _ids, cols = self.store._insert_columns(specs, now)
+            _ids, cols = self.store._insert_columns(specs, now, [row["partition"]] * len(specs))
             await conn.fetch(q("insert_task_ids"), *cols, now)
         await conn.execute(
             q("advance_schedule"),

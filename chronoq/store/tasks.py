@@ -15,9 +15,8 @@ import asyncpg
 from asyncpg.pgproto.pgproto import UUID as PgUUID
 
 from chronoq import tracecontext
-from chronoq.buckets import bucket_of, buckets_of, partitions_of
+from chronoq.buckets import bucket_of, buckets_of
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
-from chronoq.ids import time_ordered_id_bytes
 from chronoq.limits import MAX_ANSWER_BYTES, MAX_ERROR_MESSAGE, MAX_PAGE_SIZE, TASK_FIXED_BYTES
 from chronoq.models import (
     OCTET_STREAM,
@@ -31,6 +30,7 @@ from chronoq.models import (
     TaskSpec,
     TaskState,
 )
+from chronoq.routing import new_task_id_bytes, submit_partitions
 from chronoq.saturating import ms_of
 from chronoq.store.connection import Connected
 from chronoq.store.quarantine import POISON, reason
@@ -169,12 +169,23 @@ class TaskStatements(Connected):
     # ---------------------------------------------------------------- clients
 
     def _insert_columns(
-        self, specs: Sequence[TaskSpec], now: datetime
+        self,
+        specs: Sequence[TaskSpec],
+        now: datetime,
+        partitions: Sequence[int] | None = None,
     ) -> tuple[list[uuid.UUID], list[list[Any]]]:
-        """New ids and the column arrays of ``insert_tasks``; due tasks start READY."""
+        """New ids and the column arrays of ``insert_tasks``; due tasks start READY.
+
+        Each task goes to the partition of its (namespace, idempotency key), else to a random
+        one (``chronoq.routing``), unless ``partitions`` places them (a schedule's
+        occurrences go to its own); its id carries that partition."""
+        if partitions is None:
+            partitions = submit_partitions(
+                [(s.namespace, s.idempotency_key) for s in specs], self.partitions
+            )
         # Time-ordered: a batch's index entries land side by side (see chronoq.ids). As the
         # driver's own UUID type, which it encodes and prints without a detour through ints.
-        raw = time_ordered_id_bytes(len(specs), time.time_ns() // 1_000_000)
+        raw = new_task_id_bytes(partitions, time.time_ns() // 1_000_000)
         ids: list[uuid.UUID] = [PgUUID(b) for b in raw]
         ready, scheduled = int(TaskState.READY), int(TaskState.SCHEDULED)
         rows = [
@@ -200,7 +211,7 @@ class TaskStatements(Connected):
             )
             for task_id, partition, bucket, s in zip(
                 ids,
-                partitions_of(raw, self.partitions),
+                partitions,
                 buckets_of((s.run_at for s in specs), self.bucket_seconds),
                 specs,
                 strict=True,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chronoq.buckets import bucket_of, partition_of
+from chronoq.buckets import bucket_of
 from chronoq.client import Client
 from chronoq.clock import ManualClock
 from chronoq.coordinator.local import LocalOwnership
@@ -22,6 +22,7 @@ from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.node import Node
 from chronoq.node.firing import Firer
 from chronoq.node.precise import PreciseFirer
+from chronoq.routing import id_partition
 from chronoq.store import Store
 from chronoq.store.sql import q
 from tests.integration.conftest import NodeFactory
@@ -194,7 +195,7 @@ async def test_a_near_future_submit_on_another_node_reaches_the_owner_s_wheel(
 def partition_of_task(task_id: str, partitions: int = 16) -> int:
     import uuid
 
-    return partition_of(uuid.UUID(task_id).bytes, partitions)
+    return id_partition(uuid.UUID(task_id), partitions)
 
 
 async def test_a_task_fired_on_one_node_wakes_a_long_poll_on_another_without_a_recheck(

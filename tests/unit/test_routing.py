@@ -25,6 +25,7 @@ from chronoq.routing import (
     new_task_ids,
     routing_key,
     submit_partition,
+    submit_partitions,
 )
 
 partition_counts = st.integers(1, MAX_PARTITIONS)
@@ -79,6 +80,30 @@ def test_keys_spread_evenly_over_partitions() -> None:
 
 def test_keyless_submits_spread_evenly() -> None:
     counts = collections.Counter(submit_partition("ns", [None], 64) for _ in range(20_000))
+    mean = 20_000 / 64
+    assert len(counts) == 64
+    assert all(abs(n - mean) < 0.25 * mean for n in counts.values())
+
+
+routes = st.lists(st.tuples(st.sampled_from(["", "ns", "tenant-a"]), st.none() | text))
+
+
+@given(routes, partition_counts)
+def test_a_batch_routes_each_keyed_task_as_its_own_submit_would(
+    routes: list[tuple[str, str | None]], partitions: int
+) -> None:
+    """The store routes a batch with ``submit_partitions``: a key's partition must not depend
+    on the batch it came in (a retry in another batch would miss the first task)."""
+    out = submit_partitions(routes, partitions)
+    assert len(out) == len(routes)
+    for (ns, key), p in zip(routes, out, strict=True):
+        assert 0 <= p < partitions
+        if key:
+            assert p == submit_partition(ns, [key], partitions)
+
+
+def test_keyless_tasks_of_a_batch_spread_evenly() -> None:
+    counts = collections.Counter(submit_partitions([("ns", None)] * 20_000, 64))
     mean = 20_000 / 64
     assert len(counts) == 64
     assert all(abs(n - mean) < 0.25 * mean for n in counts.values())
