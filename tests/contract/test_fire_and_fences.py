@@ -180,3 +180,14 @@ async def test_due_soon_lists_what_an_owner_will_fire(
     assert [at for _i, _p, at, _ns, _q in soon] == sorted(t.run_at for t in expected)
     # due_soon fires nothing.
     assert set((await states(store_shape, expected)).values()) == {TaskState.SCHEDULED}
+
+
+async def test_a_new_coordinator_cluster_restarts_the_tokens(store_shape: TaskStore) -> None:
+    """etcd revisions restart at 1 in a new etcd cluster: a token of another cluster id is
+    taken whatever its number; within that cluster, tokens only grow again."""
+    assert await store_shape.take_fence(0, 100, "etcd-a", "old") is not None
+    fresh = await store_shape.take_fence(0, 2, "etcd-b", "new")
+    assert fresh is not None and fresh.token == 2
+    assert await store_shape.take_fence(0, 1, "etcd-b", "other") is None  # older, same cluster
+    (fence,) = [f for f in await store_shape.fences() if f.partition == 0]
+    assert (fence.token, fence.cluster_id, fence.owner) == (2, "etcd-b", "new")

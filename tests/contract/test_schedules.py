@@ -9,7 +9,7 @@ import pytest
 
 from chronoq.errors import AlreadyExists, NamespaceCapReached, ScheduleNotFound
 from chronoq.models import ScheduleSpec, Task, TaskState
-from chronoq.recurrence import Cron, Every
+from chronoq.recurrence import CatchUp, Cron, Every
 from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS, ScheduleStore
 
@@ -137,3 +137,30 @@ async def test_pause_removes_what_has_not_fired_and_resume_goes_forward(
 
     await schedules.delete("default", "p", later)
     assert [t.run_at for t in await queue_tasks(store_shape)] == [now]
+
+
+@pytest.mark.parametrize(
+    ("policy", "missed_made", "skipped"),
+    [(CatchUp.ALL, 6, 0), (CatchUp.LATEST, 1, 5), (CatchUp.NONE, 0, 6)],
+)
+async def test_a_late_owner_catches_up_as_the_schedule_says(
+    store_shape: TaskStore,
+    schedules: ScheduleStore,
+    now: datetime,
+    policy: CatchUp,
+    missed_made: int,
+    skipped: int,
+) -> None:
+    """No owner for a minute: the six missed occurrences are all made, the latest only, or
+    none, as the schedule's catch-up policy says; the ones ahead are made in every case."""
+    await schedules.create(
+        ScheduleSpec(name="c", queue="s", rule=Every(TEN_S, now), catch_up=policy), now
+    )
+    owner = await owned(store_shape, 1, "me")
+    late = now + timedelta(seconds=60)
+    made = await schedules.materialize(owner, late, lookahead=timedelta(seconds=30))
+    ahead = 4  # late, +10 s, +20 s, +30 s
+    assert (made.created, made.skipped) == (missed_made + ahead, skipped)
+    tasks = await queue_tasks(store_shape)
+    assert len([t for t in tasks if t.run_at < late]) == missed_made
+    assert len({t.run_at for t in tasks}) == len(tasks)
