@@ -16,6 +16,7 @@ from chronoq.errors import InvalidArgument
 from chronoq.limits import MAX_STATUS_BUCKETS
 from chronoq.node.firing import Firer
 from chronoq.node.status import translated
+from chronoq.partitionmap import PartitionMap
 from chronoq.store.port import Admin, ByPartition
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -33,8 +34,11 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         settings: NodeSettings,
         ownership: Ownership,
         firer: Firer,
+        *,
+        partitions: PartitionMap,
     ) -> None:
         self._store = store
+        self._partitions = partitions
         self._clock = clock
         self._settings = settings
         self._ownership = ownership
@@ -51,7 +55,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
             raise InvalidArgument("bucket_horizon", f"must be at most {MAX_STATUS_BUCKETS} buckets")
         first = bucket_of(now, width)
         counts = await self._store.pending_by_bucket(
-            list(range(self._settings.partitions)), first - 1, first + horizon - 1
+            self._partitions.all, first - 1, first + horizon - 1
         )
         per_bucket: dict[int, int] = {}
         for (_p, b), n in counts.items():
@@ -77,7 +81,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
             cluster=view.cluster,
             node_id=self._settings.node_id,
             now=convert.to_timestamp(now),
-            partitions=self._settings.partitions,
+            partitions=self._partitions.count,
             bucket_seconds=width,
             members=members,
             ownership=[

@@ -385,7 +385,15 @@ class Node:
             worker_service, server
         )
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ClusterService(self.store, self.api_clock, s, self.ownership, self.firer), server
+            ClusterService(
+                self.store,
+                self.api_clock,
+                s,
+                self.ownership,
+                self.firer,
+                partitions=self.partition_map,
+            ),
+            server,
         )
         assert self.schedules is not None
         schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(  # type: ignore[no-untyped-call]
