@@ -1,0 +1,43 @@
+"""The node's parts speak the store port (``chronoq.store.port``), not the PostgreSQL store.
+
+Only the node itself builds the concrete ``Store`` (and the ``Schedules`` beside it); every
+other part takes the narrowest port it uses, so a store of several shards is one more
+implementation of the port and nothing in the node changes. mypy checks that the
+PostgreSQL store satisfies the port; this checks that no part reaches past it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+NODE = Path(__file__).resolve().parents[2] / "chronoq" / "node"
+#: Parts that may name the concrete store: the node builds it; the timing wheel's loads
+#: still read the partition count from it (next step: the node's PartitionMap).
+BUILDERS = {"node.py", "precise.py"}
+CONCRETE = {"Store", "Schedules"}
+
+
+def _concrete_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("chronoq.store"):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name in CONCRETE]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name == "chronoq.store.store"]
+    return found
+
+
+def test_only_the_node_names_the_concrete_store() -> None:
+    offenders = {
+        path.name: names
+        for path in sorted(NODE.glob("*.py"))
+        if path.name not in BUILDERS and (names := _concrete_imports(path))
+    }
+    assert offenders == {}
+
+
+def test_the_check_sees_a_concrete_import(tmp_path: Path) -> None:
+    part = tmp_path / "part.py"
+    part.write_text("from chronoq.store import FireResult, Store\nimport chronoq.store.store\n")
+    assert _concrete_imports(part) == ["chronoq.store.Store", "chronoq.store.store"]
