@@ -22,6 +22,7 @@ ALLOWED = (
     "collections",
     "datetime",
     "typing",
+    "uuid",
     "pytest",
     "chronoq.buckets",
     "chronoq.errors",
