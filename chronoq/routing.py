@@ -122,20 +122,18 @@ def new_task_id_bytes(partitions: Sequence[int], unix_ms: int) -> list[bytes]:
     read of the system's randomness."""
     if not partitions:
         return []
-    stamp = (unix_ms & _STAMP).to_bytes(6, "big")
-    raw = os.urandom(7 * len(partitions))
-    out = []
-    for i, p in enumerate(partitions):
+    for p in (min(partitions), max(partitions)):
         if not 0 <= p < MAX_ID_PARTITIONS:
             raise ValueError(f"partition {p} does not fit in an id (0..{MAX_ID_PARTITIONS - 1})")
-        r = raw[7 * i : 7 * i + 7]
-        out.append(
-            stamp
-            + bytes((LAYOUT_BYTE, r[0], _VARIANT | (r[1] & 0x3F)))
-            + p.to_bytes(2, "big")
-            + r[2:7]
-        )
-    return out
+    head = (unix_ms & _STAMP).to_bytes(6, "big") + bytes((LAYOUT_BYTE,))
+    raw = os.urandom(7 * len(partitions))
+    return [
+        head
+        + raw[i : i + 1]
+        + bytes((_VARIANT | (raw[i + 1] & 0x3F), p >> 8, p & 0xFF))
+        + raw[i + 2 : i + 7]
+        for i, p in zip(range(0, 7 * len(partitions), 7), partitions, strict=True)
+    ]
 
 
 def new_task_ids(partitions: Sequence[int], unix_ms: int) -> list[uuid.UUID]:
