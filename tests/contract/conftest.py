@@ -73,7 +73,14 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-@pytest.fixture(params=sorted(SHAPES))
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every contract runs once per shape (read at collection, so a shape registered by
+    any module imported before it counts); ``-k single`` picks one."""
+    if "shape" in metafunc.fixturenames:
+        metafunc.parametrize("shape", sorted(SHAPES), indirect=True)
+
+
+@pytest.fixture
 def shape(request: pytest.FixtureRequest) -> tuple[Shape, Any]:
     """The shape and what it prepared (outside the event loop: databases are made there)."""
     chosen = SHAPES[request.param]
