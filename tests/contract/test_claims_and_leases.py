@@ -71,6 +71,15 @@ async def test_a_claim_leases_with_the_attempt_as_token(
     assert await store_shape.get(task.id, "default") == got
 
 
+async def test_a_claim_stops_at_its_byte_budget(store_shape: TaskStore, now: datetime) -> None:
+    """A claim's tasks fit the answer it is sent in; it always takes one, if any is ready."""
+    await ready(store_shape, now, 5, payload=b"x" * 4000)
+    got = await store_shape.claim("default", ["w"], "w", 5, now, max_bytes=9000)
+    assert 1 <= len(got) <= 2
+    (one,) = await store_shape.claim("default", ["w"], "w", 5, now, max_bytes=10)
+    assert one.state is TaskState.RUNNING
+
+
 async def test_a_claim_takes_higher_priority_first(store_shape: TaskStore, now: datetime) -> None:
     low = await ready(store_shape, now, 3, priority=0)
     high = await ready(store_shape, now, 2, priority=9)

@@ -191,3 +191,24 @@ async def test_a_new_coordinator_cluster_restarts_the_tokens(store_shape: TaskSt
     assert await store_shape.take_fence(0, 1, "etcd-b", "other") is None  # older, same cluster
     (fence,) = [f for f in await store_shape.fences() if f.partition == 0]
     assert (fence.token, fence.cluster_id, fence.owner) == (2, "etcd-b", "new")
+
+
+async def test_a_flood_in_one_namespace_does_not_hold_back_another(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    """Each namespace due in a partition takes an equal share of the owner's batch."""
+    due = now + timedelta(seconds=1)
+    await store_shape.submit(
+        [TaskSpec(queue="f", run_at=due, namespace="flood") for _ in range(400)], now
+    )
+    small = [
+        o.task
+        for o in await store_shape.submit(
+            [TaskSpec(queue="f", run_at=due, namespace="small") for _ in range(5)], now
+        )
+    ]
+    owned = await own(store_shape, range(PARTITIONS), 1, "me")
+    result = await store_shape.fire_due(owned, due, batch=10)  # a share of 5 per namespace
+    assert result.fired <= 10 * PARTITIONS
+    assert result.unfinished  # the flood is not done, and says so
+    assert set((await states(store_shape, small)).values()) == {TaskState.READY}
