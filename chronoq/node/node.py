@@ -222,6 +222,7 @@ class Node:
                 self.ownership,
                 self.clock,
                 self.firer,
+                partitions=self.partition_map,
                 horizon=s.wheel_horizon,
                 capacity=s.wheel_capacity,
                 node_id=s.node_id,

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
@@ -33,8 +33,9 @@ from chronoq.gathering import RATE_WINDOW, DueRate, gather_for
 from chronoq.models import Task
 from chronoq.node.firing import Firer
 from chronoq.node.handoff import HandOff, Plan
+from chronoq.partitionmap import PartitionMap
 from chronoq.routing import id_partition
-from chronoq.store import Store
+from chronoq.store.port import ByPartition, ByTaskId
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 from chronoq.wheel import Due, TimingWheel
 
@@ -86,16 +87,22 @@ class PreciseStats:
     errors: int = 0
 
 
+class WheelStore(ByPartition, ByTaskId, Protocol):
+    """What the wheel asks of the store: loads and fires of its partitions, and the
+    give-back of a hand-off whose outcome is unknown (by task id)."""
+
+
 class PreciseFirer:
     """The owner's timing wheel and the two loops that fill and fire it."""
 
     def __init__(
         self,
-        store: Store,
+        store: WheelStore,
         ownership: Ownership,
         clock: Clock,
         firer: Firer,
         *,
+        partitions: PartitionMap,
         horizon: timedelta,
         capacity: int,
         node_id: str = "",
@@ -105,6 +112,7 @@ class PreciseFirer:
         self._ownership = ownership
         self._clock = clock
         self._firer = firer
+        self._partitions = partitions
         self.horizon = horizon
         self.load_every = min(horizon.total_seconds() / LOADS_PER_HORIZON, MAX_LOAD_EVERY)
         self.node_id = node_id
@@ -225,7 +233,7 @@ class PreciseFirer:
         horizon and of an owned partition enter the wheel; returns the other near-future ones
         (for their owners, who learn id, partition and instant only)."""
         until = now + self.horizon
-        partitions = self._store.partitions
+        partitions = self._partitions.count
         owned = self._ownership.owned()
         mine: list[Due] = []
         others: list[Due] = []

@@ -123,7 +123,14 @@ async def test_a_stale_owner_fires_nothing_from_its_wheel(
     await old.start()
     firer = Firer(store, old, clock, tick=60, batch=100, rounds=1, node_id="old")
     precise = PreciseFirer(
-        store, old, clock, firer, horizon=timedelta(seconds=2), capacity=100, node_id="old"
+        store,
+        old,
+        clock,
+        firer,
+        partitions=old.partitions,
+        horizon=timedelta(seconds=2),
+        capacity=100,
+        node_id="old",
     )
     assert await precise.load() == 20
     new = LocalOwnership(store, "new")

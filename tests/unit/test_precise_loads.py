@@ -17,6 +17,7 @@ from chronoq.clock import ManualClock
 from chronoq.gathering import BUSY_GAP, gather_for
 from chronoq.node.firing import Firer
 from chronoq.node.precise import PreciseFirer, instant_of
+from chronoq.partitionmap import PartitionMap
 from chronoq.store import FireResult, Store
 from chronoq.wheel import Due
 
@@ -68,6 +69,7 @@ def _precise(store: FakeStore, ownership: FakeOwnership, clock: ManualClock) -> 
         cast(Any, ownership),
         clock,
         firer,
+        partitions=PartitionMap(PARTITIONS),
         horizon=timedelta(seconds=2),
         capacity=100,
     )

@@ -12,9 +12,8 @@ import ast
 from pathlib import Path
 
 NODE = Path(__file__).resolve().parents[2] / "chronoq" / "node"
-#: Parts that may name the concrete store: the node builds it; the timing wheel's loads
-#: still read the partition count from it (next step: the node's PartitionMap).
-BUILDERS = {"node.py", "precise.py"}
+#: Parts that may name the concrete store: the node, which builds it.
+BUILDERS = {"node.py"}
 CONCRETE = {"Store", "Schedules"}
 
 
