@@ -142,6 +142,7 @@ async def test_pause_removes_what_has_not_fired_and_resume_goes_forward(
 @pytest.mark.parametrize(
     ("policy", "missed_made", "skipped"),
     [(CatchUp.ALL, 6, 0), (CatchUp.LATEST, 1, 5), (CatchUp.NONE, 0, 6)],
+    ids=["all", "latest", "none"],
 )
 async def test_a_late_owner_catches_up_as_the_schedule_says(
     store_shape: TaskStore,
