@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from chronoq.clock import Clock, OffsetClock, SystemClock
 from chronoq.coordinator.protocols import Ownership
-from chronoq.store.port import ServerSession
+from chronoq.store.port import ServerClock
 from chronoq.supervision import Loop, Supervisor
 
 log = logging.getLogger("chronoq.node")
@@ -78,7 +78,7 @@ class ClockCheck:
 
     def __init__(
         self,
-        store: ServerSession,
+        store: ServerClock,
         clock: Clock,
         ownership: Ownership,
         *,
@@ -122,10 +122,10 @@ class ClockCheck:
     async def measure(self) -> OffsetSample:
         """The best of a few readings of the store's clock against ours."""
         readings = []
-        async with self._store.connection() as conn:
+        async with self._store.server_clock() as server_now:
             for _ in range(self._samples):
                 sent, started = self._clock.now(), self._monotonic()
-                reference: datetime = await conn.fetchval("SELECT clock_timestamp()")
+                reference = await server_now()
                 trip = timedelta(seconds=self._monotonic() - started)
                 readings.append(sample(sent, reference, trip))
         return best(readings)

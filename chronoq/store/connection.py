@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from datetime import timedelta
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Self
 
 import asyncpg
@@ -253,6 +253,18 @@ class Connected:
         except StoreUnavailable:
             return False
         return True
+
+    @contextlib.asynccontextmanager
+    async def server_clock(self) -> AsyncIterator[Callable[[], Awaitable[datetime]]]:
+        """A reader of the server's clock (``clock_timestamp()``), on one pooled connection
+        for as long as the block runs (a few readings, each timed by the caller)."""
+        async with self.connection() as conn:
+
+            async def read() -> datetime:
+                reference: datetime = await conn.fetchval("SELECT clock_timestamp()")
+                return reference
+
+            yield read
 
     async def announce(self, channel: str, payloads: Sequence[str]) -> None:
         """NOTIFY ``channel`` once per payload, in one statement."""

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from chronoq.models import (
     AckOutcome,
@@ -270,17 +270,19 @@ class Reachable(Protocol):
     async def probe(self, timeout: float = ...) -> bool: ...
 
 
-class ServerSession(Protocol):
-    """A raw session on the store's server. Only the clock check uses it (it reads the
-    server's clock); with shards it becomes one reading per shard."""
+class ServerClock(Protocol):
+    """The store server's clock, which the clock check compares the node's with (with
+    shards: each shard's server)."""
 
-    def connection(self) -> AbstractAsyncContextManager[Any]: ...
+    def server_clock(self) -> AbstractAsyncContextManager[Callable[[], Awaitable[datetime]]]:
+        """A reader of the server's clock, valid inside the block."""
+        ...
 
 
 class TaskStore(
-    ByPartition, ByTaskId, ByPlacement, ByQueue, Admin, Notices, Reachable, Protocol
+    ByPartition, ByTaskId, ByPlacement, ByQueue, Admin, Notices, Reachable, ServerClock, Protocol
 ):
-    """The whole task store as the node's servicers use it."""
+    """The whole task store: every port above (the node's servicers take this one)."""
 
     async def close(self) -> None: ...
 
