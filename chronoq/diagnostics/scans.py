@@ -25,7 +25,7 @@ from chronoq.store.sql import q
 RUN_AT_INDEX = "tasks_bench_run_at"
 #: Indexes of chronoq's schema that would rescue the naive queries; dropped (in a transaction
 #: that is rolled back) where a strategy stands for a schema without them.
-CHRONOQ_INDEXES = ("tasks_due", "tasks_listing")
+CHRONOQ_INDEXES = ("tasks_due", "tasks_listing", "tasks_queue_states")
 
 _NAIVE = "SELECT id FROM tasks WHERE run_at <= $1 AND state = 0"
 _WATERMARKED = "SELECT id FROM tasks WHERE run_at >= $1 AND run_at <= $2 AND state = 0"
