@@ -11,10 +11,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from chronoq.store import port
+from chronoq.store.schedules import Schedules
+from chronoq.store.store import Store
+
 NODE = Path(__file__).resolve().parents[2] / "chronoq" / "node"
 #: Parts that may name the concrete store: the node, which builds it.
 BUILDERS = {"node.py"}
 CONCRETE = {"Store", "Schedules"}
+#: Public calls of the PostgreSQL store that are its own, not the port's: how it is built
+#: (``connect``, ``migrate``), its raw connections (``Schedules``, tools and tests use
+#: them), and a helper of its fail statement.
+OWN = {"connect", "migrate", "connection", "after_failure"}
 
 
 def _concrete_imports(path: Path) -> list[str]:
@@ -40,3 +48,33 @@ def test_the_check_sees_a_concrete_import(tmp_path: Path) -> None:
     part = tmp_path / "part.py"
     part.write_text("from chronoq.store import FireResult, Store\nimport chronoq.store.store\n")
     assert _concrete_imports(part) == ["chronoq.store.Store", "chronoq.store.store"]
+
+
+def _port_members(*protocols: type) -> set[str]:
+    return {
+        name
+        for proto in protocols
+        for cls in proto.__mro__
+        if cls.__module__ == port.__name__
+        for name in vars(cls)
+        if not name.startswith("_")
+    }
+
+
+def _outside_port(impl: type, *protocols: type) -> set[str]:
+    public = {n for n in dir(impl) if not n.startswith("_") and callable(getattr(impl, n))}
+    return public - _port_members(*protocols) - OWN
+
+
+def test_every_call_of_the_store_is_in_a_port() -> None:
+    """A new statement of the store has to be placed in the port (by how it routes), or a
+    store of shards would not have it."""
+    assert _outside_port(Store, port.TaskStore) == set()
+    assert _outside_port(Schedules, port.ScheduleAdmin, port.ScheduleOwner) == set()
+
+
+def test_a_statement_left_out_of_the_port_is_seen() -> None:
+    class Grown(Store):
+        async def new_statement(self) -> None: ...
+
+    assert _outside_port(Grown, port.TaskStore) == {"new_statement"}
