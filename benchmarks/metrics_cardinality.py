@@ -16,15 +16,13 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from chronoq.client import Client, NewTask
 from chronoq.config import NodeSettings
-from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.embedded.postgres import scratch_database
 from chronoq.node import Node
 
 BATCH = 10_000
@@ -106,16 +104,8 @@ def main() -> None:
     parser.add_argument("--scrapers", type=int, default=4)
     parser.add_argument("--dsn", help="an empty scratch database (default: embedded)")
     args = parser.parse_args()
-    if args.dsn:
-        asyncio.run(run(args.dsn, args.queues, args.scrapers))
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pgdata", durable=False)
-        pg.start()
-        try:
-            asyncio.run(run(pg.create_database("cardinality"), args.queues, args.scrapers))
-        finally:
-            pg.stop()
+    with scratch_database("cardinality", args.dsn) as dsn:
+        asyncio.run(run(dsn, args.queues, args.scrapers))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 
 from chronoq.client import Client
 from chronoq.config import NodeSettings
-from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.embedded.postgres import scratch_database
 from chronoq.node import Node
 
 
@@ -62,16 +60,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--dsn", help="an empty scratch database (default: embedded)")
     args = parser.parse_args()
-    if args.dsn:
-        asyncio.run(run(args.dsn, args.quota, args.seconds))
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pgdata", durable=False)
-        pg.start()
-        try:
-            asyncio.run(run(pg.create_database("churn"), args.quota, args.seconds))
-        finally:
-            pg.stop()
+    with scratch_database("churn", args.dsn) as dsn:
+        asyncio.run(run(dsn, args.quota, args.seconds))
 
 
 if __name__ == "__main__":

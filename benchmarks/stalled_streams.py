@@ -19,7 +19,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import grpc
 
 from chronoq.api.v1 import worker_pb2, worker_pb2_grpc
 from chronoq.client import Client, NewTask
-from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.embedded.postgres import scratch_database
 
 STATES = {0: "SCHEDULED", 1: "READY", 2: "RUNNING", 3: "SUCCEEDED"}
 
@@ -126,14 +125,8 @@ def main() -> None:
     parser.add_argument("--credits", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=15.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pg", durable=False)
-        pg.start()
-        try:
-            dsn = pg.create_database("stall")
-            asyncio.run(run(args, dsn))
-        finally:
-            pg.stop()
+    with scratch_database("stall") as dsn:
+        asyncio.run(run(args, dsn))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -790,3 +790,20 @@ class EmbeddedPostgres:
         except OSError as exc:
             return f"<cannot read log: {exc}>"
         return "\n".join(data.splitlines()[-_LOG_TAIL_LINES:])
+
+
+@contextlib.contextmanager
+def scratch_database(name: str, dsn: str | None = None) -> Iterator[str]:
+    """A DSN for a benchmark or script: ``dsn`` when given (an empty scratch database of the
+    caller's), else database ``name`` of a throwaway embedded server, stopped and removed on
+    exit whatever happens."""
+    if dsn is not None:
+        yield dsn
+        return
+    with tempfile.TemporaryDirectory(prefix="chronoq-scratch-") as tmp:
+        server = EmbeddedPostgres(Path(tmp) / "pgdata", durable=False)
+        server.start()
+        try:
+            yield server.create_database(name)
+        finally:
+            server.stop()
