@@ -134,7 +134,9 @@ class Blackhole:
             await _put(queue, None, sender)
             await sender
         except (ConnectionError, OSError):
-            pass
+            # The peer reset (a killed server): the other side must learn it at once, or a
+            # statement in flight waits for its timeout on a connection nobody answers.
+            conn.reset()
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -5,6 +5,9 @@ of holding the proxy's buffers forever."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -151,5 +154,31 @@ async def test_a_peer_that_never_reads_is_cut_loose_at_the_write_deadline(
             writer.close()
         # It stopped at the kernel's buffers plus the proxy's bounded queue, not at 256 MiB.
         assert sent < 4096 * 65536
+    finally:
+        server.close()
+
+
+async def test_a_reset_from_upstream_reaches_the_client_at_once(hub: ProxyHub) -> None:
+    """A server killed mid-request resets its sockets: the client behind the proxy must see
+    the connection end, not wait on it for a reply that never comes."""
+
+    async def die(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # the request arrived; now the server dies (RST)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(die, "127.0.0.1", 0)
+    try:
+        p = hub.add(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", "test->dies")
+        host, _, port = p.address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"q")
+            await writer.drain()
+            with contextlib.suppress(ConnectionResetError):
+                assert await asyncio.wait_for(reader.read(10), 5) == b""  # ended, not hung
+        finally:
+            writer.close()
     finally:
         server.close()
