@@ -210,6 +210,10 @@ class WorkSession:
         self.unwritten_tasks = 0  # tasks of ``unwritten``
         self._stalled: StreamStalled | None = None  # a write passed its deadline
         self._stalled_write: asyncio.Future[Any] | None = None  # that write, still pending
+        # The tasks of a message that was written when the stream was cancelled (the cancel
+        # came between the write and its waiter): delivered, so not given back.
+        self._written_on_cancel: list[Task] | None = None
+        self._cancelled_after_write = False  # the last write's waiter was cancelled after it
         self._offered_at = -HANDOFF_MEMORY  # loop time the wheel last had tasks for us
         self._closed = False
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -372,10 +376,15 @@ class WorkSession:
         """A hand-off's push ended: counted, or (failed, or cancelled even before it began)
         its tasks go back to READY at once, no attempt used."""
         self._deliveries.discard(job)
-        if job.cancelled() or job.exception() is not None:
+        if (job.cancelled() or job.exception() is not None) and not self._written(tasks):
             self._claims.give_back(self.namespace, tasks)
         else:
             self.pushed += len(tasks)
+
+    def _written(self, tasks: list[Task]) -> bool:
+        """Whether ``tasks`` reached the worker's transport although their push was
+        cancelled: they stay leased to the worker, like any pushed task."""
+        return self._written_on_cancel is tasks
 
     async def _push(self) -> None:
         """Claim within the free credits whenever tasks may be ready; push what comes."""
@@ -441,8 +450,10 @@ class WorkSession:
         try:
             await self._send(tasks, size)
         except BaseException:
-            # Not seen by the worker: back to READY at once, no attempt used.
-            self._claims.give_back(self.namespace, tasks)
+            if self._written(tasks):
+                self.pushed += len(tasks)
+            else:  # not seen by the worker: back to READY at once, no attempt used
+                self._claims.give_back(self.namespace, tasks)
             raise
         self.pushed += len(tasks)
 
@@ -459,6 +470,10 @@ class WorkSession:
             tracing.claimed(tasks, self.worker_id)  # no-op unless tracing is on
             pushed = await converted(tasks, convert.task_to_pb)
             await self._write(worker_pb2.WorkResponse(tasks=pushed))
+        except asyncio.CancelledError:
+            if self._cancelled_after_write:
+                self._written_on_cancel = tasks
+            raise
         finally:
             self.unwritten -= size
             self.unwritten_tasks -= len(tasks)
@@ -473,7 +488,14 @@ class WorkSession:
             if self._stalled is not None:
                 raise self._stalled  # an earlier write timed out: the stream is ending
             write = asyncio.ensure_future(self._write_raw(response))
-            await asyncio.wait({write}, timeout=STREAM_WRITE_DEADLINE)
+            self._cancelled_after_write = False
+            try:
+                await asyncio.wait({write}, timeout=STREAM_WRITE_DEADLINE)
+            except asyncio.CancelledError:
+                self._cancelled_after_write = (
+                    write.done() and not write.cancelled() and write.exception() is None
+                )
+                raise
             if write.done():
                 write.result()
                 return
