@@ -13,12 +13,12 @@ import collections
 import contextlib
 import functools
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
 from chronoq.clock import Clock
+from chronoq.effects import Effects, released
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import Lease, Task
@@ -137,10 +137,14 @@ class Claims:
         notifier: ReadyNotifier,
         slots: LongPollSlots,
         lanes: FairLanes,
+        *,
+        dispatch: Callable[[Effects], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._notifier = notifier
+        #: Applies what its give-backs did (the node's dispatcher; default: wake ``notifier``).
+        self._dispatch = dispatch or (lambda effects: notifier.notify(effects.ready))
         self.slots = slots
         self.lanes = lanes
         self._limited: set[tuple[str, str]] = set()
@@ -280,16 +284,16 @@ class Claims:
         release.add_done_callback(self._releasing.discard)
 
     async def _release(self, namespace: str, tasks: list[Task]) -> None:
-        released: list[Task] = []
+        given: list[Task] = []
         for task in tasks:
             try:
-                released.append(await self._store.release(namespace, Lease(task.id, task.attempt)))
+                given.append(await self._store.release(namespace, Lease(task.id, task.attempt)))
             except ChronoqError as exc:
                 # The lease then expires as usual and the reaper makes the task ready again.
                 log.warning(
                     "could not give back task %s claimed for a gone caller: %s", task.id, exc
                 )
-        self.released += len(released)
-        if released:
-            log.info("gave back %d tasks claimed for a caller that had gone", len(released))
-            self._notifier.notify(Counter((t.namespace, t.queue) for t in released))
+        self.released += len(given)
+        if given:
+            log.info("gave back %d tasks claimed for a caller that had gone", len(given))
+            self._dispatch(released(given))

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ from chronoq import tracing
 from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
+from chronoq.effects import Effects
 from chronoq.node.lateness import LatenessWindow
 from chronoq.node.metrics import NodeMetrics
 from chronoq.store import FireResult
@@ -60,7 +60,7 @@ class Firer:
         tick: float,
         batch: int,
         rounds: int,
-        on_ready: Callable[[FireResult], None] = lambda _r: None,
+        on_effects: Callable[[Effects], None] = lambda _e: None,
         node_id: str = "",
         metrics: NodeMetrics | None = None,
         catch_all: float | None = None,
@@ -73,7 +73,8 @@ class Firer:
         self._tick = tick
         self._batch = batch
         self._rounds = rounds
-        self._on_ready = on_ready
+        #: Applies what each statement did (its READY tasks wake claims): the dispatcher.
+        self._on_effects = on_effects
         #: With a timing wheel, the seconds between ticks while they find nothing late: the
         #: wheel fires what it holds at its instant, and a tick is then only the catch-all for
         #: what it does not (see ``_interval``). None: every ``tick``.
@@ -154,13 +155,9 @@ class Firer:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
         return total
 
-    def ready(self, counts: Mapping[tuple[str, str], int]) -> None:
-        """Tasks made ready outside a fire (a failed hand-off's, given back): wake claims."""
-        self._on_ready(FireResult(ready_by_queue=Counter(counts)))
-
     def record(self, result: FireResult) -> None:
         """Count a statement fired outside the tick (the timing wheel's) as the tick's own:
-        stats, lateness, metrics, and ``on_ready`` for its ready tasks."""
+        stats, lateness, metrics, and ``on_effects`` for its ready tasks."""
         self.stats.statements += 1
         self._account(result, FireResult())
 
@@ -181,7 +178,7 @@ class Firer:
         total.per_partition.update(result.per_partition)
         total.quarantined += result.quarantined
         if result.ready_by_queue:
-            self._on_ready(result)
+            self._on_effects(result.effects)
 
     async def _advance(self, owned: Mapping[int, int], unfinished: set[int], current: int) -> None:
         """Move watermarks up to the current bucket for partitions with nothing left behind."""

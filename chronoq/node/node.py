@@ -5,9 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -31,10 +30,10 @@ from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
-from chronoq.models import Task, TaskState
 from chronoq.node.auth_interceptor import api_security
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
 from chronoq.node.cluster_service import ClusterService, node_stats
+from chronoq.node.dispatch import Dispatch
 from chronoq.node.firing import Firer
 from chronoq.node.housekeeping import (
     DepthPoller,
@@ -46,14 +45,14 @@ from chronoq.node.housekeeping import (
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics, scrape_token
-from chronoq.node.precise import PreciseFirer, Scheduled, scheduled_of
+from chronoq.node.precise import PreciseFirer
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.soon import SoonBroadcast
 from chronoq.partitionmap import PartitionMap
-from chronoq.store import FireResult, Store
+from chronoq.store import Store
 from chronoq.store.pool_logs import quiet_pool_outages
 from chronoq.store.schedules import Schedules
 from chronoq.supervision import Loop, LoopPolicy, Supervisor
@@ -152,6 +151,8 @@ class Node:
         #: occurrences its schedules make here (None: no quota).
         self.quotas = submit_quotas(settings)
         self.notifier = ReadyNotifier()
+        #: Applies what the node's store writes did: wakes claims, offers the wheel.
+        self.dispatch = Dispatch(self.notifier, self.clock)
         self.probe: ReadyProbe | None = None
         self.broadcast: ReadyBroadcast | None = None
         self._server: grpc.aio.Server | None = None
@@ -211,7 +212,7 @@ class Node:
             tick=s.tick.total_seconds(),
             batch=s.fire_batch,
             rounds=s.fire_rounds,
-            on_ready=self._fired,
+            on_effects=self.dispatch.apply,
             node_id=s.node_id,
             metrics=self.metrics,
             catch_all=s.catch_all.total_seconds() if s.wheel_horizon > timedelta(0) else None,
@@ -226,6 +227,7 @@ class Node:
                 horizon=s.wheel_horizon,
                 capacity=s.wheel_capacity,
                 node_id=s.node_id,
+                on_effects=self.dispatch.apply,
             )
         self.reaper = Reaper(
             self.store,
@@ -233,7 +235,8 @@ class Node:
             self.clock,
             interval=s.reap_interval.total_seconds(),
             batch=s.reap_batch,
-            on_requeued=self._requeued,
+            on_effects=self.dispatch.apply,
+            metrics=self.metrics,
         )
         self.retention = Retention(
             self.store,
@@ -308,6 +311,7 @@ class Node:
             self.notifier.on_notify = self.broadcast.publish
             if self.precise is not None and s.cluster is not None:
                 self.soon = SoonBroadcast(self.store, s.node_id, self.precise.told)
+        self.dispatch.attach(self.precise, self.soon)
         if clock_check is not None:
             with contextlib.suppress(ChronoqError):  # no store: the loop measures later
                 await clock_check.first_reading()
@@ -372,14 +376,20 @@ class Node:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
         task_service = TaskService(
-            self.store, self.api_clock, s, self.notifier, self.metrics, quotas=self.quotas
+            self.store,
+            self.api_clock,
+            s,
+            self.notifier,
+            self.metrics,
+            dispatch=self.dispatch,
+            quotas=self.quotas,
         )
-        task_service.on_scheduled = self._scheduled
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
             task_service, server
         )
-        worker_service = WorkerService(self.store, self.api_clock, s, self.notifier, self.metrics)
-        worker_service.on_scheduled = self._scheduled  # retries after a backoff
+        worker_service = WorkerService(
+            self.store, self.api_clock, s, self.notifier, self.metrics, dispatch=self.dispatch
+        )
         if self.precise is not None and s.handoff:
             self.precise.handoff = worker_service.handoff
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
@@ -476,29 +486,6 @@ class Node:
         if self.firer is not None:
             self.firer.poke()
 
-    def _scheduled(self, now: datetime, tasks: Iterable[Scheduled]) -> None:
-        """Tasks just made SCHEDULED (submitted, or a retry after its backoff) that come due
-        within the wheel's horizon enter it: here if this node owns their partition, else
-        through a notice to the node that does (the tick fires any the wheel misses)."""
-        if self.precise is None:
-            return
-        others = self.precise.offer(tasks, now)
-        if others and self.soon is not None:
-            self.soon.publish(others)
-
-    def _fired(self, result: FireResult) -> None:
-        self.notifier.notify(result.ready_by_queue)
-
-    def _requeued(self, tasks: list[Task]) -> None:
-        self.metrics.reaped.inc(len(tasks))
-        self.metrics.dead.inc(sum(1 for t in tasks if t.state is TaskState.DEAD))
-        # Only tasks ready now wake anyone (one waiter each): a retry with a backoff is
-        # announced when it fires, a dead task never.
-        self.notifier.notify(
-            Counter((t.namespace, t.queue) for t in tasks if t.state is TaskState.READY)
-        )
-        self._scheduled(self.clock.now(), _retries(tasks))
-
     async def stop(self, grace: float = 2.0) -> None:
         """Stop firing first (no owner write after this returns), then the server, then the pool."""
         if self.store is None:
@@ -535,8 +522,3 @@ class Node:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def _retries(tasks: Iterable[Task]) -> list[Scheduled]:
-    """The SCHEDULED ones of ``tasks`` (given back for a retry), as the wheel takes them."""
-    return [scheduled_of(t) for t in tasks if t.state is TaskState.SCHEDULED]

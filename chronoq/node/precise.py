@@ -21,16 +21,16 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
+from chronoq.effects import Effects, Scheduled, made_ready
 from chronoq.errors import ChronoqError
 from chronoq.gathering import RATE_WINDOW, DueRate, gather_for
-from chronoq.models import Task
 from chronoq.node.firing import Firer
 from chronoq.node.handoff import HandOff, Plan
 from chronoq.partitionmap import PartitionMap
@@ -42,14 +42,6 @@ from chronoq.wheel import Due, TimingWheel
 log = logging.getLogger("chronoq.firing")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: A task a submit created SCHEDULED: (id, run_at, (namespace, queue)).
-Scheduled = tuple[str, datetime, tuple[str, str]]
-
-
-def scheduled_of(task: Task) -> Scheduled:
-    """A SCHEDULED task as the wheel takes it (``PreciseFirer.offer``)."""
-    return task.id, task.run_at, (task.namespace, task.queue)
-
 _US = timedelta(microseconds=1)
 #: Loads per horizon: a task is in the wheel at least 3/4 of the horizon before it is due.
 LOADS_PER_HORIZON = 4
@@ -107,8 +99,12 @@ class PreciseFirer:
         capacity: int,
         node_id: str = "",
         handoff: HandOff | None = None,
+        on_effects: Callable[[Effects], None] = lambda _e: None,
     ) -> None:
         self._store = store
+        #: Applies what its writes did besides firing (a failed hand-off's tasks given back
+        #: READY): the node's dispatcher.
+        self._on_effects = on_effects
         self._ownership = ownership
         self._clock = clock
         self._firer = firer
@@ -288,7 +284,7 @@ class PreciseFirer:
             )
             return
         if ready:
-            self._firer.ready(ready)
+            self._on_effects(made_ready(ready))
 
     def _fire_interval(self) -> float:
         """Seconds from the last pass's start to the next: until the wheel's first instant,

@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
-from chronoq.models import Task
+from chronoq.effects import Effects, of_tasks
+from chronoq.models import Task, TaskState
+from chronoq.node.metrics import NodeMetrics
 from chronoq.store.port import ByPartition
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor
 
@@ -27,7 +29,8 @@ class Reaper:
         interval: float,
         batch: int,
         rng: random.Random | None = None,
-        on_requeued: Callable[[list[Task]], None] = lambda _t: None,
+        on_effects: Callable[[Effects], None] = lambda _e: None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self._store = store
         self._ownership = ownership
@@ -35,7 +38,10 @@ class Reaper:
         self._interval = interval
         self._batch = batch
         self._rng = rng
-        self._on_requeued = on_requeued
+        #: Applies what a batch did (READY retries wake claims, SCHEDULED ones go to the
+        #: wheel): the dispatcher.
+        self._on_effects = on_effects
+        self._metrics = metrics
         self.reaped = 0
 
     def start(self, supervisor: Supervisor) -> Loop:
@@ -56,6 +62,14 @@ class Reaper:
             done.extend(batch)
             self.reaped += len(batch)
             if batch:
-                self._on_requeued(batch)
+                self._reaped(batch)
             if len(batch) < self._batch:
                 return done
+
+    def _reaped(self, batch: list[Task]) -> None:
+        if self._metrics is not None:
+            self._metrics.reaped.inc(len(batch))
+            self._metrics.dead.inc(sum(1 for t in batch if t.state is TaskState.DEAD))
+        # Only tasks ready now wake anyone (one waiter each): a retry with a backoff goes to
+        # the wheel and is announced when it fires, a dead task never.
+        self._on_effects(of_tasks(batch, freed=True))

@@ -8,7 +8,7 @@ import functools
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +24,7 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
+from chronoq.effects import made_ready, of_accepted, of_submits, of_tasks, released
 from chronoq.errors import (
     ChronoqError,
     InvalidArgument,
@@ -55,9 +56,9 @@ from chronoq.limits import (
 )
 from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
 from chronoq.node.claims import Claims, FairLanes, claim_lanes
+from chronoq.node.dispatch import Dispatch
 from chronoq.node.handoff import HandOff
 from chronoq.node.metrics import NodeMetrics
-from chronoq.node.precise import Scheduled, scheduled_of
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.status import translated
 from chronoq.node.work_stream import Openings, WorkSession, opened
@@ -73,7 +74,8 @@ log = logging.getLogger("chronoq.node")
 
 class _Servicer:
     """What the task and worker servicers share: the store, the clock, settings, the
-    notifier that wakes long-polling claims, and the node's metrics."""
+    notifier that long-polling claims wait on, the node's metrics, and the dispatcher that
+    applies what their writes did (default: one that wakes this notifier, no wheel)."""
 
     def __init__(
         self,
@@ -82,17 +84,15 @@ class _Servicer:
         settings: NodeSettings,
         notifier: ReadyNotifier,
         metrics: NodeMetrics | None = None,
+        *,
+        dispatch: Dispatch | None = None,
     ) -> None:
         self._metrics = metrics or NodeMetrics(settings.node_id)
         self._store = store
         self._clock = clock
         self._settings = settings
         self._notifier = notifier
-        #: Called with (now, (id, run_at, (namespace, queue)) of each task a submit created
-        #: SCHEDULED): the node enters the near-future ones into its owners' timing wheels.
-        self.on_scheduled: Callable[[datetime, Iterable[Scheduled]], None] = (
-            lambda _now, _tasks: None
-        )
+        self._dispatch = dispatch if dispatch is not None else Dispatch(notifier, clock)
 
 
 def submit_quotas(settings: NodeSettings) -> Quotas | None:
@@ -141,20 +141,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         now = self._clock.now()
         outcomes = await self._store.submit(await self._checked(specs, now), now)
         self._metrics.submitted.inc(sum(1 for o in outcomes if o.created))
-        # One wake-up per task that became ready now (a repeated key made nothing new).
-        self._notifier.notify(
-            (o.task.namespace, o.task.queue)
-            for o in outcomes
-            if o.created and o.task.state is TaskState.READY
-        )
-        self.on_scheduled(
-            now,
-            (
-                scheduled_of(o.task)
-                for o in outcomes
-                if o.created and o.task.state is TaskState.SCHEDULED
-            ),
-        )
+        self._dispatch.apply(of_submits(outcomes), now)
         return outcomes
 
     @translated
@@ -189,19 +176,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             specs = await self._checked(list(request.tasks), now)
             accepted = await self._store.submit_ids(specs, now)
             self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
-            self._notifier.notify(
-                (s.namespace, s.queue)
-                for s, (_i, created) in zip(specs, accepted, strict=True)
-                if created and s.run_at <= now
-            )
-            self.on_scheduled(
-                now,
-                (
-                    (i, s.run_at, (s.namespace, s.queue))
-                    for s, (i, created) in zip(specs, accepted, strict=True)
-                    if created and s.run_at > now
-                ),
-            )
+            self._dispatch.apply(of_accepted(specs, accepted, now), now)
             return tasks_pb2.SubmitBatchResponse(
                 ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
             )
@@ -319,7 +294,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         tasks = await self._store.requeue(
             convert.namespace_of(request.namespace), ids, self._clock.now()
         )
-        self._notifier.notify((t.namespace, t.queue) for t in tasks)
+        self._dispatch.apply(made_ready((t.namespace, t.queue) for t in tasks))
         return tasks_pb2.RequeueResponse(tasks=await converted(tasks, convert.task_to_pb))
 
 
@@ -334,6 +309,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             self._notifier,
             LongPollSlots(settings.long_polls_per_namespace, settings.long_polls_per_node),
             FairLanes(claim_lanes(settings.pool_size)),
+            dispatch=self._dispatch.apply,
         )
         #: The streams fired tasks are handed to (see ``chronoq.node.handoff``).
         self.handoff = HandOff(self.claims.limited_keys)
@@ -505,16 +481,13 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         self._metrics.failed.inc()
         if task.state is TaskState.DEAD:
             self._metrics.dead.inc()
-        if task.state is TaskState.READY:
-            self._notifier.notify([(task.namespace, task.queue)])
-        elif task.state is TaskState.SCHEDULED:
-            self.on_scheduled(now, [scheduled_of(task)])
+        self._dispatch.apply(of_tasks([task], freed=True), now)
         return convert.task_to_pb(task)
 
     @translated
     async def Release(self, request: worker_pb2.ReleaseRequest, context: Ctx) -> tasks_pb2.Task:
         task = await self._store.release(convert.namespace_of(request.namespace), _lease(request))
-        self._notifier.notify([(task.namespace, task.queue)])
+        self._dispatch.apply(released([task]))
         return convert.task_to_pb(task)
 
 

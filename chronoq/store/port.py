@@ -164,7 +164,7 @@ class ByTaskId(Protocol):
         ...
 
     async def requeue(self, namespace: str, ids: Sequence[str], now: datetime) -> list[Task]:
-        """DEAD → SCHEDULED for the given dead letters."""
+        """DEAD → READY now for the given dead letters (a fresh attempt budget)."""
         ...
 
     async def release_handed(

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from chronoq import tracecontext
+from chronoq.effects import Effects
 from chronoq.errors import InvalidArgument
 from chronoq.models import OCTET_STREAM, MisfirePolicy, Task, TaskState
 from chronoq.retry import after_failure
@@ -53,6 +54,11 @@ class FireResult:
     def saturated(self) -> set[int]:
         """Partitions that may have more due rows: worth another statement this tick."""
         return self.unfinished | {t.partition for t in self.quarantined}
+
+    @property
+    def effects(self) -> Effects:
+        """Its tasks made READY (a hand-off's leased ones and quarantined ones wake nobody)."""
+        return Effects(ready=+self.ready_by_queue)
 
 
 def parse_task_id(task_id: str) -> uuid.UUID:

@@ -1,0 +1,104 @@
+"""What a store write did that someone else must hear of: its effects, as one value.
+
+A write that makes tasks READY wakes claims, long polls and streams waiting on their queues;
+one that makes tasks SCHEDULED offers the near-future ones to their owner's timing wheel; one
+that ends a running task frees its dispatch slot. The node's dispatcher
+(``chronoq.node.dispatch``) applies them in one place, after the write committed, instead of
+each caller deriving its own wake-ups. Pure: built from the store's outcomes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from chronoq.models import SubmitOutcome, Task, TaskSpec, TaskState
+
+#: (namespace, queue)
+Key = tuple[str, str]
+#: A task made SCHEDULED, as the timing wheel takes it: (id, run_at, (namespace, queue)).
+Scheduled = tuple[str, datetime, Key]
+
+
+def scheduled_of(task: Task) -> Scheduled:
+    """A SCHEDULED task as the wheel takes it."""
+    return task.id, task.run_at, (task.namespace, task.queue)
+
+
+@dataclass(frozen=True)
+class Effects:
+    """Tasks made READY per queue (each wakes one waiter), tasks made SCHEDULED (the wheel
+    takes those due within its horizon, in this order), and dispatch slots freed per queue
+    (tasks that stopped running: completed, failed or released)."""
+
+    ready: Counter[Key] = field(default_factory=Counter)
+    scheduled: tuple[Scheduled, ...] = ()
+    freed: Counter[Key] = field(default_factory=Counter)
+
+    def __bool__(self) -> bool:
+        return bool(self.ready or self.scheduled or self.freed)
+
+    def merge(self, other: Effects) -> Effects:
+        """Both writes' effects (counts added, scheduled tasks in order: ``self``'s first)."""
+        return Effects(
+            ready=self.ready + other.ready,
+            scheduled=self.scheduled + other.scheduled,
+            freed=self.freed + other.freed,
+        )
+
+
+NONE = Effects()
+
+
+def made_ready(counts: Mapping[Key, int] | Iterable[Key]) -> Effects:
+    """Tasks made READY: counts per queue, or one queue per task."""
+    return Effects(ready=+Counter(counts))
+
+
+def of_tasks(tasks: Iterable[Task], *, freed: bool = False) -> Effects:
+    """The effects of writes that left ``tasks`` in their states: READY ones wake a waiter,
+    SCHEDULED ones go to the wheel, DEAD and the rest wake nobody. ``freed``: each of them
+    held a dispatch slot, which it gave up (a fail, a release, a reaped lease)."""
+    ready: Counter[Key] = Counter()
+    scheduled: list[Scheduled] = []
+    gone: Counter[Key] = Counter()
+    for task in tasks:
+        if task.state is TaskState.READY:
+            ready[(task.namespace, task.queue)] += 1
+        elif task.state is TaskState.SCHEDULED:
+            scheduled.append(scheduled_of(task))
+        if freed:
+            gone[(task.namespace, task.queue)] += 1
+    return Effects(ready=ready, scheduled=tuple(scheduled), freed=gone)
+
+
+def released(tasks: Iterable[Task]) -> Effects:
+    """Running tasks given back READY without an attempt spent (a release): each wakes a
+    waiter and freed its slot."""
+    keys = Counter((t.namespace, t.queue) for t in tasks)
+    return Effects(ready=keys, freed=Counter(keys))
+
+
+def of_submits(outcomes: Iterable[SubmitOutcome]) -> Effects:
+    """A submit's: only the tasks it created (a repeated key made nothing new)."""
+    return of_tasks(o.task for o in outcomes if o.created)
+
+
+def of_accepted(
+    specs: Sequence[TaskSpec], accepted: Sequence[tuple[str, bool]], now: datetime
+) -> Effects:
+    """An ids-only submit's (the store answers (id, created) per spec): a created task due
+    by ``now`` was made READY, a later one SCHEDULED."""
+    ready: Counter[Key] = Counter()
+    scheduled: list[Scheduled] = []
+    for spec, (task_id, created) in zip(specs, accepted, strict=True):
+        if not created:
+            continue
+        key = (spec.namespace, spec.queue)
+        if spec.run_at <= now:
+            ready[key] += 1
+        else:
+            scheduled.append((task_id, spec.run_at, key))
+    return Effects(ready=ready, scheduled=tuple(scheduled))
