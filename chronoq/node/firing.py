@@ -143,6 +143,8 @@ class Firer:
                 )
             self.stats.statements += 1
             self._account(result, total)
+            if result.ready_by_queue:
+                self._on_effects(result.effects)
             late = late or any(seconds > self._tick for seconds in result.lateness)
             # Each namespace with due rows got a share of the batch (fair across namespaces);
             # go again where one filled its share.
@@ -157,7 +159,7 @@ class Firer:
 
     def record(self, result: FireResult) -> None:
         """Count a statement fired outside the tick (the timing wheel's) as the tick's own:
-        stats, lateness, metrics, and ``on_effects`` for its ready tasks."""
+        stats, lateness and metrics (its effects are the caller's to apply)."""
         self.stats.statements += 1
         self._account(result, FireResult())
 
@@ -177,8 +179,6 @@ class Firer:
         total.ready_by_queue.update(result.ready_by_queue)
         total.per_partition.update(result.per_partition)
         total.quarantined += result.quarantined
-        if result.ready_by_queue:
-            self._on_effects(result.effects)
 
     async def _advance(self, owned: Mapping[int, int], unfinished: set[int], current: int) -> None:
         """Move watermarks up to the current bucket for partitions with nothing left behind."""

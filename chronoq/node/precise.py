@@ -102,8 +102,8 @@ class PreciseFirer:
         on_effects: Callable[[Effects], None] = lambda _e: None,
     ) -> None:
         self._store = store
-        #: Applies what its writes did besides firing (a failed hand-off's tasks given back
-        #: READY): the node's dispatcher.
+        #: Applies what its writes did (fired tasks, a failed hand-off's given back READY):
+        #: the node's dispatcher.
         self._on_effects = on_effects
         self._ownership = ownership
         self._clock = clock
@@ -350,3 +350,5 @@ class PreciseFirer:
         self.stats.statements += 1
         self.stats.fired += result.fired
         self._firer.record(result)
+        if result.ready_by_queue:
+            self._on_effects(result.effects)
