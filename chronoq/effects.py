@@ -49,7 +49,8 @@ class Effects:
         )
 
 
-NONE = Effects()
+#: A write that wakes nobody and offers nothing.
+NO_EFFECTS = Effects()
 
 
 def made_ready(counts: Mapping[Key, int] | Iterable[Key]) -> Effects:

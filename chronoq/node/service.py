@@ -24,7 +24,7 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
-from chronoq.effects import made_ready, of_accepted, of_submits, of_tasks, released
+from chronoq.effects import made_ready, of_submits, of_tasks, released
 from chronoq.errors import (
     ChronoqError,
     InvalidArgument,
@@ -176,7 +176,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             specs = await self._checked(list(request.tasks), now)
             accepted = await self._store.submit_ids(specs, now)
             self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
-            self._dispatch.apply(of_accepted(specs, accepted, now), now)
+            self._dispatch.apply(accepted.effects, now)
             return tasks_pb2.SubmitBatchResponse(
                 ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
             )

@@ -32,7 +32,7 @@ from chronoq.models import (
     TaskSpec,
     TaskState,
 )
-from chronoq.store.rows import Fence, FireResult
+from chronoq.store.rows import Accepted, Fence, FireResult
 
 if TYPE_CHECKING:
     from chronoq.store.schedules import Charge, Materialized
@@ -180,9 +180,9 @@ class ByPlacement(Protocol):
 
     async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]: ...
 
-    async def submit_ids(
-        self, specs: Sequence[TaskSpec], now: datetime
-    ) -> list[tuple[str, bool]]: ...
+    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
+        """``submit`` answering (id, created) per spec, with its effects."""
+        ...
 
 
 class ByQueue(Protocol):

@@ -8,14 +8,15 @@ import logging
 import random
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from chronoq import tracecontext
-from chronoq.effects import Effects
+from chronoq.effects import NO_EFFECTS, Effects, of_accepted
 from chronoq.errors import InvalidArgument
-from chronoq.models import OCTET_STREAM, MisfirePolicy, Task, TaskState
+from chronoq.models import OCTET_STREAM, MisfirePolicy, Task, TaskSpec, TaskState
 from chronoq.retry import after_failure
 from chronoq.saturating import ms_to_delta
 from chronoq.store.quarantine import QUARANTINED
@@ -59,6 +60,19 @@ class FireResult:
     def effects(self) -> Effects:
         """Its tasks made READY (a hand-off's leased ones and quarantined ones wake nobody)."""
         return Effects(ready=+self.ready_by_queue)
+
+
+class Accepted(list[tuple[str, bool]]):
+    """An ids-only submit's answer: (task id, created) per spec, in order, and ``effects``,
+    what it did (created tasks due at once were made READY, the later ones SCHEDULED)."""
+
+    def __init__(self, ids: Iterable[tuple[str, bool]] = (), effects: Effects = NO_EFFECTS):
+        super().__init__(ids)
+        self.effects = effects
+
+    @classmethod
+    def of(cls, specs: Sequence[TaskSpec], ids: list[tuple[str, bool]], now: datetime) -> Accepted:
+        return cls(ids, of_accepted(specs, ids, now))
 
 
 def parse_task_id(task_id: str) -> uuid.UUID:

@@ -34,7 +34,7 @@ from chronoq.routing import new_task_id_bytes, submit_partitions
 from chronoq.saturating import ms_of
 from chronoq.store.connection import Connected
 from chronoq.store.quarantine import POISON, reason
-from chronoq.store.rows import known, parse_task_id, retry_decision, task_of
+from chronoq.store.rows import Accepted, known, parse_task_id, retry_decision, task_of
 from chronoq.store.sql import q
 from chronoq.timeslice import Timeslice, converted
 
@@ -263,10 +263,10 @@ class TaskStatements(Connected):
             for task, (_row, created) in zip(tasks, matched, strict=True)
         ]
 
-    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> list[tuple[str, bool]]:
+    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
         """``submit`` that answers only (task id, created) per spec: no rows sent back."""
         if not specs:
-            return []
+            return Accepted()
         ids, cols = await self._insert_columns_sliced(specs, now)
         async with self.connection() as conn:
             rows = await _insert_chunked(conn, q("insert_task_ids"), cols, now)
@@ -275,7 +275,8 @@ class TaskStatements(Connected):
             for ns, keys in _conflicting_keys(ids, specs, inserted).items():
                 for r in await conn.fetch(q("task_ids_by_idempotency_key"), ns, keys):
                     existing[(ns, r["idempotency_key"])] = r["id"]
-        return [(str(i), created) for i, created in _matched(ids, specs, inserted, existing)]
+        answer = [(str(i), created) for i, created in _matched(ids, specs, inserted, existing)]
+        return Accepted.of(specs, answer, now)
 
     async def get(self, task_id: str, namespace: str) -> Task:
         async with self.connection() as conn:

@@ -25,6 +25,7 @@ ALLOWED = (
     "uuid",
     "pytest",
     "chronoq.buckets",
+    "chronoq.effects",
     "chronoq.errors",
     "chronoq.models",
     "chronoq.recurrence",
