@@ -22,6 +22,7 @@ from chronoq.effects import Effects, released
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import Lease, Task
+from chronoq.node.dispatch import Dispatch
 from chronoq.node.readiness import LongPollSlots, ReadyNotifier, Watch
 from chronoq.store.port import ByQueue, ByTaskId
 
@@ -143,8 +144,9 @@ class Claims:
         self._store = store
         self._clock = clock
         self._notifier = notifier
-        #: Applies what its give-backs did (the node's dispatcher; default: wake ``notifier``).
-        self._dispatch = dispatch or (lambda effects: notifier.notify(effects.ready))
+        #: Applies what its give-backs did (the node's dispatcher; default: one waking
+        #: ``notifier``, no wheel).
+        self._dispatch = dispatch or Dispatch(notifier, clock).apply
         self.slots = slots
         self.lanes = lanes
         self._limited: set[tuple[str, str]] = set()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
+import chronoq.node
 from chronoq.clock import ManualClock
 from chronoq.effects import (
     Effects,
@@ -127,3 +130,21 @@ def test_the_dispatcher_offers_scheduled_tasks_and_tells_owners_of_the_rest() ->
     later = NOW + timedelta(seconds=5)
     dispatch.apply(Effects(scheduled=scheduled[:1]), later)
     assert wheel.offered[-1][1] == later
+
+
+def test_only_the_dispatcher_wakes_claims_or_offers_the_wheel() -> None:
+    """A wake-up derived by hand beside the dispatcher would drift from it (or double it)."""
+    node = Path(chronoq.node.__file__).parent
+    allowed = {"dispatch.py", "readiness.py"}  # the dispatcher, and the notifier itself
+    calls = []
+    for path in sorted(node.glob("*.py")):
+        if path.name in allowed:
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr in {"notify", "offer"}
+            ):
+                calls.append(f"{path.name}:{n.lineno}")
+    assert not calls, f"wake-ups outside the dispatcher: {calls}"
