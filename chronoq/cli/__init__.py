@@ -40,6 +40,7 @@ from chronoq.cli import (  # noqa: E402
     node,
     schedules,
     status,
+    store,
     tasks,
     worker,
 )
@@ -144,6 +145,7 @@ etcd.register(app)
 tasks.register(app)
 schedules.register(app)
 status.register(app)
+store.register(app)
 worker.register(app)
 bench.register(app)
 chaos.register(app)

@@ -23,6 +23,8 @@ from chronoq.client.values import (
     MemberStatus,
     NewTask,
     PartitionStatus,
+    ShardMapStatus,
+    ShardStatus,
     Submitted,
     new_keys,
 )
@@ -414,7 +416,7 @@ class Client:
                 for m in resp.members
             ],
             ownership=[
-                PartitionStatus(o.partition, o.owner, o.fencing_token, o.watermark_bucket)
+                PartitionStatus(o.partition, o.owner, o.fencing_token, o.watermark_bucket, o.shard)
                 for o in resp.ownership
             ],
             buckets=[
@@ -422,6 +424,17 @@ class Client:
                 for b in resp.buckets
             ],
             firing_partitions=list(resp.firing_partitions),
+            shard_map=ShardMapStatus(
+                version=resp.shard_map.version,
+                shards=[
+                    ShardStatus(s.name, s.dsn, s.health, s.partitions, s.partition_count, s.pending)
+                    for s in resp.shard_map.shards
+                ],
+                moves_in_progress=resp.shard_map.moves_in_progress,
+                error=resp.shard_map.error,
+            )
+            if resp.HasField("shard_map")
+            else None,
         )
 
     # ------------------------------------------------------------------ workers

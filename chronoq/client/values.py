@@ -109,6 +109,25 @@ class PartitionStatus:
     owner: str
     fencing_token: int
     watermark_bucket: int
+    shard: str = ""  # the store shard holding it
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    name: str
+    dsn: str  # password masked
+    health: str  # "ok", "unreachable", "unknown"
+    partitions: str  # the partitions held, as a list: "0-63,128"
+    partition_count: int
+    pending: int  # due in the counted buckets
+
+
+@dataclass(frozen=True)
+class ShardMapStatus:
+    version: int
+    shards: list[ShardStatus] = field(default_factory=list)
+    moves_in_progress: int = 0
+    error: str = ""  # why the map in etcd was last refused
 
 
 @dataclass(frozen=True)
@@ -122,3 +141,4 @@ class ClusterStatus:
     ownership: list[PartitionStatus] = field(default_factory=list)
     buckets: list[BucketCount] = field(default_factory=list)
     firing_partitions: list[int] = field(default_factory=list)  # what this node fires now
+    shard_map: ShardMapStatus | None = None

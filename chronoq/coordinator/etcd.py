@@ -94,12 +94,17 @@ class Keys:
     """The key layout of one chronoq cluster in etcd."""
 
     def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
         self.root = f"/chronoq/{cluster}/"
         self.members = f"{self.root}members/".encode()
         self.owners = f"{self.root}owners/".encode()
         self.stats = f"{self.root}stats/".encode()
         self.loads = f"{self.root}loads".encode()
         self.clock = f"{self.root}clock".encode()
+        # The shard map and each shard's DSN, password masked (docs/design/shards.md).
+        self.shards = f"{self.root}shards/".encode()
+        self.shard_map = self.shards + b"map"
+        self.shard_dsns = self.shards + b"dsn/"
 
     def member(self, node_id: str) -> bytes:
         return self.members + node_id.encode()
@@ -109,6 +114,9 @@ class Keys:
 
     def partition_of(self, key: bytes) -> int:
         return int(key[len(self.owners) :])
+
+    def shard_dsn(self, shard: str) -> bytes:
+        return self.shard_dsns + shard.encode()
 
     def stat(self, node_id: str) -> bytes:
         return self.stats + node_id.encode()

@@ -36,6 +36,7 @@ from chronoq.coordinator import ring
 from chronoq.coordinator.etcd import ClusterSettings, Keys, connect, translated
 from chronoq.coordinator.lease import NodeLease
 from chronoq.coordinator.protocols import ClusterView, MemberView
+from chronoq.coordinator.shards import ShardMapView
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import StoreUnavailable
 from chronoq.partitionmap import PartitionMap
@@ -82,6 +83,7 @@ class EtcdOwnership:
         stats: Callable[[], dict[str, float]] = dict,
         monotonic: Callable[[], float] = time.monotonic,
         supervisor: Supervisor | None = None,
+        store_dsn: str = "",
     ) -> None:
         self._store = store
         self.partitions = partitions
@@ -107,6 +109,9 @@ class EtcdOwnership:
         self.loads_view = PrefixView(self.client, self.keys.loads, self._changed, supervisor=sup)
         # Member stats are for status pages only: a broken stats watch is not an outage.
         self.stats_view = PrefixView(self.client, self.keys.stats, supervisor=sup, critical=False)
+        self.shard_map = ShardMapView(
+            self.client, self.keys, partitions.count, store_dsn, supervisor=sup
+        )
         self.cluster_id = ""
         self.states: dict[int, PartitionState] = {}
         self.tokens: dict[int, int] = {}
@@ -183,12 +188,17 @@ class EtcdOwnership:
                 for m in self.live_members()
             ],
             self.owner_of(),
+            shard_map=self.shard_map.current,
+            shard_dsns=dict(self.shard_map.dsns),
+            shard_map_error=self.shard_map.error,
         )
 
     async def start(self) -> None:
         with translated("connect"):
             probe = await self.client.get_prefix(self.keys.members)
         self.cluster_id = str(probe.header.cluster_id)
+        # Before joining: a node whose partition count differs from the cluster's takes none.
+        await self.shard_map.start()
         await self._register()
         for view in (self.members, self.owners, self.loads_view, self.stats_view):
             with translated(f"read {view.prefix!r}"):
@@ -246,6 +256,7 @@ class EtcdOwnership:
         log.debug("%s: lease revoked", self.node_id)
         for view in (self.members, self.owners, self.loads_view, self.stats_view):
             await view.stop()
+        await self.shard_map.stop()
         log.debug("%s: views stopped", self.node_id)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.client.close(), 5)

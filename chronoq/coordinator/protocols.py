@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from chronoq.shardmap import ShardMap
+
 
 @dataclass(frozen=True)
 class MemberView:
@@ -28,6 +30,10 @@ class ClusterView:
     cluster: str
     members: list[MemberView]
     owners: dict[int, tuple[str, int]]  # partition → (node id, fencing token)
+    #: The shard map from etcd (None: a node alone, whose one store is ``single(P)``).
+    shard_map: ShardMap | None = None
+    shard_dsns: dict[str, str] = field(default_factory=dict)  # shard → DSN, password masked
+    shard_map_error: str | None = None  # why the map in etcd was last refused
 
 
 class Ownership(Protocol):

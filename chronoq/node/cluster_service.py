@@ -11,19 +11,25 @@ from chronoq.api.v1 import cluster_pb2, cluster_pb2_grpc
 from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
-from chronoq.coordinator.protocols import Ownership
+from chronoq.coordinator.protocols import ClusterView, Ownership
 from chronoq.errors import InvalidArgument
 from chronoq.limits import MAX_STATUS_BUCKETS
 from chronoq.node.firing import Firer
 from chronoq.node.status import translated
 from chronoq.partitionmap import PartitionMap
-from chronoq.store.port import Admin, ByPartition
+from chronoq.redact import mask_dsn
+from chronoq.shardmap import format_partitions, shard_name, single
+from chronoq.store.port import Admin, ByPartition, Reachable
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
-class StatusStore(ByPartition, Admin, Protocol):
-    """What the status asks of the store: the partitions' counts and fences."""
+#: How long the status waits for its probe of the node's own store.
+STATUS_PROBE_TIMEOUT = 1.0
+
+
+class StatusStore(ByPartition, Admin, Reachable, Protocol):
+    """What the status asks of the store: the partitions' counts and fences, and a probe."""
 
 
 class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
@@ -58,9 +64,13 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
             self._partitions.all, first - 1, first + horizon - 1
         )
         per_bucket: dict[int, int] = {}
-        for (_p, b), n in counts.items():
+        per_partition: dict[int, int] = {}
+        for (p, b), n in counts.items():
             per_bucket[b] = per_bucket.get(b, 0) + n
+            per_partition[p] = per_partition.get(p, 0) + n
         view = self._ownership.describe()
+        shard_map = await self._shard_map(view, per_partition)
+        shard_of = view.shard_map or single(self._partitions.count)
         watermarks = {f.partition: f.watermark for f in await self._store.fences()}
         members = []
         for m in view.members:
@@ -90,6 +100,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
                     owner=node,
                     fencing_token=token,
                     watermark_bucket=watermarks.get(p, 0),
+                    shard=shard_of.shard_of(p) if p < shard_of.partitions else "",
                 )
                 for p, (node, token) in sorted(view.owners.items())
             ],
@@ -102,6 +113,38 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
                 for b in range(first - 1, first + horizon)
             ],
             firing_partitions=sorted(self._ownership.owned()),
+            shard_map=shard_map,
+        )
+
+    async def _shard_map(
+        self, view: ClusterView, pending: dict[int, int]
+    ) -> cluster_pb2.ShardMapStatus:
+        """The map this node routes by, with each shard's masked DSN and health: today a node
+        reaches only ``shard-0`` (its own store), so the other shards' health is unknown."""
+        current = view.shard_map or single(self._partitions.count)
+        dsns = dict(view.shard_dsns)
+        dsns.setdefault(shard_name(0), self._settings.dsn)
+        healthy = await self._store.probe(STATUS_PROBE_TIMEOUT)
+        shards = []
+        for name in current.shards:
+            held = current.held_by(name)
+            shards.append(
+                cluster_pb2.ShardStatus(
+                    name=name,
+                    dsn=mask_dsn(dsns.get(name, "")),
+                    health=("ok" if healthy else "unreachable")
+                    if name == shard_name(0)
+                    else "unknown",
+                    partitions=format_partitions(held),
+                    partition_count=len(held),
+                    pending=sum(pending.get(p, 0) for p in held),
+                )
+            )
+        return cluster_pb2.ShardMapStatus(
+            version=current.version,
+            shards=shards,
+            moves_in_progress=0,  # online moves are not built yet
+            error=view.shard_map_error or "",
         )
 
     @translated

@@ -108,6 +108,7 @@ def default_ownership(node: Node, store: Store) -> Ownership:
             "store_ok_at": node.store_ok_at(),
         },
         supervisor=node.supervisor,
+        store_dsn=s.dsn,
     )
     ownership.on_acquired = node.partitions_changed
     ownership.on_released = node.partitions_changed

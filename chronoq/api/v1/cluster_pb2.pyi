@@ -16,16 +16,18 @@ class StatusRequest(_message.Message):
     def __init__(self, bucket_horizon: _Optional[int] = ...) -> None: ...
 
 class PartitionOwnership(_message.Message):
-    __slots__ = ("partition", "owner", "fencing_token", "watermark_bucket")
+    __slots__ = ("partition", "owner", "fencing_token", "watermark_bucket", "shard")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     partition: int
     owner: str
     fencing_token: int
     watermark_bucket: int
-    def __init__(self, partition: _Optional[int] = ..., owner: _Optional[str] = ..., fencing_token: _Optional[int] = ..., watermark_bucket: _Optional[int] = ...) -> None: ...
+    shard: str
+    def __init__(self, partition: _Optional[int] = ..., owner: _Optional[str] = ..., fencing_token: _Optional[int] = ..., watermark_bucket: _Optional[int] = ..., shard: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("node_id", "address", "owned_partitions", "lateness_p50_ms", "lateness_p99_ms", "fired_total")
@@ -53,8 +55,36 @@ class BucketCount(_message.Message):
     pending: int
     def __init__(self, bucket: _Optional[int] = ..., starts_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pending: _Optional[int] = ...) -> None: ...
 
+class ShardStatus(_message.Message):
+    __slots__ = ("name", "dsn", "health", "partitions", "partition_count", "pending")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DSN_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dsn: str
+    health: str
+    partitions: str
+    partition_count: int
+    pending: int
+    def __init__(self, name: _Optional[str] = ..., dsn: _Optional[str] = ..., health: _Optional[str] = ..., partitions: _Optional[str] = ..., partition_count: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class ShardMapStatus(_message.Message):
+    __slots__ = ("version", "shards", "moves_in_progress", "error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
+    moves_in_progress: int
+    error: str
+    def __init__(self, version: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., moves_in_progress: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state", "firing_partitions")
+    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state", "firing_partitions", "shard_map")
     class TasksByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +102,7 @@ class StatusResponse(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     TASKS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
     FIRING_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_MAP_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     node_id: str
     now: _timestamp_pb2.Timestamp
@@ -82,7 +113,8 @@ class StatusResponse(_message.Message):
     buckets: _containers.RepeatedCompositeFieldContainer[BucketCount]
     tasks_by_state: _containers.ScalarMap[str, int]
     firing_partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ..., firing_partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    shard_map: ShardMapStatus
+    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ..., firing_partitions: _Optional[_Iterable[int]] = ..., shard_map: _Optional[_Union[ShardMapStatus, _Mapping]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ()
