@@ -69,6 +69,17 @@ async def make_node(dsn: str) -> AsyncIterator[NodeFactory]:
 
 
 @pytest.fixture
+async def live(make_node: NodeFactory) -> AsyncIterator[tuple[Node, Client]]:
+    """A node on the system clock (tasks come due by themselves) and a client of it."""
+    node = await make_node()
+    client = Client(node.address)
+    try:
+        yield node, client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
 async def node(make_node: NodeFactory, clock: ManualClock) -> Node:
     return await make_node(clock=clock)
 

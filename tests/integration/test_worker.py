@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -11,19 +10,8 @@ import pytest
 from chronoq.client import Client, FatalTaskError, NewTask, TaskContext, Worker
 from chronoq.models import Lease, TaskState
 from chronoq.node import Node
-from tests.integration.conftest import NodeFactory
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def live(make_node: NodeFactory) -> AsyncIterator[tuple[Node, Client]]:
-    node = await make_node()  # system clock
-    client = Client(node.address)
-    try:
-        yield node, client
-    finally:
-        await client.close()
 
 
 async def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +20,6 @@ from chronoq.api import convert
 from chronoq.client import Client, TaskContext, Worker
 from chronoq.models import TaskState
 from chronoq.node import Node
-from tests.integration.conftest import NodeFactory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,16 +52,6 @@ class Fault:
                 raise ValueError(f"injected fault #{self.raised} in {self.caller}")
             self.passed += 1
         return self.real(*args, **kwargs)
-
-
-@pytest.fixture
-async def live(make_node: NodeFactory) -> AsyncIterator[tuple[Node, Client]]:
-    node = await make_node()  # system clock
-    client = Client(node.address)
-    try:
-        yield node, client
-    finally:
-        await client.close()
 
 
 async def until(predicate: Callable[[], Any], timeout: float = 15.0) -> None:
