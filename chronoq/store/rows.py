@@ -59,7 +59,7 @@ class FireResult:
     @property
     def effects(self) -> Effects:
         """Its tasks made READY (a hand-off's leased ones and quarantined ones wake nobody)."""
-        return Effects(ready=+self.ready_by_queue)
+        return Effects(ready=self.ready_by_queue)
 
 
 class Accepted(list[tuple[str, bool]]):
