@@ -220,7 +220,7 @@ class TaskStatements(Connected):
         return ids, [list(col) for col in zip(*rows, strict=True)]
 
     async def _insert_columns_sliced(
-        self, specs: Sequence[TaskSpec], now: datetime
+        self, specs: Sequence[TaskSpec], now: datetime, partitions: Sequence[int] | None = None
     ) -> tuple[list[uuid.UUID], list[list[Any]]]:
         """``_insert_columns`` a slice at a time, yielding between slices: a full batch takes
         a tenth of a second, which the event loop must not spend in one go."""
@@ -228,7 +228,10 @@ class TaskStatements(Connected):
         cols: list[list[Any]] = []
         timeslice = Timeslice()
         for start in range(0, len(specs), COLUMN_SLICE):
-            part_ids, part_cols = self._insert_columns(specs[start : start + COLUMN_SLICE], now)
+            end = start + COLUMN_SLICE
+            part_ids, part_cols = self._insert_columns(
+                specs[start:end], now, None if partitions is None else partitions[start:end]
+            )
             ids += part_ids
             if not cols:
                 cols = part_cols
@@ -238,16 +241,19 @@ class TaskStatements(Connected):
             await timeslice.pause_if_due()
         return ids, cols
 
-    async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
+    async def submit(
+        self, specs: Sequence[TaskSpec], now: datetime, *, partitions: Sequence[int] | None = None
+    ) -> list[SubmitOutcome]:
         """Insert tasks durably; a repeated (namespace, idempotency_key) returns the first task.
 
         A task already due at ``now`` goes straight to READY; the rest wait in their bucket.
         The insert answers with the rows it created; only the first tasks of repeated keys
-        are read afterwards.
+        are read afterwards. ``partitions`` (one per spec): placed already, by a store of
+        shards that routed each spec here (``routing.submit_partitions``).
         """
         if not specs:
             return []
-        ids, cols = await self._insert_columns_sliced(specs, now)
+        ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
             inserted = {
                 r["id"]: r for r in await _insert_chunked(conn, q("insert_tasks"), cols, now)
@@ -263,11 +269,13 @@ class TaskStatements(Connected):
             for task, (_row, created) in zip(tasks, matched, strict=True)
         ]
 
-    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
+    async def submit_ids(
+        self, specs: Sequence[TaskSpec], now: datetime, *, partitions: Sequence[int] | None = None
+    ) -> Accepted:
         """``submit`` that answers only (task id, created) per spec: no rows sent back."""
         if not specs:
             return Accepted()
-        ids, cols = await self._insert_columns_sliced(specs, now)
+        ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
             rows = await _insert_chunked(conn, q("insert_task_ids"), cols, now)
             inserted = {r["id"]: r["id"] for r in rows}
