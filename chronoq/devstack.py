@@ -9,6 +9,11 @@ One node runs in this process with local ownership. More than one is a real clus
 embedded etcd and one ``chronoq node`` process per node (``chronoq.local.cluster.LocalCluster``),
 in a scratch directory under ``data_dir`` that is removed on exit.
 
+With ``store_shards`` N > 1 the store is N shards, each its own server (shard-0 is the one
+above; shard-1.. live in ``<data_dir>/store-shards``, see ``chronoq.embedded.shards``), all
+started at once and each migrated; the nodes are a cluster (the shard map lives in etcd)
+and get ``--store-shard`` for shard-1...
+
 What the stack starts is supervised (``chronoq.embedded.supervisor``): a PostgreSQL, etcd
 member or node process that dies is started again with backoff, unless ``restart`` is off
 (fault experiments); ``dev.json`` in ``data_dir`` says what runs, with PIDs and command lines.
@@ -25,6 +30,7 @@ import shlex
 import shutil
 import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +42,7 @@ from chronoq.config import NodeSettings
 from chronoq.embedded.etcd import EmbeddedEtcd, EmbeddedEtcdError
 from chronoq.embedded.ha import PatroniCluster, PatroniError, check_members
 from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronoq.embedded.shards import StoreShards, check_store_shards, shard_name
 from chronoq.embedded.supervisor import Child, Supervisor, finish_in_thread
 from chronoq.errors import ChronoqError, ConfigError
 from chronoq.node import Node
@@ -74,11 +81,17 @@ class DevStackSettings:
     node_overrides: dict[str, Any] = field(default_factory=dict)  # one in-process node only
     restart: bool = True  # restart a crashed PostgreSQL, etcd member or node process
     pg_members: int = 1  # >1: a replicated PostgreSQL under Patroni (see chronoq.embedded.ha)
+    store_shards: int = 1  # >1: that many store shards, each its own server (or Patroni)
 
     @property
     def clustered(self) -> bool:
-        """Node processes on an embedded etcd (several nodes, or an etcd asked for)."""
-        return self.nodes > 1 or self.etcd_members > 1 or self.replicated
+        """Node processes on an embedded etcd (several nodes, an etcd asked for, or store
+        shards, whose map lives in etcd)."""
+        return self.nodes > 1 or self.etcd_members > 1 or self.replicated or self.sharded
+
+    @property
+    def sharded(self) -> bool:
+        return self.store_shards > 1
 
     @property
     def replicated(self) -> bool:
@@ -88,6 +101,7 @@ class DevStackSettings:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.etcd_members < 1:
             raise ConfigError("the dev stack needs at least one node and one etcd member")
+        check_store_shards(self.store_shards, self.partitions)
         if self.replicated:
             try:
                 check_members(self.pg_members)
@@ -120,6 +134,9 @@ class DevStack:
         self.supervisor: Supervisor | None = None
         self.ha: PatroniCluster | None = None  # with pg_members > 1, in place of ``postgres``
         self._ha_etcd: EmbeddedEtcd | None = None
+        #: shard-1.. (empty with one shard); single servers made now, Patroni ones at start.
+        self.shards = self._make_shards()
+        self._shard_dsns: list[str] = []
 
     @property
     def dsn(self) -> str:
@@ -127,6 +144,15 @@ class DevStack:
         if self.ha is not None:
             return self.ha.dsn_for(self.settings.database)
         return self.postgres.dsn_for(self.settings.database)
+
+    @property
+    def shard_dsns(self) -> dict[str, str]:
+        """Each store shard's DSN (passwords included), shard-0 first (shard-0 alone until
+        the others have their databases)."""
+        return {shard_name(0): self.dsn} | {
+            server.name: dsn
+            for server, dsn in zip(self.shards.servers, self._shard_dsns, strict=False)
+        }
 
     @property
     def address(self) -> str:
@@ -154,16 +180,7 @@ class DevStack:
     async def start(self) -> None:
         """Start PostgreSQL, create the database if it is missing, start the node(s)."""
         try:
-            try:
-                if self.settings.replicated:
-                    await finish_in_thread(self._start_ha)
-                else:
-                    await finish_in_thread(self._start_postgres)
-                    await finish_in_thread(self._ensure_database)
-            except EmbeddedPostgresError as exc:
-                raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
-            except (PatroniError, EmbeddedEtcdError) as exc:
-                raise DevStackError(f"replicated PostgreSQL: {exc}") from exc
+            await self.start_store()
             if self.settings.clustered:
                 await self._start_cluster()
             else:
@@ -172,6 +189,20 @@ class DevStack:
         except BaseException:
             await self.stop()
             raise
+
+    async def start_store(self) -> None:
+        """Start the store's servers (every shard at once), create the database on each and
+        migrate every shard past shard-0 (the nodes migrate shard-0). ``stop`` undoes it."""
+        try:
+            if self.settings.replicated:
+                await finish_in_thread(self._start_ha)
+            else:
+                await finish_in_thread(self._start_servers)
+            await self._migrate_shards()
+        except EmbeddedPostgresError as exc:
+            raise DevStackError(f"embedded PostgreSQL: {exc}") from exc
+        except (PatroniError, EmbeddedEtcdError) as exc:
+            raise DevStackError(f"replicated PostgreSQL: {exc}") from exc
 
     async def stop(self) -> None:
         """Stop the nodes, drop a throwaway database, stop PostgreSQL. Safe to call twice."""
@@ -185,6 +216,7 @@ class DevStack:
             with contextlib.suppress(ChronoqError, OSError):
                 await node.stop(grace=1.0)
         await self._stop_cluster()
+        await asyncio.to_thread(self._stop_shards)
         await asyncio.to_thread(self._stop_ha)
         if self.settings.drop_database and self._created_database:
             self._created_database = False
@@ -217,6 +249,7 @@ class DevStack:
                 "log": str(pg.log_file),
             },
             "postgres_members": self.ha.state() if self.ha is not None else [],
+            "store_shards": self.shards.state(),
             "etcd": [],
             "nodes": [
                 {
@@ -262,6 +295,7 @@ class DevStack:
             if self.ha is not None
             else [Child("PostgreSQL", pid=lambda: self.postgres.pid, start=self._restart_postgres)]
         )
+        children += self.shards.children()
         if self.cluster is not None:
             children += self.cluster.children()
         self.write_state()
@@ -289,6 +323,60 @@ class DevStack:
         self.postgres.start(60.0)
         self._postgres_started = True
 
+    def _make_shards(self, etcd: EmbeddedEtcd | None = None) -> StoreShards:
+        s = self.settings
+        if s.replicated and etcd is None:
+            return StoreShards(s.data_dir, 0)  # made in _start_ha, on its etcd
+        return StoreShards(
+            s.data_dir / ("store-shards-ha" if s.replicated else "store-shards"),
+            s.store_shards,
+            pg_members=s.pg_members,
+            etcd_endpoints=etcd.endpoints if etcd is not None else (),
+            etcd_auth=etcd.patroni_auth() if etcd is not None else None,
+            scope="chronoq-dev",  # + "-shard-i": the same across runs
+            taken_ports=[self.postgres.port],
+        )
+
+    def _start_servers(self) -> None:
+        """shard-0 and the other shards at once, then their databases."""
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="store") as pool:
+            first = pool.submit(self._start_postgres)
+            others = pool.submit(self.shards.start)
+        for job in (first, others):
+            job.result()
+        self._ensure_database()
+        self._ensure_shard_databases()
+
+    def _ensure_shard_databases(self) -> None:
+        name = self.settings.database
+        if self.settings.drop_database and any(
+            server.database_exists(name) for server in self.shards.servers
+        ):
+            raise DevStackError(f"database {name!r} already exists on a store shard")
+        self._shard_dsns = self.shards.ensure_database(name)
+
+    async def _migrate_shards(self) -> None:
+        """Bring every shard to the latest migration before a node uses it (the nodes would
+        migrate shard-0 themselves; a shard past it must be at the same one)."""
+        s = self.settings
+        for dsn in self._shard_dsns:
+            store = await Store.connect(
+                dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds,
+                min_size=0, max_size=1, migrate=False,
+            )  # fmt: skip
+            try:
+                await store.migrate()
+            finally:
+                await store.close()
+
+    def _stop_shards(self) -> None:
+        if self.settings.drop_database and self._shard_dsns:
+            for server in self.shards.servers:
+                with contextlib.suppress(EmbeddedPostgresError, PatroniError):
+                    server.drop_database(self.settings.database)
+        self._shard_dsns = []
+        self.shards.stop()
+
     def _start_ha(self) -> None:
         """etcd first (Patroni keeps its leader lock there), then the members, then the
         database; the data is kept in ``data_dir/postgres-ha`` across runs."""
@@ -308,7 +396,12 @@ class DevStack:
             scope="chronoq-dev",  # the same across runs: members find their cluster again
             etcd_auth=self._ha_etcd.patroni_auth(),
         )
-        self.ha.start()
+        self.shards = self._make_shards(self._ha_etcd)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="store") as pool:
+            jobs = [pool.submit(self.ha.start), pool.submit(self.shards.start)]
+        for job in jobs:
+            job.result()
+        self._ensure_shard_databases()
         self._created_database = not self.ha.run_sql(
             "SELECT 1 FROM pg_database WHERE datname = "
             + "'" + s.database.replace("'", "''") + "'"
@@ -389,6 +482,7 @@ class DevStack:
             postgres=None if self.ha is not None else self.postgres,
             etcd=self._ha_etcd,  # the replicated store's; None: the cluster starts its own
             dsn=self.dsn,
+            store_shards=self._shard_dsns,
         )
         try:
             await finish_in_thread(self.cluster.start)

@@ -36,7 +36,7 @@ from chronoq.signals import stop_event
 
 if TYPE_CHECKING:
     from chronoq.demo import DemoOptions, DemoRun
-    from chronoq.devstack import DevStackSettings
+    from chronoq.devstack import DevStack, DevStackSettings
 
 
 #: ``--pg-members``: 1 is the single embedded server; more run Patroni (chronoq.embedded.ha).
@@ -49,6 +49,21 @@ PgMembersOpt = Annotated[
         max=5,
         help="PostgreSQL servers: 1, or 2-5 replicated under Patroni on the stack's etcd "
         "(synchronous; installs Patroni on first use).",
+    ),
+]
+
+
+#: ``--store-shards``: 1 is the one store; more are that many servers (chronoq.embedded.shards;
+#: the bound and the check against --partitions are there, so the error names both).
+StoreShardsOpt = Annotated[
+    int,
+    typer.Option(
+        "--store-shards",
+        envvar=env("STORE_SHARDS"),
+        min=1,
+        help="Store shards: each its own embedded PostgreSQL (with --pg-members N, its own "
+        "Patroni cluster), shard-0 the usual one; at most 8, and at most --partitions. More "
+        "than 1 runs the nodes as a cluster on etcd (the shard map lives there).",
     ),
 ]
 
@@ -102,6 +117,7 @@ def dev(
     ] = 1,
     lease_ttl: LeaseTtlOpt = None,
     pg_members: PgMembersOpt = 1,
+    store_shards: StoreShardsOpt = 1,
     restart: Annotated[
         bool,
         typer.Option(
@@ -122,7 +138,11 @@ def dev(
     replication, leader lock in the stack's etcd), installed on first use; the nodes get the
     multi-host DSN and follow the primary through a failover.
 
-    Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3 --pg-members 3
+    With --store-shards 2 the store is two shards, each its own server (or Patroni cluster),
+    started at once and migrated; the nodes get --store-shard for shard-1...
+
+    Example: chronoq dev --port 7070; chronoq dev --nodes 3 --etcd-members 3 --pg-members 3;
+    chronoq dev --nodes 2 --store-shards 2
     """
     from chronoq.demo import DEFAULT_DATA_DIR
     from chronoq.devstack import DevStackSettings
@@ -136,6 +156,7 @@ def dev(
             nodes=nodes,
             etcd_members=etcd_members,
             pg_members=pg_members,
+            store_shards=store_shards,
             restart=restart,
             **given(
                 host=host,
@@ -155,6 +176,8 @@ async def _dev(settings: DevStackSettings) -> None:
     if settings.clustered:
         n = settings.nodes
         pg = f"PostgreSQL x{settings.pg_members} (Patroni)" if settings.replicated else "PostgreSQL"
+        if settings.sharded:
+            pg = f"{settings.store_shards} store shards of {pg}"
         what = f"etcd x{settings.etcd_members}, {pg} and {n} node process{'es' * (n > 1)}"
     err.print(f"starting {what} in {settings.data_dir} …")
     async with DevStack(settings) as stack:
@@ -182,6 +205,8 @@ async def _dev(settings: DevStackSettings) -> None:
         else:
             out.print(f"  password file  {stack.postgres.app_password_file}")
             out.print(f"  PostgreSQL     pid {stack.postgres.pid}")
+        if settings.sharded:
+            _print_shards(stack)
         out.print(
             f"  state          {stack.state_file} (PIDs, node command lines; "
             f"{'restarts what dies' if settings.restart else 'no restarts'})"
@@ -193,6 +218,24 @@ async def _dev(settings: DevStackSettings) -> None:
         await stop.wait()
         err.print("stopping …")
     err.print("stopped")
+
+
+def _print_shards(stack: DevStack) -> None:
+    """One line per store shard: its DSN (masked), its server and where its password is."""
+    dsns = stack.shard_dsns
+    out.print(f"  store shards   {len(dsns)} (the nodes get --store-shard for shard-1..)")
+    out.print(f"  shard-0        {mask_dsn(dsns['shard-0'])}")
+    for server in stack.shards.servers:
+        state = server.state()
+        out.print(f"  {server.name:<14} {mask_dsn(dsns.get(server.name, '-'))}")
+        if server.ha is not None:
+            for member in state["members"]:
+                out.print(
+                    f"  {'':<14} {member['name']} {member['postgres']} "
+                    f"(Patroni {member['api']}, pid {member['patroni_pid']})"
+                )
+        else:
+            out.print(f"  {'':<14} pid {state['pid']}, password file {state['password_file']}")
 
 
 # ---------------------------------------------------------------------- demo

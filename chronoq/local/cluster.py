@@ -25,6 +25,7 @@ from chronoq.config import DEFAULT_TICK
 from chronoq.coordinator.settings import EtcdSettings
 from chronoq.coordinator.ttl import DEFAULT_LEASE_TTL
 from chronoq.embedded.etcd import EmbeddedEtcd, EtcdMember
+from chronoq.embedded.passfile import write_passfile
 from chronoq.embedded.postgres import EmbeddedPostgres, free_port
 from chronoq.embedded.supervisor import Child
 from chronoq.local.child import ChildProcess, stop_all
@@ -80,9 +81,13 @@ class LocalCluster:
         etcd: EmbeddedEtcd | None = None,
         dsn: str | None = None,
         node_args: Callable[[str, list[str]], list[str]] | None = None,
+        store_shards: Sequence[str] = (),
     ) -> None:
         """``node_args(node_id, args)`` may rewrite a new node's command line, e.g. to
-        point it at its own proxies (the chaos harness cuts nodes off that way)."""
+        point it at its own proxies (the chaos harness cuts nodes off that way).
+        ``store_shards``: the DSNs (passwords included) of shard-1, shard-2, ...: each node
+        gets ``--store-shard`` with the DSN without its password, and a password file with
+        every shard's password (``chronoq.embedded.passfile``)."""
         self.workdir = workdir
         self.spec = spec or ClusterSpec()
         # A DSN without a server: an external store (e.g. a replicated one), not ours to run.
@@ -92,6 +97,7 @@ class LocalCluster:
         self.etcd = etcd
         self._dsn = dsn
         self._node_args = node_args
+        self.store_shards = list(store_shards)
         self.nodes: dict[str, NodeProcess] = {}
         self._next = 0
 
@@ -209,6 +215,7 @@ class LocalCluster:
             "--lease-ttl",
             str(s.lease_ttl),
             *(["--virtual-clock"] if s.virtual_clock else []),
+            *self.shard_args,
             *s.extra_node_args,
         ]
         if self._node_args is not None:
@@ -220,11 +227,28 @@ class LocalCluster:
             self.wait_serving(node)
         return node
 
+    @property
+    def shard_args(self) -> list[str]:
+        """``--store-shard DSN`` for shard-1, shard-2, ... (DSNs without passwords)."""
+        return [a for dsn in self.store_shards for a in ("--store-shard", split_password(dsn)[0])]
+
+    @property
+    def passfile(self) -> Path:
+        """The nodes' password file, when the store has several shards."""
+        return self.workdir / "store-passwords"
+
     def _spawn(self, node: NodeProcess) -> None:
         password = split_password(self.dsn)[1]
         # The password goes in the environment, out of the command line that any local
         # account can read.
-        node.spawn(node.args, {"PGPASSWORD": password} if password is not None else None)
+        if not self.store_shards:
+            node.spawn(node.args, {"PGPASSWORD": password} if password is not None else None)
+            return
+        # One PGPASSWORD would be used for every shard: a password file names each server.
+        # Its last line gives shard-0's password to any address, for a node that reaches
+        # shard-0 through a proxy of its own (the chaos harness's).
+        write_passfile(self.passfile, [*self.store_shards, self.dsn], fallback=self.dsn)
+        node.spawn(node.args, {"PGPASSFILE": str(self.passfile)})
 
     def restart_node(self, node_id: str, *, wait: bool = True) -> NodeProcess:
         node = self.nodes[node_id]
