@@ -173,6 +173,35 @@ class CoordinatorUnavailable(ChronoqError):
     grpc_code = "UNAVAILABLE"
 
 
+class ShardUnavailable(StoreUnavailable):
+    """One store shard cannot be reached; ``shard`` names it (the others may answer)."""
+
+    def __init__(self, shard: str, message: str) -> None:
+        self.shard = shard
+        super().__init__(f"store {shard}: {message}")
+
+
+class BatchPartlyAccepted(StoreUnavailable):
+    """A batch spanning store shards was committed on some of them only (an outage or a
+    move on the others). ``accepted``: (position in the batch, task id, created) of each task
+    written; the others were not. Repeating the whole batch with the same keys accepts the
+    rest and duplicates nothing."""
+
+    def __init__(
+        self, accepted: tuple[tuple[int, str, bool], ...], total: int, shards: tuple[str, ...]
+    ) -> None:
+        self.accepted = accepted
+        self.total = total
+        self.shards = shards
+        shown_ids = ", ".join(task_id for _i, task_id, _c in accepted[:4])
+        more = ", ..." if len(accepted) > 4 else ""
+        super().__init__(
+            f"{len(accepted)} of {total} tasks accepted ({shown_ids}{more}); store "
+            f"{', '.join(shards)} did not answer: outcome unknown for the rest; safe to retry "
+            "the whole batch with the same idempotency keys"
+        )
+
+
 class ConfigError(ChronoqError):
     """A setting is invalid."""
 

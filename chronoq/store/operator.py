@@ -127,6 +127,19 @@ class OperatorStatements(Connected):
         if row is None:
             raise NamespaceCapReached(namespace, "queue limits", cap)
 
+    async def take_tokens(self, namespace: str, queue: str, most: int, now: datetime) -> int | None:
+        """Up to ``most`` dispatch tokens of a limited queue (refilled by ``now``); None: the
+        queue has no limit here. For a claim made on another store (a store of shards)."""
+        async with self.connection() as conn:
+            granted: int | None = await conn.fetchval(q("take_tokens"), namespace, queue, most, now)
+        return granted
+
+    async def return_tokens(self, namespace: str, queue: str, n: int) -> None:
+        """Give back ``n`` tokens a claim took and did not use (at most the burst stays)."""
+        if n > 0:
+            async with self.connection() as conn:
+                await conn.execute(q("return_tokens"), namespace, queue, n)
+
     async def queue_limits(self) -> dict[tuple[str, str], tuple[float, float]]:
         async with self.connection() as conn:
             rows = await conn.fetch(q("queue_limits"))

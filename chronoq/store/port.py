@@ -339,3 +339,10 @@ if TYPE_CHECKING:
     _store: type[TaskStore] = Store
     _schedule_owner: type[ScheduleOwner] = Schedules
     _schedule_admin: type[ScheduleAdmin] = Schedules
+
+    # So does the store of shards (chronoq.store.sharded).
+    from chronoq.store.sharded import ShardedSchedules, ShardedStore
+
+    _sharded: type[TaskStore] = ShardedStore
+    _sharded_owner: type[ScheduleOwner] = ShardedSchedules
+    _sharded_admin: type[ScheduleAdmin] = ShardedSchedules

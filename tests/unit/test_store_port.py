@@ -21,8 +21,9 @@ BUILDERS = {"node.py"}
 CONCRETE = {"Store", "Schedules"}
 #: Public calls of the PostgreSQL store that are its own, not the port's: how it is built
 #: (``connect``, ``migrate``), its raw connections (``Schedules``, tools and tests use
-#: them), and a helper of its fail statement.
-OWN = {"connect", "migrate", "connection", "after_failure"}
+#: them), a helper of its fail statement, and the token calls a store of shards makes on the
+#: shard holding queue limits for a claim on another shard.
+OWN = {"connect", "migrate", "connection", "after_failure", "take_tokens", "return_tokens"}
 
 
 def _concrete_imports(path: Path) -> list[str]:

@@ -1,0 +1,1227 @@
+"""A task store of several shards behind the same port: each call goes where the shard map
+says (``docs/design/shards.md``), and calls that span shards fan out and merge.
+
+Routing, by port:
+
+- **by partition** (owner statements, reads and retention over given partitions): the
+  partitions grouped by ``map.shard_of(p)``, one statement per shard, concurrently, the
+  answers merged (``chronoq.store.fanout``). Retention runs shard after shard, so one call
+  deletes at most ``batch`` rows in all.
+- **by task id**: ``routing.id_partition`` names the shard; lease and id lists are grouped.
+- **by placement** (submits): each spec's partition is computed here
+  (``routing.submit_partitions``) and handed to the shard's store, one transaction per shard,
+  concurrently. Specs are checked for what a shard would refuse (NUL in text) before any
+  shard writes; a shard that fails after others committed raises ``BatchPartlyAccepted``
+  (UNAVAILABLE, "outcome unknown"): the SDK, which keys every task, repeats the whole batch.
+- **by queue**: a claim asks the shards one after the other, from a rotating start, until
+  it has ``max_tasks`` (a task past the byte budget is released again). Queue limits and
+  their token buckets live on the map's first shard (``shard-0``, never removed and never a
+  partition's move): one statement counts a namespace's limits against its cap, and every
+  claim of a limited queue takes its tokens there, then claims on any shard and gives back
+  what it did not use.
+- **admin**: listings keyset by id over every shard (each shard's page after the token,
+  merged, cut where the first shard's page ended); counts summed; fences concatenated.
+- **notices**: announced on one shard (the first that answers), listened to on every shard.
+- **reachability and clock**: ``probe`` is every shard, ``probe_shard(name)`` one;
+  ``server_clock`` is the first shard's, ``server_clock_of(name)`` any shard's.
+
+A down shard: a call that needs it alone raises ``ShardUnavailable`` naming it; reads,
+counts and owner statements over several shards skip it (logged; a node's per-shard health
+says which), unless every shard they need is down; a write that must reach it fails (a
+submit with ``BatchPartlyAccepted`` when others committed). A listing does not skip a shard:
+its page token would walk past that shard's rows for good.
+
+``PartitionMoved`` (a shard that no longer holds a partition at the caller's map version):
+``refresh()`` is awaited (at most ``REFRESH_S``), and the refused part of the call is routed
+again under the new map, once; refused again, the error goes to the caller.
+
+When one shard holds every partition, each call goes straight to its store: the single
+deployment pays an attribute read and an identity check per call.
+
+For the node (``node.py``): build ``ShardedStore({"shard-0": store, ...}, view.current,
+refresh=view.refresh)``; call ``add_store`` when the map gains a shard (before routing to
+it), ``set_map`` when the view delivers a new map (pushes its version into each store, which
+passes it to the fenced writes); per-shard health from ``probe_shard``, the clock check per
+shard through ``server_clock_of``. ``ShardedSchedules(sharded)`` replaces ``Schedules``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from chronoq import errors
+from chronoq.errors import (
+    BatchPartlyAccepted,
+    InvalidArgument,
+    NamespaceCapReached,
+    ScheduleQuotaExceeded,
+    ShardUnavailable,
+    StoreUnavailable,
+)
+from chronoq.limits import MAX_ANSWER_BYTES, TASK_FIXED_BYTES
+from chronoq.models import (
+    AckOutcome,
+    HeartbeatOutcome,
+    Lease,
+    Page,
+    QueueCounts,
+    Schedule,
+    ScheduleSpec,
+    SubmitOutcome,
+    Task,
+    TaskSpec,
+    TaskState,
+)
+from chronoq.ratelimit import schedule_rate
+from chronoq.routing import id_partition, key_partition, submit_partitions
+from chronoq.shardmap import ShardMap
+from chronoq.store import fanout
+from chronoq.store.port import DueSoon, Listening
+from chronoq.store.rows import Accepted, Fence, FireResult, parse_task_id
+from chronoq.store.schedules import Charge, Materialized, Schedules
+from chronoq.store.store import Store
+from chronoq.store.tasks import PAGE_BYTES
+
+log = logging.getLogger("chronoq.store")
+
+#: Seconds a call refused with ``PartitionMoved`` waits for the node's map to refresh.
+REFRESH_S = 1.0
+#: Seconds between two warnings about the same down shard skipped by a fan-out.
+SKIP_WARN_S = 10.0
+
+R = TypeVar("R")
+K = TypeVar("K")
+
+
+class _NeverRaised(StoreUnavailable):
+    """Stands for ``PartitionMoved`` until the errors module has it."""
+
+
+#: A shard that no longer holds a partition at the caller's map version (store-side fencing).
+PartitionMoved: type[StoreUnavailable] = getattr(errors, "PartitionMoved", _NeverRaised)
+
+
+def task_bytes(task: Task) -> int:
+    """What a task costs in an answer, as the store's ``task_bytes`` counts it."""
+    return (
+        TASK_FIXED_BYTES
+        + len(task.payload)
+        + len(task.namespace.encode())
+        + len(task.queue.encode())
+        + len((task.last_error or "").encode())
+        + len((task.idempotency_key or "").encode())
+        + len((task.worker_id or "").encode())
+        + len((task.fired_by or "").encode())
+    )
+
+
+def _check_storable(specs: Sequence[TaskSpec]) -> None:
+    """Refuse before any shard writes what a shard would refuse in the middle of a batch
+    (PostgreSQL text holds no NUL), so a refusal never leaves part of a batch written."""
+    for s in specs:
+        for field, value in (
+            ("namespace", s.namespace),
+            ("queue", s.queue),
+            ("idempotency_key", s.idempotency_key or ""),
+            ("content_type", s.content_type),
+        ):
+            if "\x00" in value:
+                raise InvalidArgument(field, "must not contain NUL characters")
+
+
+class _Listenings:
+    """Listening on every shard: closed as soon as one of them is lost (or was not opened),
+    so the caller opens all again."""
+
+    def __init__(self, parts: Sequence[Listening], complete: bool) -> None:
+        self._parts = parts
+        self._complete = complete
+
+    @property
+    def closed(self) -> bool:
+        return not self._complete or any(p.closed for p in self._parts)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(p.close() for p in self._parts), return_exceptions=True)
+        self._complete = False
+
+
+class ShardedStore:
+    """The task store as shards (one ``Store`` per shard), routed by ``current_map()``.
+
+    ``refresh``: makes ``current_map()`` answer the newest map (awaited after a
+    ``PartitionMoved``, at most ``REFRESH_S``).
+    """
+
+    def __init__(
+        self,
+        stores: Mapping[str, Store],
+        current_map: Callable[[], ShardMap],
+        *,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if not stores:
+            raise ValueError("a store of shards needs at least one shard's store")
+        self._stores: dict[str, Store] = dict(stores)
+        self._current_map = current_map
+        self._refresh = refresh
+        self._seen: ShardMap | None = None
+        self._solo: Store | None = None
+        self._turn = itertools.count(random.randrange(1 << 16))
+        self._warned: dict[str, float] = {}
+        self._routing()
+
+    # ------------------------------------------------------------------ the map
+
+    @property
+    def stores(self) -> Mapping[str, Store]:
+        """Each shard's store, by shard name."""
+        return dict(self._stores)
+
+    def add_store(self, name: str, store: Store) -> None:
+        """Open routing to one more shard (before a map that places partitions there)."""
+        self._stores[name] = store
+        self._seen = None
+        self._routing()
+
+    def set_map(self, shard_map: ShardMap) -> None:
+        """Route by ``shard_map`` from now on (``current_map`` should answer it too): each
+        store passes its version with the fenced writes."""
+        for store in self._stores.values():
+            # Part of the store since the map's fencing (a no-op on a store without it).
+            store.map_version = shard_map.version  # type: ignore[attr-defined, unused-ignore]
+        self._seen = None
+        self._routing(shard_map)
+
+    @property
+    def map(self) -> ShardMap:
+        """The map calls are routed by."""
+        return self._routing()
+
+    def _routing(self, shard_map: ShardMap | None = None) -> ShardMap:
+        """The current map; the single store that holds all of it, when there is one."""
+        m = self._current_map() if shard_map is None else shard_map
+        if m is not self._seen:
+            missing = sorted(set(m.placement) - set(self._stores))
+            if missing:
+                log.warning(
+                    "shard map v%d places partitions on %s, which has no store yet",
+                    m.version,
+                    ", ".join(missing),
+                )
+            held = set(m.placement)
+            only = next(iter(held)) if len(held) == 1 else None
+            self._solo = self._stores.get(only) if only is not None else None
+            self._seen = m
+        return m
+
+    def _store(self, shard: str) -> Store:
+        store = self._stores.get(shard)
+        if store is None:
+            raise ShardUnavailable(shard, "this node has no connection to it yet; retry")
+        return store
+
+    @property
+    def partitions(self) -> int:
+        return self._routing().partitions
+
+    @property
+    def bucket_seconds(self) -> int:
+        return next(iter(self._stores.values())).bucket_seconds
+
+    async def _refreshed(self) -> None:
+        if self._refresh is not None:
+            try:
+                await asyncio.wait_for(self._refresh(), REFRESH_S)
+            except (TimeoutError, StoreUnavailable, errors.CoordinatorUnavailable) as exc:
+                log.debug("shard map refresh after a moved partition failed: %s", exc)
+        self._seen = None
+
+    # ------------------------------------------------------------------ fan-out core
+
+    async def _on(self, shard: str, call: Callable[[Store], Awaitable[R]]) -> R:
+        """``call`` on one shard; its outage named."""
+        store = self._store(shard)
+        try:
+            return await call(store)
+        except PartitionMoved:
+            raise
+        except ShardUnavailable:
+            raise
+        except StoreUnavailable as exc:
+            raise ShardUnavailable(shard, exc.message) from exc
+
+    async def _routed(
+        self,
+        keys: Sequence[K],
+        partition_of: Callable[[K], int],
+        call: Callable[[Store, list[int]], Awaitable[R]],
+        *,
+        skip_down: bool = False,
+        retry: bool = True,
+    ) -> list[tuple[list[int], R]]:
+        """``call(store, positions)`` once per shard holding some of ``keys`` (their
+        positions), concurrently: (positions, answer) per shard that answered.
+
+        A shard's ``PartitionMoved``: the map is refreshed and its positions are routed again,
+        once. ``skip_down``: a shard that is down is left out (unless every one is); else
+        the first failure is raised once all have ended (the others' writes committed)."""
+        m = self._routing()
+        parts = [partition_of(k) for k in keys]
+        groups = fanout.grouped(parts, m.shard_of)
+        names = list(groups)
+
+        def bound(positions: list[int]) -> Callable[[Store], Awaitable[R]]:
+            return lambda s: call(s, positions)
+
+        answers = await asyncio.gather(
+            *(self._on(n, bound(groups[n])) for n in names), return_exceptions=True
+        )
+        done: list[tuple[list[int], R]] = []
+        moved: list[int] = []
+        down: list[BaseException] = []
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, PartitionMoved) and retry:
+                moved += groups[name]
+            elif isinstance(answer, StoreUnavailable) and skip_down:
+                down.append(answer)
+                self._skipped(name, answer)
+            elif isinstance(answer, BaseException):
+                down.append(answer)
+            else:
+                done.append((groups[name], answer))
+        if moved:
+            await self._refreshed()
+            again = await self._routed(
+                [keys[i] for i in moved],
+                partition_of,
+                lambda s, ps: call(s, [moved[i] for i in ps]),
+                skip_down=skip_down,
+                retry=False,
+            )
+            done += [([moved[i] for i in ps], r) for ps, r in again]
+        if down and (not skip_down or not done):
+            raise down[0]
+        return done
+
+    def _skipped(self, shard: str, exc: BaseException) -> None:
+        at = time.monotonic()
+        if at - self._warned.get(shard, -SKIP_WARN_S) >= SKIP_WARN_S:
+            self._warned[shard] = at
+            log.warning("store %s skipped by a call over several shards: %s", shard, exc)
+
+    async def _every(
+        self, call: Callable[[Store], Awaitable[R]], *, skip_down: bool = True
+    ) -> dict[str, R]:
+        """``call`` on every shard the map names (holding partitions or not), concurrently."""
+        m = self._routing()
+        names = [s for s in m.shards if s in self._stores]
+        answers = await asyncio.gather(*(self._on(n, call) for n in names), return_exceptions=True)
+        out: dict[str, R] = {}
+        down: list[BaseException] = []
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, StoreUnavailable) and skip_down:
+                self._skipped(name, answer)
+                down.append(answer)
+            elif isinstance(answer, BaseException):
+                down.append(answer)
+            else:
+                out[name] = answer
+        if down and (not skip_down or not out):
+            raise down[0]
+        return out
+
+    async def _by_id(self, task_id: str, call: Callable[[Store], Awaitable[R]]) -> R:
+        """``call`` on the shard of one task (refreshed and routed again once if moved)."""
+        p = id_partition(parse_task_id(task_id), self._routing().partitions)
+        try:
+            return await self._on(self._routing().shard_of(p), call)
+        except PartitionMoved:
+            await self._refreshed()
+            return await self._on(self._routing().shard_of(p), call)
+
+    def _id_partition(self, task_id: str) -> int:
+        return id_partition(parse_task_id(task_id), self._routing().partitions)
+
+    @property
+    def _limits_shard(self) -> str:
+        """Where queue limits and their tokens live: the map's first shard."""
+        return self._routing().shards[0]
+
+    # ------------------------------------------------------------------ by partition
+
+    async def take_fences_local(self, partitions: Sequence[int], owner: str) -> dict[int, Fence]:
+        if (solo := self._fast()) is not None:
+            return await solo.take_fences_local(partitions, owner)
+        ps = list(partitions)
+        out: dict[int, Fence] = {}
+        for _pos, fences in await self._routed(
+            ps, int, lambda s, pos: s.take_fences_local([ps[i] for i in pos], owner)
+        ):
+            out.update(fences)
+        return out
+
+    async def take_fence(
+        self, partition: int, token: int, cluster_id: str, owner: str
+    ) -> Fence | None:
+        ((_pos, fence),) = await self._routed(
+            [partition], int, lambda s, _pos: s.take_fence(partition, token, cluster_id, owner)
+        )
+        return fence
+
+    def _fast(self) -> Store | None:
+        """The one store holding every partition of the current map, if one does."""
+        self._routing()
+        return self._solo
+
+    async def fire_due(
+        self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000, node_id: str = ""
+    ) -> FireResult:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.fire_due(owned, now, batch=batch, node_id=node_id)
+            except PartitionMoved:
+                await self._refreshed()
+        ps = list(owned)
+        answers = await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.fire_due(
+                {ps[i]: owned[ps[i]] for i in pos}, now, batch=batch, node_id=node_id
+            ),
+            skip_down=True,
+        )
+        return fanout.fire_results(r for _pos, r in answers)
+
+    async def fire_listed(
+        self,
+        owned: Mapping[int, int],
+        now: datetime,
+        task_ids: Sequence[str],
+        *,
+        node_id: str = "",
+        leases: Mapping[str, str] | None = None,
+        budgets: Mapping[str, tuple[int, int]] | None = None,
+    ) -> FireResult:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.fire_listed(
+                    owned, now, task_ids, node_id=node_id, leases=leases, budgets=budgets
+                )
+            except PartitionMoved:
+                await self._refreshed()
+        ids = list(task_ids)
+
+        def fire(s: Store, pos: list[int]) -> Awaitable[FireResult]:
+            mine = [ids[i] for i in pos]
+            parts = {self._id_partition(t) for t in mine}
+            held = {p: tok for p, tok in owned.items() if p in parts}
+            handed = None if leases is None else {t: leases[t] for t in mine if t in leases}
+            return s.fire_listed(
+                held, now, mine, node_id=node_id, leases=handed or None, budgets=budgets
+            )
+
+        answers = await self._routed(ids, self._id_partition, fire, skip_down=True)
+        return fanout.fire_results(r for _pos, r in answers)
+
+    async def advance_watermarks(self, owned: Mapping[int, int], bucket: int) -> set[int]:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.advance_watermarks(owned, bucket)
+            except PartitionMoved:
+                await self._refreshed()
+        ps = list(owned)
+        out: set[int] = set()
+        for _pos, moved in await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.advance_watermarks({ps[i]: owned[ps[i]] for i in pos}, bucket),
+            skip_down=True,
+        ):
+            out |= moved
+        return out
+
+    async def reap_expired(
+        self,
+        owned: Mapping[int, int],
+        now: datetime,
+        *,
+        batch: int = 1000,
+        rng: random.Random | None = None,
+    ) -> list[Task]:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.reap_expired(owned, now, batch=batch, rng=rng)
+            except PartitionMoved:
+                await self._refreshed()
+        ps = list(owned)
+        answers = await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.reap_expired(
+                {ps[i]: owned[ps[i]] for i in pos}, now, batch=batch, rng=rng
+            ),
+            skip_down=True,
+        )
+        return [t for _pos, tasks in answers for t in tasks]
+
+    async def due_soon(
+        self,
+        partitions: Sequence[int],
+        after: datetime,
+        until: datetime,
+        *,
+        limit: int,
+        lanes: int = 64,
+    ) -> list[DueSoon]:
+        if (solo := self._fast()) is not None:
+            return await solo.due_soon(partitions, after, until, limit=limit, lanes=lanes)
+        ps = list(partitions)
+        answers = await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.due_soon([ps[i] for i in pos], after, until, limit=limit, lanes=lanes),
+            skip_down=True,
+        )
+        return fanout.earliest((r for _pos, r in answers), limit)
+
+    async def pending_by_bucket(
+        self, partitions: Sequence[int], first: int, last: int
+    ) -> dict[tuple[int, int], int]:
+        if (solo := self._fast()) is not None:
+            return await solo.pending_by_bucket(partitions, first, last)
+        ps = list(partitions)
+        answers = await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.pending_by_bucket([ps[i] for i in pos], first, last),
+            skip_down=True,
+        )
+        return fanout.summed(r for _pos, r in answers)
+
+    async def queue_depth(
+        self, partitions: Sequence[int], first: int, last: int
+    ) -> dict[tuple[str, str, str], int]:
+        if (solo := self._fast()) is not None:
+            return await solo.queue_depth(partitions, first, last)
+        ps = list(partitions)
+        answers = await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.queue_depth([ps[i] for i in pos], first, last),
+            skip_down=True,
+        )
+        return fanout.summed(r for _pos, r in answers)
+
+    async def purge_finished(
+        self, partitions: Sequence[int], states: Sequence[TaskState], before: datetime, batch: int
+    ) -> int:
+        """Shard after shard, so that one call deletes at most ``batch`` rows in all."""
+        if (solo := self._fast()) is not None:
+            return await solo.purge_finished(partitions, states, before, batch)
+        m = self._routing()
+        groups = fanout.grouped(list(partitions), m.shard_of)
+        left, total = batch, 0
+
+        def purge(mine: list[int], most: int) -> Callable[[Store], Awaitable[int]]:
+            return lambda s: s.purge_finished(mine, states, before, most)
+
+        for shard, pos in groups.items():
+            if left <= 0:
+                break
+            try:
+                n = await self._on(shard, purge([partitions[i] for i in pos], left))
+            except StoreUnavailable as exc:  # retention waits for the shard
+                self._skipped(shard, exc)
+                continue
+            total += n
+            left -= n
+        return total
+
+    # ------------------------------------------------------------------ by task id
+
+    async def get(self, task_id: str, namespace: str) -> Task:
+        if (solo := self._fast()) is not None:
+            return await solo.get(task_id, namespace)
+        return await self._by_id(task_id, lambda s: s.get(task_id, namespace))
+
+    async def cancel(self, task_id: str, namespace: str, now: datetime) -> Task:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.cancel(task_id, namespace, now)
+            except PartitionMoved:
+                await self._refreshed()
+        return await self._by_id(task_id, lambda s: s.cancel(task_id, namespace, now))
+
+    async def _by_leases(
+        self, leases: Sequence[Lease], call: Callable[[Store, list[Lease]], Awaitable[list[R]]]
+    ) -> list[R]:
+        answers = await self._routed(
+            [lease.task_id for lease in leases],
+            self._id_partition,
+            lambda s, pos: call(s, [leases[i] for i in pos]),
+        )
+        return fanout.in_order(len(leases), answers)
+
+    async def heartbeat(
+        self, namespace: str, leases: Sequence[Lease], now: datetime
+    ) -> list[HeartbeatOutcome]:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.heartbeat(namespace, leases, now)
+            except PartitionMoved:
+                await self._refreshed()
+        return await self._by_leases(leases, lambda s, ls: s.heartbeat(namespace, ls, now))
+
+    async def complete(
+        self, namespace: str, leases: Sequence[Lease], now: datetime
+    ) -> list[AckOutcome]:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.complete(namespace, leases, now)
+            except PartitionMoved:
+                await self._refreshed()
+        return await self._by_leases(leases, lambda s, ls: s.complete(namespace, ls, now))
+
+    async def fail(
+        self,
+        namespace: str,
+        lease: Lease,
+        error: str,
+        now: datetime,
+        *,
+        fatal: bool = False,
+        retry_after: timedelta | None = None,
+        rng: random.Random | None = None,
+    ) -> Task:
+        def call(s: Store) -> Awaitable[Task]:
+            return s.fail(
+                namespace, lease, error, now, fatal=fatal, retry_after=retry_after, rng=rng
+            )
+
+        if (solo := self._fast()) is not None:
+            try:
+                return await call(solo)
+            except PartitionMoved:
+                await self._refreshed()
+        return await self._by_id(lease.task_id, call)
+
+    async def release(self, namespace: str, lease: Lease) -> Task:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.release(namespace, lease)
+            except PartitionMoved:
+                await self._refreshed()
+        return await self._by_id(lease.task_id, lambda s: s.release(namespace, lease))
+
+    async def requeue(self, namespace: str, ids: Sequence[str], now: datetime) -> list[Task]:
+        """All or none per shard; over several shards every id is read first, so a request
+        naming one task that is not dead requeues nothing (a race with a concurrent change
+        of one of them can still leave the other shards' part requeued)."""
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.requeue(namespace, ids, now)
+            except PartitionMoved:
+                await self._refreshed()
+        if not ids:
+            raise InvalidArgument("ids", "name at least one dead task")
+        parts = [self._id_partition(i) for i in ids]
+        if len({self._routing().shard_of(p) for p in parts}) > 1:
+            for task_id in ids:
+                try:
+                    task = await self.get(task_id, namespace)
+                except errors.TaskNotFound:
+                    task = None
+                if task is None or task.state is not TaskState.DEAD:
+                    raise InvalidArgument(
+                        "ids",
+                        f"task {task_id} is not DEAD (or does not exist); nothing was requeued",
+                    )
+        answers = await self._routed(
+            list(ids),
+            self._id_partition,
+            lambda s, pos: s.requeue(namespace, [ids[i] for i in pos], now),
+        )
+        return [t for _pos, tasks in answers for t in tasks]
+
+    async def release_handed(
+        self, leases: Mapping[str, str], fired_at: datetime, now: datetime
+    ) -> Counter[tuple[str, str]]:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.release_handed(leases, fired_at, now)
+            except PartitionMoved:
+                await self._refreshed()
+        ids = list(leases)
+        answers = await self._routed(
+            ids,
+            self._id_partition,
+            lambda s, pos: s.release_handed({ids[i]: leases[ids[i]] for i in pos}, fired_at, now),
+        )
+        out: Counter[tuple[str, str]] = Counter()
+        for _pos, given in answers:
+            out.update(given)
+        return out
+
+    # ------------------------------------------------------------------ by placement
+
+    async def _placed(
+        self,
+        specs: Sequence[TaskSpec],
+        call: Callable[[Store, list[TaskSpec], list[int]], Awaitable[list[R]]],
+        id_of: Callable[[R], tuple[str, bool]],
+    ) -> list[R]:
+        """One transaction per shard, concurrently, each spec placed here first; per spec
+        its answer, in order. A shard failing after others committed: BatchPartlyAccepted."""
+        _check_storable(specs)
+        m = self._routing()
+        parts = submit_partitions([(s.namespace, s.idempotency_key) for s in specs], m.partitions)
+        groups = fanout.grouped(parts, m.shard_of)
+        names = list(groups)
+
+        def run(name: str, pos: list[int]) -> Awaitable[list[R]]:
+            return self._on(
+                name, lambda s: call(s, [specs[i] for i in pos], [parts[i] for i in pos])
+            )
+
+        answers: list[Any] = list(
+            await asyncio.gather(*(run(n, groups[n]) for n in names), return_exceptions=True)
+        )
+        moved = [i for i, a in enumerate(answers) if isinstance(a, PartitionMoved)]
+        if moved:
+            await self._refreshed()
+            m = self._routing()
+            for i in moved:  # each refused group again, to its partitions' shards now
+                again = fanout.grouped([parts[j] for j in groups[names[i]]], m.shard_of)
+                try:
+                    subs = await asyncio.gather(
+                        *(
+                            run(shard, [groups[names[i]][k] for k in ks])
+                            for shard, ks in again.items()
+                        )
+                    )
+                except StoreUnavailable as exc:
+                    answers[i] = exc
+                    continue
+                merged = fanout.in_order(
+                    len(groups[names[i]]),
+                    [(ks, sub) for ks, sub in zip(again.values(), subs, strict=True)],
+                )
+                answers[i] = merged
+        failed = [
+            (n, a) for n, a in zip(names, answers, strict=True) if isinstance(a, BaseException)
+        ]
+        if failed:
+            if len(failed) == len(names) or not all(
+                isinstance(a, StoreUnavailable) for _n, a in failed
+            ):
+                raise failed[0][1]
+            accepted = tuple(
+                (i, *id_of(r))
+                for n, a in zip(names, answers, strict=True)
+                if not isinstance(a, BaseException)
+                for i, r in zip(groups[n], a, strict=True)
+            )
+            raise BatchPartlyAccepted(
+                tuple(sorted(accepted)), len(specs), tuple(n for n, _a in failed)
+            ) from failed[0][1]
+        return fanout.in_order(
+            len(specs), [(groups[n], a) for n, a in zip(names, answers, strict=True)]
+        )
+
+    async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.submit(specs, now)
+            except PartitionMoved:
+                await self._refreshed()
+        if not specs:
+            return []
+        return await self._placed(
+            specs,
+            lambda s, mine, parts: s.submit(mine, now, partitions=parts),
+            lambda o: (o.task.id, o.created),
+        )
+
+    async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.submit_ids(specs, now)
+            except PartitionMoved:
+                await self._refreshed()
+        if not specs:
+            return Accepted()
+
+        async def ids(s: Store, mine: list[TaskSpec], parts: list[int]) -> list[tuple[str, bool]]:
+            return list(await s.submit_ids(mine, now, partitions=parts))
+
+        answer = await self._placed(specs, ids, lambda pair: pair)
+        return Accepted.of(specs, answer, now)
+
+    # ------------------------------------------------------------------ by queue
+
+    async def claim(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        max_tasks: int,
+        now: datetime,
+        *,
+        limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+        max_bytes: int = MAX_ANSWER_BYTES,
+    ) -> list[Task]:
+        """Up to ``max_tasks`` across the shards; a limited queue's tokens are taken on the
+        limits' shard first, and those not used given back."""
+        if (solo := self._fast()) is not None:
+            return await solo.claim(
+                namespace, queues, worker_id, max_tasks, now, limited=limited, max_bytes=max_bytes
+            )
+        tasks: list[Task] = []
+        capped = [q for q in queues if (namespace, q) in limited]
+        free = [q for q in queues if (namespace, q) not in limited]
+        budget = [max_bytes]
+        for queue in capped:
+            if len(tasks) >= max_tasks:
+                break
+            tasks += await self._claim_limited(
+                namespace, queue, worker_id, max_tasks - len(tasks), now, budget
+            )
+        if free and len(tasks) < max_tasks:
+            tasks += await self._claim_across(
+                namespace, free, worker_id, max_tasks - len(tasks), now, budget
+            )
+        tasks.sort(key=lambda t: (-t.priority, t.run_at))
+        return tasks
+
+    async def _claim_limited(
+        self,
+        namespace: str,
+        queue: str,
+        worker_id: str,
+        want: int,
+        now: datetime,
+        budget: list[int],
+    ) -> list[Task]:
+        """One limited queue: its tokens taken on the limits' shard, the claim across the
+        shards, the tokens it did not use given back."""
+        home = self._limits_shard
+        granted = await self._on(home, lambda s: s.take_tokens(namespace, queue, want, now))
+        cap = want if granted is None else granted
+        if cap <= 0:
+            return []
+        got = await self._claim_across(namespace, [queue], worker_id, cap, now, budget)
+        if granted is not None and cap > len(got):
+            await self._on(home, lambda s: s.return_tokens(namespace, queue, cap - len(got)))
+        return got
+
+    async def _claim_across(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        want: int,
+        now: datetime,
+        budget: list[int],
+    ) -> list[Task]:
+        """Claim up to ``want`` from the shards one after the other, from a rotating start,
+        within ``budget[0]`` bytes (always one task in all); a down shard is skipped."""
+        m = self._routing()
+        held = [s for s in m.shards if s in set(m.placement)]
+        start = next(self._turn) % len(held)
+        tasks: list[Task] = []
+        down: list[StoreUnavailable] = []
+        asked = 0
+        for shard in held[start:] + held[:start]:
+            if len(tasks) >= want or (tasks and budget[0] <= 0):
+                break
+            asked += 1
+            try:
+                got = await self._on(
+                    shard,
+                    lambda s: s.claim(
+                        namespace,
+                        queues,
+                        worker_id,
+                        want - len(tasks),
+                        now,
+                        max_bytes=max(1, budget[0]),
+                    ),
+                )
+            except StoreUnavailable as exc:
+                self._skipped(shard, exc)
+                down.append(exc)
+                continue
+            for task in got:
+                cost = task_bytes(task)
+                if tasks and cost > budget[0]:
+                    await self._give_back(namespace, task)
+                    continue
+                tasks.append(task)
+                budget[0] -= cost
+        if down and len(down) == asked and not tasks:
+            raise down[0]
+        return tasks
+
+    async def _give_back(self, namespace: str, task: Task) -> None:
+        """A claimed task past the answer's byte budget goes back to READY (no attempt
+        spent); if that fails its lease runs out and the reaper retries it."""
+        try:
+            await self.release(namespace, Lease(task.id, task.attempt))
+        except (StoreUnavailable, errors.StaleLease, errors.TaskNotFound) as exc:
+            log.warning("claimed task %s past the byte budget not given back: %s", task.id, exc)
+
+    async def ready_counts(
+        self, keys: Sequence[tuple[str, str]], caps: Sequence[int]
+    ) -> dict[tuple[str, str], int]:
+        if (solo := self._fast()) is not None:
+            return await solo.ready_counts(keys, caps)
+        if not keys:
+            return {}
+        answers = await self._every(lambda s: s.ready_counts(keys, caps))
+        return fanout.capped_sums(answers.values(), dict(zip(keys, caps, strict=True)))
+
+    async def queue_limits(self) -> dict[tuple[str, str], tuple[float, float]]:
+        if (solo := self._fast()) is not None:
+            return await solo.queue_limits()
+        return await self._on(self._limits_shard, lambda s: s.queue_limits())
+
+    async def set_queue_limit(
+        self,
+        namespace: str,
+        queue: str,
+        rate: float,
+        burst: float,
+        now: datetime,
+        *,
+        cap: int,
+    ) -> None:
+        if (solo := self._fast()) is not None:
+            return await solo.set_queue_limit(namespace, queue, rate, burst, now, cap=cap)
+        return await self._on(
+            self._limits_shard,
+            lambda s: s.set_queue_limit(namespace, queue, rate, burst, now, cap=cap),
+        )
+
+    # ------------------------------------------------------------------ admin
+
+    async def list_tasks(
+        self,
+        namespace: str,
+        *,
+        queue: str | None = None,
+        state: TaskState | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+        max_bytes: int = PAGE_BYTES,
+    ) -> Page:
+        """Every shard's page after the token, merged by id (a down shard fails the page:
+        its token would walk past that shard's rows)."""
+        if (solo := self._fast()) is not None:
+            return await solo.list_tasks(
+                namespace,
+                queue=queue,
+                state=state,
+                page_size=page_size,
+                page_token=page_token,
+                max_bytes=max_bytes,
+            )
+        pages = await self._every(
+            lambda s: s.list_tasks(
+                namespace,
+                queue=queue,
+                state=state,
+                page_size=page_size,
+                page_token=page_token,
+                max_bytes=max_bytes,
+            ),
+            skip_down=False,
+        )
+        return fanout.page(list(pages.values()), page_size, max_bytes, task_bytes)
+
+    async def queue_counts(
+        self, namespace: str, states: Sequence[TaskState], *, max_tasks: int, max_queues: int
+    ) -> QueueCounts:
+        if (solo := self._fast()) is not None:
+            return await solo.queue_counts(
+                namespace, states, max_tasks=max_tasks, max_queues=max_queues
+            )
+        answers = await self._every(
+            lambda s: s.queue_counts(namespace, states, max_tasks=max_tasks, max_queues=max_queues)
+        )
+        return fanout.queue_counts(answers.values(), max_queues)
+
+    async def count_by_state(self) -> dict[TaskState, int]:
+        if (solo := self._fast()) is not None:
+            return await solo.count_by_state()
+        return fanout.summed((await self._every(lambda s: s.count_by_state())).values())
+
+    async def count_by_state_per_shard(self) -> dict[str, dict[TaskState, int] | None]:
+        """Each shard's counts (None: down), for a status that shows every shard."""
+        answers = await asyncio.gather(
+            *(self._on(n, lambda s: s.count_by_state()) for n in self._stores),
+            return_exceptions=True,
+        )
+        out: dict[str, dict[TaskState, int] | None] = {}
+        for name, answer in zip(self._stores, answers, strict=True):
+            if isinstance(answer, StoreUnavailable):
+                out[name] = None
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                out[name] = answer
+        return out
+
+    async def fences(self) -> list[Fence]:
+        """Each partition's fence from the shard the map places it on."""
+        if (solo := self._fast()) is not None:
+            return await solo.fences()
+        m = self._routing()
+        answers = await self._every(lambda s: s.fences())
+        out = [
+            f
+            for shard, fences in answers.items()
+            for f in fences
+            if 0 <= f.partition < m.partitions and m.shard_of(f.partition) == shard
+        ]
+        out.sort(key=lambda f: f.partition)
+        return out
+
+    # ------------------------------------------------------------------ notices, health
+
+    async def announce(self, channel: str, payloads: Sequence[str]) -> None:
+        """On the first shard that answers: every node listens on every shard."""
+        if (solo := self._fast()) is not None:
+            return await solo.announce(channel, payloads)
+        if not payloads:
+            return
+        last: StoreUnavailable | None = None
+        for name in self._routing().shards:
+            if name not in self._stores:
+                continue
+            try:
+                return await self._on(name, lambda s: s.announce(channel, payloads))
+            except StoreUnavailable as exc:
+                last = exc
+        if last is not None:
+            raise last
+
+    async def listen(self, channel: str, on_notice: Callable[[str], None]) -> Listening:
+        """On every shard; the listening is closed (to be opened again) once one is lost,
+        or at once when a shard could not be reached."""
+        if (solo := self._fast()) is not None:
+            return await solo.listen(channel, on_notice)
+        opened = await self._every(lambda s: s.listen(channel, on_notice))
+        return _Listenings(list(opened.values()), complete=len(opened) == len(self._stores))
+
+    async def probe(self, timeout: float = 2.0) -> bool:
+        """Whether every shard answers (``probe_shard``: one)."""
+        answers = await asyncio.gather(*(s.probe(timeout) for s in self._stores.values()))
+        return all(answers)
+
+    async def probe_shard(self, name: str, timeout: float = 2.0) -> bool:
+        """Whether shard ``name`` answers within ``timeout`` seconds (False: no store)."""
+        store = self._stores.get(name)
+        return store is not None and await store.probe(timeout)
+
+    def server_clock(self) -> AbstractAsyncContextManager[Callable[[], Awaitable[datetime]]]:
+        """The first shard's server clock (``server_clock_of``: any shard's)."""
+        return self.server_clock_of(self._routing().shards[0])
+
+    @contextlib.asynccontextmanager
+    async def server_clock_of(self, name: str) -> AsyncIterator[Callable[[], Awaitable[datetime]]]:
+        store = self._store(name)
+        try:
+            async with store.server_clock() as read:
+                yield read
+        except ShardUnavailable:
+            raise
+        except StoreUnavailable as exc:
+            raise ShardUnavailable(name, exc.message) from exc
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self._stores.values()), return_exceptions=True)
+
+
+class ShardedSchedules:
+    """Schedules over a store of shards: each addressed by ``key_partition(namespace,
+    name)``, materialised per shard of the owned partitions.
+
+    A namespace's cap and quota are checked across shards by reading its schedules on the
+    other shards before the create on the schedule's own (two creates racing on two shards
+    can pass one over; a counter row on the namespace's home shard would close that)."""
+
+    def __init__(self, store: ShardedStore, *, lookahead: timedelta = timedelta(seconds=60)):
+        self.store = store
+        self.lookahead = lookahead
+        self._of: dict[str, Schedules] = {}
+
+    def _schedules(self, shard: str) -> Schedules:
+        store = self.store._store(shard)
+        s = self._of.get(shard)
+        if s is None or s.store is not store:
+            s = self._of[shard] = Schedules(store, lookahead=self.lookahead)
+        return s
+
+    async def _at(self, shard: str, call: Callable[[Schedules], Awaitable[R]]) -> R:
+        """``call`` on one shard's schedules; its outage named."""
+        return await self.store._on(shard, lambda _s: call(self._schedules(shard)))
+
+    def _shard(self, namespace: str, name: str) -> str:
+        m = self.store.map
+        return m.shard_of(key_partition(namespace, name, m.partitions))
+
+    async def _on(self, namespace: str, name: str, call: Callable[[Schedules], Awaitable[R]]) -> R:
+        try:
+            return await self._at(self._shard(namespace, name), call)
+        except PartitionMoved:
+            await self.store._refreshed()
+            return await self._at(self._shard(namespace, name), call)
+
+    async def _elsewhere(
+        self, namespace: str, home: str, cap: int | None, quota: float | None
+    ) -> tuple[int, float]:
+        """The namespace's schedules on other shards than ``home``: (count, their rate if
+        active), read page by page, at most ``cap`` (+1) per shard when capped."""
+        if cap is None and quota is None:
+            return 0, 0.0
+        count, rate = 0, 0.0
+
+        def listing(after: str) -> Callable[[Schedules], Awaitable[list[Schedule]]]:
+            return lambda s: s.list_page(namespace, page_size=1000, after=after)
+
+        for shard in self.store.map.shards:
+            if shard == home or shard not in self.store.stores:
+                continue
+            after = ""
+            for _ in range(10_000):  # bounded: pages of a thousand
+                page = await self._at(shard, listing(after))
+                count += len(page)
+                rate += sum(schedule_rate(s.spec.rule) for s in page if not s.paused)
+                if len(page) < 1000 or (cap is not None and quota is None and count > cap):
+                    break
+                after = page[-1].spec.name
+        return count, rate
+
+    async def create(
+        self,
+        spec: ScheduleSpec,
+        now: datetime,
+        *,
+        cap: int | None = None,
+        quota: float | None = None,
+    ) -> Schedule:
+        if (solo := self.store._fast()) is not None:
+            return await Schedules(solo, lookahead=self.lookahead).create(
+                spec, now, cap=cap, quota=quota
+            )
+        home = self._shard(spec.namespace, spec.name)
+        count, rate = await self._elsewhere(spec.namespace, home, cap, quota)
+        if cap is not None and count >= cap:
+            raise NamespaceCapReached(spec.namespace, "schedules", cap)
+        try:
+            return await self._on(
+                spec.namespace,
+                spec.name,
+                lambda s: s.create(
+                    spec,
+                    now,
+                    cap=None if cap is None else cap - count,
+                    quota=None if quota is None else quota - rate,
+                ),
+            )
+        except NamespaceCapReached:
+            raise NamespaceCapReached(spec.namespace, "schedules", cap or 0) from None
+        except ScheduleQuotaExceeded as exc:
+            raise ScheduleQuotaExceeded(
+                spec.namespace, exc.reserved + rate, exc.added, quota or 0.0
+            ) from None
+
+    async def get(self, namespace: str, name: str) -> Schedule:
+        return await self._on(namespace, name, lambda s: s.get(namespace, name))
+
+    async def list_page(
+        self, namespace: str, *, page_size: int = 100, after: str = ""
+    ) -> list[Schedule]:
+        if (solo := self.store._fast()) is not None:
+            return await Schedules(solo).list_page(namespace, page_size=page_size, after=after)
+        pages = await self.store._every(
+            lambda s: Schedules(s).list_page(namespace, page_size=page_size, after=after),
+            skip_down=False,
+        )
+        merged = sorted((x for p in pages.values() for x in p), key=lambda x: x.spec.name)
+        return merged[:page_size]
+
+    async def pause(self, namespace: str, name: str, now: datetime) -> Schedule:
+        return await self._on(namespace, name, lambda s: s.pause(namespace, name, now))
+
+    async def resume(
+        self, namespace: str, name: str, now: datetime, *, quota: float | None = None
+    ) -> Schedule:
+        if quota is None or self.store._fast() is not None:
+            return await self._on(
+                namespace, name, lambda s: s.resume(namespace, name, now, quota=quota)
+            )
+        _count, rate = await self._elsewhere(namespace, self._shard(namespace, name), None, quota)
+        try:
+            return await self._on(
+                namespace, name, lambda s: s.resume(namespace, name, now, quota=quota - rate)
+            )
+        except ScheduleQuotaExceeded as exc:
+            raise ScheduleQuotaExceeded(namespace, exc.reserved + rate, exc.added, quota) from None
+
+    async def delete(self, namespace: str, name: str, now: datetime) -> None:
+        return await self._on(namespace, name, lambda s: s.delete(namespace, name, now))
+
+    async def materialize(
+        self,
+        owned: Mapping[int, int],
+        now: datetime,
+        *,
+        lookahead: timedelta = timedelta(seconds=60),
+        batch: int = 100,
+        per_schedule: int = 1000,
+        charge: Charge | None = None,
+        spent: Sequence[str] = (),
+    ) -> Materialized:
+        """Shard after shard (each pays from ``charge`` as it goes, so the quota holds)."""
+        m = self.store.map
+        groups: dict[str, dict[int, int]] = {}
+        for p, token in owned.items():
+            groups.setdefault(m.shard_of(p), {})[p] = token
+        done = Materialized()
+
+        def making(mine: dict[int, int]) -> Callable[[Schedules], Awaitable[Materialized]]:
+            return lambda s: s.materialize(
+                mine,
+                now,
+                lookahead=lookahead,
+                batch=batch,
+                per_schedule=per_schedule,
+                charge=charge,
+                spent=spent,
+            )
+
+        for shard, mine in groups.items():
+            try:
+                made = await self._at(shard, making(mine))
+            except PartitionMoved:
+                await self.store._refreshed()  # the rest of the moved ones: next pass
+                continue
+            except StoreUnavailable as exc:
+                if len(groups) == 1:
+                    raise
+                self.store._skipped(shard, exc)
+                continue
+            done.add(made)
+        return done
