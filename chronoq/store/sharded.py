@@ -13,8 +13,11 @@ Routing, by port:
   concurrently. Specs are checked for what a shard would refuse (NUL in text) before any
   shard writes; a shard that fails after others committed raises ``BatchPartlyAccepted``
   (UNAVAILABLE, "outcome unknown"): the SDK, which keys every task, repeats the whole batch.
-- **by queue**: a claim asks the shards one after the other, from a rotating start, until
-  it has ``max_tasks`` (a task past the byte budget is released again). Queue limits and
+- **by queue**: a claim counts (bounded) which shards hold ready tasks of its queues, asks
+  each of those for ``max_tasks`` at once, keeps the best ``max_tasks`` by priority and
+  run_at within the byte budget, and gives the rest back READY (no attempt spent): the
+  order of one store, paid for by those give-backs while several shards hold ready tasks
+  of the same queues (a claim bounded by a priority floor would avoid them). Queue limits and
   their token buckets live on the map's first shard (``shard-0``, never removed and never a
   partition's move): one statement counts a namespace's limits against its cap, and every
   claim of a limited queue takes its tokens there, then claims on any shard and gives back
@@ -49,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import random
 import time
@@ -177,7 +179,6 @@ class ShardedStore:
         self._refresh = refresh
         self._seen: ShardMap | None = None
         self._solo: Store | None = None
-        self._turn = itertools.count(random.randrange(1 << 16))
         self._warned: dict[str, float] = {}
         self._routing()
 
@@ -834,44 +835,55 @@ class ShardedStore:
         now: datetime,
         budget: list[int],
     ) -> list[Task]:
-        """Claim up to ``want`` from the shards one after the other, from a rotating start,
-        within ``budget[0]`` bytes (always one task in all); a down shard is skipped."""
-        m = self._routing()
-        held = [s for s in m.shards if s in set(m.placement)]
-        start = next(self._turn) % len(held)
-        tasks: list[Task] = []
+        """Claim up to ``want`` of the best tasks (priority, then run_at) over the shards,
+        within ``budget[0]`` bytes (always one task in all); a down shard is skipped.
+
+        The shards holding ready tasks of the queues are found by a bounded count first;
+        when several do, each is asked for ``want`` at once and the tasks past the best
+        ``want`` (or past the bytes) are given back READY (no attempt spent; their attempt
+        number grows by one): the order one store keeps, at the price of those give-backs."""
+        keys = [(namespace, q) for q in queues]
+        caps = [want] * len(keys)
+        counts = await self._every(lambda s: s.ready_counts(keys, caps))
+        ready = [shard for shard, c in counts.items() if c]
+        if not ready:
+            return []
+
+        def claiming(s: Store) -> Awaitable[list[Task]]:
+            return s.claim(namespace, queues, worker_id, want, now, max_bytes=max(1, budget[0]))
+
+        answers = await asyncio.gather(
+            *(self._on(shard, claiming) for shard in ready), return_exceptions=True
+        )
+        got: list[Task] = []
         down: list[StoreUnavailable] = []
-        asked = 0
-        for shard in held[start:] + held[:start]:
-            if len(tasks) >= want or (tasks and budget[0] <= 0):
-                break
-            asked += 1
-            try:
-                got = await self._on(
-                    shard,
-                    lambda s: s.claim(
-                        namespace,
-                        queues,
-                        worker_id,
-                        want - len(tasks),
-                        now,
-                        max_bytes=max(1, budget[0]),
-                    ),
-                )
-            except StoreUnavailable as exc:
-                self._skipped(shard, exc)
-                down.append(exc)
+        failure: BaseException | None = None
+        for shard, answer in zip(ready, answers, strict=True):
+            if isinstance(answer, StoreUnavailable):
+                self._skipped(shard, answer)
+                down.append(answer)
+            elif isinstance(answer, BaseException):
+                failure = answer
+            else:
+                got += answer
+        if failure is not None:
+            await asyncio.gather(*(self._give_back(namespace, t) for t in got))
+            raise failure
+        got.sort(key=lambda t: (-t.priority, t.run_at))
+        kept: list[Task] = []
+        extra: list[Task] = []
+        for task in got:
+            cost = task_bytes(task)
+            if len(kept) >= want or (kept and cost > budget[0]):
+                extra.append(task)
                 continue
-            for task in got:
-                cost = task_bytes(task)
-                if tasks and cost > budget[0]:
-                    await self._give_back(namespace, task)
-                    continue
-                tasks.append(task)
-                budget[0] -= cost
-        if down and len(down) == asked and not tasks:
+            kept.append(task)
+            budget[0] -= cost
+        if extra:
+            await asyncio.gather(*(self._give_back(namespace, t) for t in extra))
+        if down and len(down) == len(ready):
             raise down[0]
-        return tasks
+        return kept
 
     async def _give_back(self, namespace: str, task: Task) -> None:
         """A claimed task past the answer's byte budget goes back to READY (no attempt

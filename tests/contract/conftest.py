@@ -11,7 +11,9 @@ A shape prepares its fresh migrated database(s) and opens a connected store of
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,9 +21,12 @@ from typing import Any, Protocol
 
 import pytest
 
+from chronoq.shardmap import ShardMap
 from chronoq.store import Store
 from chronoq.store.port import ScheduleAdmin, ScheduleOwner, TaskStore
 from chronoq.store.schedules import Schedules
+from chronoq.store.sharded import ShardedSchedules, ShardedStore
+from tests.conftest import create_test_database
 
 #: Few partitions, so that "the other partitions" exist and stay cheap to fence.
 PARTITIONS = 8
@@ -62,14 +67,63 @@ async def _open_single(dsn: str) -> AsyncIterator[Opened]:
         await store.close()
 
 
-#: Every shape of the store the contracts run against. Shapes that join later, each built
-#: on real servers (no fakes):
-#:   "two-shards": two fresh databases of the session PostgreSQL as shard-0 and shard-1
-#:                 behind one port, the partitions split between them by a shard map;
-#:   "patroni":    one shard whose database is a Patroni cluster (the tests/ha fixtures).
+#: The two-shards shape's map: shard-0 holds the first half of the partitions, shard-1 the rest.
+TWO_SHARDS = ShardMap(
+    1,
+    ("shard-0", "shard-1"),
+    ("shard-0",) * (PARTITIONS // 2) + ("shard-1",) * (PARTITIONS - PARTITIONS // 2),
+)
+
+
+def _prepare_two(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Two fresh copies of the migrated template (the second dropped after the test)."""
+    postgres = request.getfixturevalue("postgres")
+    template = request.getfixturevalue("template_db")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    second = create_test_database(postgres, name, template)
+    request.addfinalizer(lambda: postgres.drop_database(name))
+    return request.getfixturevalue("dsn"), second
+
+
+async def connect_shard(dsn: str, holds: Sequence[int]) -> Store:
+    """A shard's store holding ``holds`` (on a store that records what each shard holds)."""
+    extra: dict[str, Any] = {}
+    if "holds" in inspect.signature(Store.connect).parameters:
+        extra["holds"] = tuple(holds)
+    return await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=4, **extra)
+
+
+@contextlib.asynccontextmanager
+async def open_two(dsns: tuple[str, str]) -> AsyncIterator[ShardedStore]:
+    """A store of two shards on two databases, split by ``TWO_SHARDS``."""
+    shard_map = TWO_SHARDS
+    stores: dict[str, Store] = {}
+    try:
+        for name, dsn in zip(shard_map.shards, dsns, strict=True):
+            stores[name] = await connect_shard(dsn, shard_map.held_by(name))
+        sharded = ShardedStore(stores, lambda: shard_map)
+        sharded.set_map(shard_map)
+        yield sharded
+    finally:
+        for store in stores.values():
+            await store.close()
+
+
+@contextlib.asynccontextmanager
+async def _open_two(dsns: tuple[str, str]) -> AsyncIterator[Opened]:
+    async with open_two(dsns) as sharded:
+        yield Opened(sharded, ShardedSchedules(sharded))
+
+
+#: Every shape of the store the contracts run against, each built on real servers (no
+#: fakes). One that joins later: "patroni", one shard whose database is a Patroni cluster
+#: (the tests/ha fixtures).
 SHAPES: dict[str, Shape] = {
     # Today's store: one fresh copy of the migrated template on the session PostgreSQL.
     "single": Shape(prepare=lambda request: request.getfixturevalue("dsn"), open=_open_single),
+    # Two fresh databases of the session PostgreSQL as shard-0 and shard-1 behind one port,
+    # the partitions split evenly between them by a shard map.
+    "two-shards": Shape(prepare=_prepare_two, open=_open_two),
 }
 
 
