@@ -205,19 +205,26 @@ class LongPollSlots:
     @contextlib.contextmanager
     def hold(self, namespace: str) -> Iterator[None]:
         """Hold one slot for the block; ``TooManyLongPolls`` if a cap is reached."""
+        self.take(namespace)
+        try:
+            yield
+        finally:
+            self.give(namespace)
+
+    def take(self, namespace: str) -> None:
+        """Take one slot (``give`` returns it); ``TooManyLongPolls`` if a cap is reached."""
         if self._open[namespace] >= self.per_namespace:
             raise TooManyLongPolls(namespace, self.per_namespace, "namespace")
         if self.total >= self.per_node:
             raise TooManyLongPolls(namespace, self.per_node, "node")
         self._open[namespace] += 1
         self.total += 1
-        try:
-            yield
-        finally:
-            self.total -= 1
-            self._open[namespace] -= 1
-            if not self._open[namespace]:
-                del self._open[namespace]
+
+    def give(self, namespace: str) -> None:
+        self.total -= 1
+        self._open[namespace] -= 1
+        if not self._open[namespace]:
+            del self._open[namespace]
 
 
 # ---------------------------------------------------------------- across nodes

@@ -30,7 +30,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from chronoq import tracing
 from chronoq.api import convert
@@ -80,6 +80,14 @@ MAX_OPENING_STREAMS = 256
 MAX_OPENING_PER_CALLER = 32
 
 Write = Callable[[worker_pb2.WorkResponse], Any]
+
+
+class StreamCaller(Caller, Protocol):
+    """What a stream needs of its call (a gRPC servicer context fits): when it ends."""
+
+    def done(self) -> bool: ...
+
+    def add_done_callback(self, callback: Any, /) -> None: ...  # called with the call
 
 
 def task_bytes(task: Task) -> int:
@@ -183,7 +191,7 @@ class WorkSession:
         claims: Claims,
         store: ByTaskId,
         clock: Clock,
-        caller: Caller,
+        caller: StreamCaller,
         write: Write,
         *,
         namespace: str,
@@ -229,7 +237,8 @@ class WorkSession:
         """Serve the stream until the worker closes it; a store error ends it with that error
         (the worker opens another, possibly on another node)."""
         keys = [(self.namespace, q) for q in self.queues]
-        with self._claims.slots.hold(self.namespace):
+        self._claims.slots.take(self.namespace)
+        try:
             if self._handoff is not None:
                 self._handoff.join(self, keys)
             pusher = asyncio.create_task(self._push(), name="chronoq-work-push")
@@ -253,12 +262,26 @@ class WorkSession:
                 for job in (*jobs, self._failed):
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
-                if self._stalled_write is not None:
-                    # A write past its deadline is still in the transport (cancelling it would
-                    # leave the call unable to send its status): the call ends once it
-                    # completes or the worker leaves, and until then keeps its slot, so
-                    # stalled streams count against the caps. It holds that one message only.
-                    await asyncio.gather(self._stalled_write, return_exceptions=True)
+        finally:
+            if not self._slot_kept():
+                self._claims.slots.give(self.namespace)
+
+    def _slot_kept(self) -> bool:
+        """After a stalled write, keep the stream's slot until the transport ends the call.
+
+        The call ends at once (its status queues behind the stalled message, which the worker
+        still gets if it reads), but that message stays in the transport until the worker
+        reads it or leaves: the slot stays held meanwhile, so stalled streams count against
+        the caps while they hold memory, without the session waiting on the write."""
+        write = self._stalled_write
+        if write is None:
+            return False
+        write.cancel()  # only our waiter: the transport keeps the message and its order
+        if self._caller.done():
+            return False
+        namespace = self.namespace
+        self._caller.add_done_callback(lambda _call: self._claims.slots.give(namespace))
+        return True
 
     def _close(self, keys: list[tuple[str, str]]) -> None:
         """Take no more hand-offs (one settled from now on gives its tasks back)."""

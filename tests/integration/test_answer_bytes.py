@@ -172,6 +172,48 @@ async def test_a_stream_that_never_reads_is_closed_and_gives_its_tasks_back(
     assert {t.id for t in again} == ready and {t.attempt - t.retry_base for t in again} == {1}
 
 
+async def test_a_stalled_stream_ends_at_once_and_keeps_its_slot_until_the_transport_lets_go(
+    client: Client, node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(work_stream, "STREAM_WRITE_DEADLINE", 1.0)
+    sessions: list[work_stream.WorkSession] = []
+    ended = asyncio.Event()
+    serve = work_stream.WorkSession.run
+
+    async def run(session: work_stream.WorkSession, *args: Any) -> None:
+        sessions.append(session)
+        try:
+            await serve(session, *args)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(work_stream.WorkSession, "run", run)
+    await submit_big(client, "stall", 60)
+    async with plain_channel(node) as channel:
+        call = worker_pb2_grpc.WorkerServiceStub(channel).Work()  # type: ignore[no-untyped-call]
+        await call.write(
+            worker_pb2.WorkRequest(
+                open=worker_pb2.WorkOpen(queues=["stall"], worker_id="sleeper"), credits=1000
+            )
+        )
+        # The worker never reads: the session ends after its write deadline, without waiting
+        # for the write that stalled (bounded here by far more than the deadline).
+        async with asyncio.timeout(20):
+            await ended.wait()
+        (session,) = sessions
+        slots = session._claims.slots
+        assert slots.open("default") == 1  # the stalled message is still in the transport
+        with pytest.raises(grpc.aio.AioRpcError) as stalled:
+            async with asyncio.timeout(10):
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+        assert stalled.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 10
+        while slots.open("default"):  # the worker read it all: the slot is given back
+            assert time.monotonic() < deadline, "the stalled stream kept its slot"
+            await asyncio.sleep(0.05)
+
+
 async def silent_streams(
     channel: Any, n: int, metadata: tuple[tuple[str, str], ...] | None = None
 ) -> list[Any]:
