@@ -22,6 +22,7 @@ from chronoq.client.demo import summarize as summarize_tasks
 from chronoq.devstack import DevStack, DevStackSettings
 from chronoq.durations import format_duration
 from chronoq.models import TaskState
+from chronoq.redact import mask_dsn
 
 DEFAULT_DATA_DIR = Path(".chronoq")
 """Where the local stack keeps its data unless told otherwise (``chronoq dev`` and ``demo``)."""
@@ -49,6 +50,7 @@ class DemoOptions:
     seed: int = 0
     nodes: int = 3
     pg_members: int = 1  # >1: a replicated PostgreSQL under Patroni
+    store_shards: int = 1  # >1: that many store shards, each its own server
 
     @property
     def deadline(self) -> float:
@@ -90,10 +92,17 @@ async def run_demo(
         drop_database=True,
         nodes=opts.nodes,
         pg_members=opts.pg_members,
+        store_shards=opts.store_shards,
     )
-    what = "a node" if opts.nodes == 1 else f"etcd and {opts.nodes} nodes"
+    what = "a node" if not settings.clustered else f"etcd and {opts.nodes} nodes"
+    if settings.sharded:
+        what += f" on {opts.store_shards} store shards"
     announce(f"starting {what} on the embedded stack in {opts.data_dir} (database {database}) …")
     async with DevStack(settings) as stack:
+        if settings.sharded:
+            announce("store shards: " + ", ".join(
+                f"{name} {mask_dsn(dsn)}" for name, dsn in stack.shard_dsns.items()
+            ))  # fmt: skip
         announce(
             f"nodes on {', '.join(stack.addresses)}; submitting {opts.tasks} tasks over "
             f"{format_duration(opts.over)} to {opts.workers} workers"
@@ -181,7 +190,7 @@ async def _watch(
     """Report counts until every task is terminal (True), or the deadline or a stop (False)."""
     deadline = time.monotonic() + opts.deadline
     while True:
-        counts = await stack.store.count_by_state()
+        counts = await stack.count_by_state()
         on_counts(counts)
         if sum(n for s, n in counts.items() if s.terminal) >= opts.tasks:
             return True

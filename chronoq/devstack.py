@@ -30,7 +30,7 @@ import shlex
 import shutil
 import tempfile
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -41,12 +41,21 @@ from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.config import NodeSettings
 from chronoq.embedded.etcd import EmbeddedEtcd, EmbeddedEtcdError
 from chronoq.embedded.ha import PatroniCluster, PatroniError, check_members
+from chronoq.embedded.ha.install import ensure_patroni
 from chronoq.embedded.postgres import EmbeddedPostgres, EmbeddedPostgresError
-from chronoq.embedded.shards import StoreShards, check_store_shards, shard_name
+from chronoq.embedded.shards import (
+    StoreShards,
+    check_store_shards,
+    migrate_shards,
+    run_together,
+    shard_name,
+)
 from chronoq.embedded.supervisor import Child, Supervisor, finish_in_thread
 from chronoq.errors import ChronoqError, ConfigError
+from chronoq.models import TaskState
 from chronoq.node import Node
 from chronoq.store import Store
+from chronoq.store.port import TaskStore
 
 if TYPE_CHECKING:
     from chronoq.local.cluster import LocalCluster
@@ -137,6 +146,7 @@ class DevStack:
         #: shard-1.. (empty with one shard); single servers made now, Patroni ones at start.
         self.shards = self._make_shards()
         self._shard_dsns: list[str] = []
+        self._shard_stores: list[Store] = []  # shard-1.., for counts
 
     @property
     def dsn(self) -> str:
@@ -170,12 +180,19 @@ class DevStack:
         return found
 
     @property
-    def store(self) -> Store:
-        """A store on the stack's database (for counts in demos and tests)."""
+    def store(self) -> TaskStore:
+        """A store on shard-0's database (for counts in demos and tests)."""
         store = self._cluster_store or (self.nodes[0].store if self.nodes else None)
         if store is None:
             raise DevStackError("the dev stack is not running")
         return store
+
+    async def count_by_state(self) -> dict[TaskState, int]:
+        """Exact counts per state over every store shard (a full scan: demos and tests)."""
+        counts: Counter[TaskState] = Counter(await self.store.count_by_state())
+        for store in self._shard_stores:
+            counts.update(await store.count_by_state())
+        return dict(counts)
 
     async def start(self) -> None:
         """Start PostgreSQL, create the database if it is missing, start the node(s)."""
@@ -339,11 +356,7 @@ class DevStack:
 
     def _start_servers(self) -> None:
         """shard-0 and the other shards at once, then their databases."""
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="store") as pool:
-            first = pool.submit(self._start_postgres)
-            others = pool.submit(self.shards.start)
-        for job in (first, others):
-            job.result()
+        run_together(self._start_postgres, self.shards.start)
         self._ensure_database()
         self._ensure_shard_databases()
 
@@ -356,18 +369,9 @@ class DevStack:
         self._shard_dsns = self.shards.ensure_database(name)
 
     async def _migrate_shards(self) -> None:
-        """Bring every shard to the latest migration before a node uses it (the nodes would
-        migrate shard-0 themselves; a shard past it must be at the same one)."""
-        s = self.settings
-        for dsn in self._shard_dsns:
-            store = await Store.connect(
-                dsn, partitions=s.partitions, bucket_seconds=s.bucket_seconds,
-                min_size=0, max_size=1, migrate=False,
-            )  # fmt: skip
-            try:
-                await store.migrate()
-            finally:
-                await store.close()
+        """Every shard past shard-0 at the latest migration before a node uses it (the nodes
+        migrate shard-0 themselves)."""
+        await migrate_shards(self._shard_dsns)
 
     def _stop_shards(self) -> None:
         if self.settings.drop_database and self._shard_dsns:
@@ -397,10 +401,9 @@ class DevStack:
             etcd_auth=self._ha_etcd.patroni_auth(),
         )
         self.shards = self._make_shards(self._ha_etcd)
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="store") as pool:
-            jobs = [pool.submit(self.ha.start), pool.submit(self.shards.start)]
-        for job in jobs:
-            job.result()
+        if len(self.shards):
+            ensure_patroni()  # one install on first use, before the clusters start side by side
+        run_together(self.ha.start, self.shards.start)
         self._ensure_shard_databases()
         self._created_database = not self.ha.run_sql(
             "SELECT 1 FROM pg_database WHERE datname = "
@@ -495,8 +498,17 @@ class DevStack:
             min_size=0,  # no idle floor to restore (and log about) while PostgreSQL restarts
             max_size=2,
         )
+        for dsn in self._shard_dsns:
+            self._shard_stores.append(
+                await Store.connect(dsn, partitions=s.partitions, min_size=0, max_size=2,
+                                    migrate=False)
+            )  # fmt: skip
 
     async def _stop_cluster(self) -> None:
+        stores, self._shard_stores = self._shard_stores, []
+        for shard_store in stores:
+            with contextlib.suppress(ChronoqError, OSError):
+                await shard_store.close()
         store, self._cluster_store = self._cluster_store, None
         if store is not None:
             with contextlib.suppress(ChronoqError, OSError):

@@ -11,6 +11,7 @@ stopped by PID in ``stop()``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -18,12 +19,20 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from chronoq.chaos.disk import CappedDisk
-from chronoq.chaos.faults import ALL_KINDS, SINGLE_STORE_KINDS, STORE_HA_KINDS, FaultKind
+from chronoq.chaos.faults import (
+    ALL_KINDS,
+    SHARD_KINDS,
+    SINGLE_STORE_KINDS,
+    STORE_HA_KINDS,
+    FaultKind,
+)
 from chronoq.chaos.proxy import Blackhole, ProxyHub
 from chronoq.chaos.shaping import LinkShape
 from chronoq.coordinator.settings import EtcdSettings
 from chronoq.embedded.etcd import EmbeddedEtcd
 from chronoq.embedded.ha import PatroniCluster
+from chronoq.embedded.ha.install import ensure_patroni
+from chronoq.embedded.shards import ShardServer, StoreShards, migrate_shards, run_together
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 
 CLOCK_FLAG = "--clock-offset-ms"
@@ -37,11 +46,14 @@ class LocalBackend:
     supported: frozenset[FaultKind] = frozenset(ALL_KINDS)
 
     def __init__(
-        self, workdir: Path, spec: ClusterSpec, *, pg_members: int = 1, capped_disk_mb: int = 0
+        self, workdir: Path, spec: ClusterSpec, *, pg_members: int = 1, capped_disk_mb: int = 0,
+        store_shards: int = 1,
     ) -> None:
         """``pg_members`` > 1: PostgreSQL members under Patroni on the cluster's etcd (the
         store faults replace restart-postgres and disk-full). ``capped_disk_mb``: the single
-        PostgreSQL's data directory on a filesystem of that size (the disk-full fault)."""
+        PostgreSQL's data directory on a filesystem of that size (the disk-full fault).
+        ``store_shards`` > 1: shard-1.. each its own server (or Patroni cluster), reached
+        by the nodes directly (no proxy: the shard faults kill the server itself)."""
         self.spec = spec
         self.workdir = workdir
         self.hub = ProxyHub()
@@ -54,30 +66,54 @@ class LocalBackend:
         if capped_disk_mb and pg_members <= 1:
             self.disk = CappedDisk(workdir / "postgres", capped_disk_mb)
         self._resets_before: dict[str, int] = {}
+        self._etcd = (
+            EmbeddedEtcd(workdir / "etcd", members=spec.etcd_members, durable=spec.durable)
+            if pg_members > 1 or store_shards > 1
+            else None
+        )
+        self.shards = StoreShards(
+            workdir / "store-shards", store_shards, pg_members=pg_members,
+            etcd_endpoints=self._etcd.endpoints if self._etcd is not None else (),
+            etcd_auth=self._etcd.patroni_auth() if self._etcd and pg_members > 1 else None,
+            scope=f"chronoq-{spec.cluster}",
+        )  # fmt: skip
+        self._shard_dsns: list[str] = []
+        if len(self.shards):
+            self.supported = self.supported | frozenset(SHARD_KINDS)
         if pg_members > 1:
-            self._etcd = EmbeddedEtcd(
-                workdir / "etcd", members=spec.etcd_members, durable=spec.durable
-            )
+            assert self._etcd is not None
             self.ha = PatroniCluster(
                 workdir / "pg", self._etcd.endpoints, members=pg_members,
                 etcd_auth=self._etcd.patroni_auth(),
             )  # fmt: skip
-            self.supported = frozenset({*ALL_KINDS, *STORE_HA_KINDS} - set(SINGLE_STORE_KINDS))
+            self.supported = frozenset(
+                {*self.supported, *STORE_HA_KINDS} - set(SINGLE_STORE_KINDS)
+            )
             self.cluster = LocalCluster(
                 workdir, spec, etcd=self._etcd, dsn=self.ha.dsn_for(spec.database),
                 node_args=self._node_args,
             )  # fmt: skip
         else:
-            self.cluster = LocalCluster(workdir, spec, node_args=self._node_args)
+            self.cluster = LocalCluster(
+                workdir, spec, etcd=self._etcd, node_args=self._node_args
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         try:
-            if self.ha is not None and self._etcd is not None:
+            if self._etcd is not None:
                 self._etcd.start()
-                self.ha.start(timeout=180)
+            if self.ha is not None:
+                ensure_patroni()  # one install, before the clusters start side by side
+                ha = self.ha
+                run_together(lambda: ha.start(timeout=180), self.shards.start)
                 self.ha.ensure_database(self.spec.database)
+            else:
+                self.shards.start()
+            self._shard_dsns = self.shards.ensure_database(self.spec.database)
+            self.cluster.store_shards = self._shard_dsns
+            asyncio.run(migrate_shards(self._shard_dsns))
             if self.disk is not None:
                 why = self.disk.mount()
                 if why is not None:
@@ -91,6 +127,7 @@ class LocalBackend:
             raise
 
     def _stop_store(self) -> None:
+        self.shards.stop()
         if self.ha is not None:
             self.ha.stop()
         if self._etcd is not None:
@@ -117,6 +154,27 @@ class LocalBackend:
     @property
     def dsn(self) -> str:
         return self.cluster.dsn
+
+    @property
+    def store_dsns(self) -> list[str]:
+        """Every store shard's DSN, shard-0 first (the harness reads the tasks of each)."""
+        return [self.cluster.dsn, *self._shard_dsns]
+
+    # ------------------------------------------------------------------ store shards
+
+    def shard_names(self) -> list[str]:
+        return [s.name for s in self.shards.servers]
+
+    def _shard(self, name: str) -> ShardServer:
+        return next(s for s in self.shards.servers if s.name == name)
+
+    def kill_shard_primary(self, name: str) -> int:
+        return self._shard(name).kill_primary()
+
+    def wait_shard_writable(self, name: str, timeout: float) -> None:
+        """A single server is started again here (the harness is its supervisor); a Patroni
+        cluster restarts its postmaster itself."""
+        self._shard(name).wait_writable(timeout)
 
     @property
     def etcd_endpoints(self) -> list[str]:
@@ -275,18 +333,25 @@ class LocalBackend:
         for node_id in self.cluster.nodes:
             self.drift_clock(node_id, 0)
 
-    def heal_all(self) -> None:
-        self._undo_degradations()
-        assert self.cluster.etcd is not None
-        for i, m in enumerate(self.cluster.etcd.members):
-            if m.pid is None:
-                self.cluster.etcd.start_member(i)
+    def _heal_store(self) -> None:
+        """Start again every PostgreSQL server (or Patroni member) that is down."""
         if self.ha is not None:
             for name, member in self.ha.members.items():
                 if member.patroni_pid is None:
                     self.ha.restart_member(name)
         elif self.cluster.postgres is not None and self.cluster.postgres.pid is None:
             self.cluster.postgres.start(timeout=60)
+        for server in self.shards.servers:
+            if server.ha is None and server.primary_pid is None:
+                server.wait_writable(60)
+
+    def heal_all(self) -> None:
+        self._undo_degradations()
+        assert self.cluster.etcd is not None
+        for i, m in enumerate(self.cluster.etcd.members):
+            if m.pid is None:
+                self.cluster.etcd.start_member(i)
+        self._heal_store()
         for node_id, node in self.cluster.nodes.items():
             if node.stopped:
                 self.cluster.signal(node_id, signal.SIGCONT)

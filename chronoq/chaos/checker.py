@@ -87,9 +87,13 @@ GRACEFUL = frozenset({"clock-jump", "rolling-restart", "clock-drift"})
 # A replicated store's faults (chronoq.embedded.ha): like restart-postgres, nobody can take
 # over while the store fails over, and an ack that did not reach it may repeat a task.
 STORE_FAILOVER = frozenset({"kill-pg-primary", "kill-pg-member", "switchover", "kill-pg-standby"})
+# One store shard's postmaster killed: its partitions stop until it is back (nobody can take
+# them over), an ack that did not reach it may repeat a task; the other shards' partitions
+# keep firing (``shard_outages`` reports how late they fired during the outage).
+SHARD_OUTAGE = frozenset({"kill-shard-primary"})
 # A full disk under PostgreSQL: writes fail until space returns; nobody can take over.
 INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader", "disk-full"}) \
-    | STORE_FAILOVER
+    | STORE_FAILOVER | SHARD_OUTAGE
 WORKER = frozenset({"kill-worker", "pause-worker"})
 # Every node's links slow and lossy (target "all nodes"): a reset PostgreSQL connection
 # loses a heartbeat or the answer to a commit, as a restart does; etcd links explain none.
@@ -97,7 +101,7 @@ SLOW_STORE_LINKS = frozenset({"slow-links-postgres"})
 # Faults that can make a task run twice without targeting its worker: a heartbeat or an
 # acknowledgement that did not reach the store, so the lease expired.
 DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres", "disk-full"}) \
-    | STORE_FAILOVER | SLOW_STORE_LINKS
+    | STORE_FAILOVER | SLOW_STORE_LINKS | SHARD_OUTAGE
 NOT_OWNER = frozenset({"submit", "retry", "requeue"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED"})
 US = 1_000_000
@@ -624,6 +628,37 @@ def fault_effects(history: History) -> list[dict[str, Any]]:
     return out
 
 
+def shard_outages(history: History) -> list[dict[str, Any]]:
+    """For each shard outage: the firing gap (the latest fire, from its ``run_at``) of the
+    tasks due during it, on the shard that was down and on the surviving shards apart (a
+    figure: the surviving ones should fire on time, the down one's wait for its return)."""
+    fires = [(r, f) for r, f in (
+        (r, real_fired_at(r, skewed_tokens(history), _drifts(history))) for r in history.tasks
+        if r.fire_token is not None and r.fired_by not in NOT_OWNER) if f is not None]
+    out = []
+    for f in history.faults:
+        if f.kind not in SHARD_OUTAGE or f.error:
+            continue
+        down = set(f.detail.get("partitions", ()))
+        late: dict[bool, list[float]] = {True: [], False: []}
+        for r, fired in fires:
+            if f.start_us <= r.run_at_us <= f.end_us:
+                late[r.partition in down].append(max(0, fired - r.run_at_us) / US)
+        out.append({
+            "target": f.target, "pid": f.detail.get("pid"),
+            "outage_s": round((f.end_us - f.start_us) / US, 3),
+            "writable_after_s": f.detail.get("writable_after_s"),
+            "partitions_down": len(down),
+            "partitions_surviving": history.params.partitions - len(down),
+            "surviving_due": len(late[False]),
+            "surviving_gap_s": max(late[False]) if late[False] else None,
+            "surviving_lateness_p99_s": stats.percentile(late[False], 99),
+            "down_due": len(late[True]),
+            "down_gap_s": max(late[True]) if late[True] else None,
+        })
+    return out
+
+
 def _figures(
     history: History, rows: dict[str, TaskRow], v: Verdict, lost: int, early_ok: int,
     early_bad: int, unverified: int,
@@ -674,4 +709,5 @@ def _figures(
         "tokens_unverified": unverified,
         "violations": len(v.violations),
         "fault_effects": fault_effects(history),
+        "shard_outages": shard_outages(history),
     }

@@ -54,6 +54,8 @@ class FaultKind(enum.StrEnum):
     KILL_PG_MEMBER = "kill-pg-member"  # SIGKILL the primary's Patroni and postgres; restart later
     SWITCHOVER = "switchover"  # graceful switchover to the synchronous standby
     KILL_PG_STANDBY = "kill-pg-standby"  # SIGKILL the synchronous standby whole; restart later
+    # Store shards (--store-shards > 1):
+    KILL_SHARD_PRIMARY = "kill-shard-primary"  # SIGKILL one shard's postmaster; it comes back
 
 
 #: Faults of a replicated store: in ``all`` only when the store is one (they replace
@@ -64,7 +66,9 @@ STORE_HA_KINDS = (
     FaultKind.SWITCHOVER,
     FaultKind.KILL_PG_STANDBY,
 )
-ALL_KINDS = tuple(k for k in FaultKind if k not in STORE_HA_KINDS)
+#: Faults of a store of several shards: in ``all`` only when the store has them.
+SHARD_KINDS = (FaultKind.KILL_SHARD_PRIMARY,)
+ALL_KINDS = tuple(k for k in FaultKind if k not in STORE_HA_KINDS and k not in SHARD_KINDS)
 #: Faults that need the single embedded PostgreSQL (its process or its filesystem).
 SINGLE_STORE_KINDS = (FaultKind.RESTART_POSTGRES, FaultKind.DISK_FULL)
 #: Former names, still accepted on the command line (histories keep the name they ran with).
@@ -88,6 +92,8 @@ OVERHEAD: dict[FaultKind, float] = {
     # switchover (4-20 s), as seen on a loaded 2-core machine; then the nodes rejoin.
     FaultKind.KILL_PG_PRIMARY: 15.0, FaultKind.KILL_PG_MEMBER: 35.0,
     FaultKind.SWITCHOVER: 20.0, FaultKind.KILL_PG_STANDBY: 30.0,
+    # A single shard's crash recovery (1-3 s), or its Patroni's restart of the postmaster.
+    FaultKind.KILL_SHARD_PRIMARY: 10.0,
 }
 #: Patroni's leader key TTL (chronoq.embedded.ha.config.TTL_S): a lost primary is replaced
 #: after it, so a member kill is held past it to force the failover.
@@ -133,19 +139,24 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
         FaultKind.KILL_PG_MEMBER: PATRONI_TTL_S + 2.0,
         FaultKind.SWITCHOVER: 0.0,
         FaultKind.KILL_PG_STANDBY: 4.0,
+        FaultKind.KILL_SHARD_PRIMARY: 3.0,  # down that long, then started again
     }
 
 
-def parse_kinds(text: str, *, replicated: bool = False) -> list[FaultKind]:
+def parse_kinds(
+    text: str, *, replicated: bool = False, sharded: bool = False
+) -> list[FaultKind]:
     """``kill-node,freeze-node`` (or ``all``) as fault kinds; ValueError names a bad one.
 
     ``replicated``: the store is PostgreSQL under Patroni; ``all`` then has its faults in
-    place of those of a single server."""
+    place of those of a single server. ``sharded``: several store shards; ``all`` has the
+    shard faults too."""
     if text.strip() == "all":
+        shard = list(SHARD_KINDS) if sharded else []
         if replicated:
             single = [k for k in ALL_KINDS if k not in SINGLE_STORE_KINDS]
-            return [*single, *STORE_HA_KINDS]
-        return list(ALL_KINDS)
+            return [*single, *STORE_HA_KINDS, *shard]
+        return [*ALL_KINDS, *shard]
     kinds = []
     for name in (n.strip() for n in text.split(",") if n.strip()):
         if name in ALIASES:
@@ -248,6 +259,16 @@ class StoreFailoverTarget(Protocol):
     def wait_writable(self, timeout: float = 60.0) -> str: ...
 
 
+@runtime_checkable
+class ShardFaultTarget(Protocol):
+    """A store of shards' fault hooks (the local backend's, over
+    ``chronoq.embedded.shards.StoreShards``): shard-1.. by name."""
+
+    def shard_names(self) -> list[str]: ...
+    def kill_shard_primary(self, name: str) -> int: ...  # the PID killed
+    def wait_shard_writable(self, name: str, timeout: float) -> None: ...  # started again
+
+
 @dataclass
 class Injector:
     """Plays a schedule; ``records`` holds every injected fault with its window. ``store``:
@@ -260,6 +281,10 @@ class Injector:
     store: StoreFailoverTarget | None = None
     #: One submit, one call, no retry: (code, message) as a node answers it (disk-full).
     probe: Callable[[], Awaitable[tuple[str, str]]] | None = None
+    #: The store shards' hooks (None: one shard), and the partitions a shard holds now
+    #: (from the shard map in etcd), for the report of a shard's outage.
+    shards: ShardFaultTarget | None = None
+    shard_partitions: Callable[[str], Awaitable[list[int]]] | None = None
 
     async def run(self, plan: Sequence[PlannedFault], started: float, stop: asyncio.Event) -> None:
         """Inject each planned fault at its time (``started`` is a monotonic instant)."""
@@ -311,6 +336,7 @@ class Injector:
             FaultKind.KILL_PG_MEMBER: self._store_fault,
             FaultKind.SWITCHOVER: self._store_fault,
             FaultKind.KILL_PG_STANDBY: self._store_fault,
+            FaultKind.KILL_SHARD_PRIMARY: self._kill_shard_primary,
         }
 
     def _node(self, pf: PlannedFault) -> str:
@@ -501,6 +527,25 @@ class Injector:
             await asyncio.sleep(max(0.0, started + pf.hold - time.monotonic()))
             await asyncio.to_thread(store.restart_member, member)
         return member
+
+    async def _kill_shard_primary(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        """SIGKILL one shard's postmaster (its Patroni leader's) by PID; after the hold it is
+        started again (a single server) or Patroni has restarted it; ``writable_after_s`` is
+        when it took commits again. ``partitions``: those it held, from the shard map."""
+        if self.shards is None:
+            raise RuntimeError(f"{pf.kind}: the store has one shard (no --store-shards)")
+        names = self.shards.shard_names()
+        name = names[pf.pick % len(names)]
+        detail["target"] = name
+        if self.shard_partitions is not None:
+            detail["partitions"] = await self.shard_partitions(name)
+        started = time.monotonic()
+        detail["start_us"] = now_us()
+        detail["pid"] = await asyncio.to_thread(self.shards.kill_shard_primary, name)
+        await asyncio.sleep(pf.hold)
+        await asyncio.to_thread(self.shards.wait_shard_writable, name, 90.0)
+        detail["writable_after_s"] = round(time.monotonic() - started, 3)
+        return name
 
     async def heal_all(self) -> None:
         """After the run: wake, reconnect and restart everything a fault left broken."""

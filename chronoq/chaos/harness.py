@@ -30,6 +30,7 @@ from chronoq.chaos.faults import (
     FaultKind,
     FaultTarget,
     Injector,
+    ShardFaultTarget,
     default_holds,
     schedule,
 )
@@ -40,6 +41,7 @@ from chronoq.chaos.workload import LEASE_TIMEOUT, Submitter, plan_tasks
 from chronoq.coordinator.etcd import EtcdSettings, Keys, connect
 from chronoq.coordinator.view import PrefixView
 from chronoq.models import TaskState
+from chronoq.shardmap import ShardMap
 from chronoq.signals import stop_signals_interrupt
 
 log = logging.getLogger("chronoq.chaos")
@@ -76,6 +78,7 @@ class ChaosOptions:
     cluster: str = "chaos"  # the etcd key prefix (a docker deployment's --cluster)
     docker_services: dict[str, Any] = field(default_factory=dict)  # see docker_backend
     pg_members: int = 1  # local: >1 runs PostgreSQL members under Patroni (store faults)
+    store_shards: int = 1  # local: >1 runs that many store shards, each its own server
     holds: Mapping[FaultKind, float] = field(default_factory=dict)  # over default_holds
 
 
@@ -112,14 +115,16 @@ def make_backend(opts: ChaosOptions, workdir: Path) -> Backend:
         postgres_settings={"max_wal_size": MAX_WAL_SIZE} if capped else {},
     )
     return LocalBackend(workdir, spec, pg_members=opts.pg_members,
-                        capped_disk_mb=CAPPED_DISK_MB if capped else 0)
+                        capped_disk_mb=CAPPED_DISK_MB if capped else 0,
+                        store_shards=opts.store_shards)
 
 
 class OwnerObserver:
     """Records every owner key change in etcd, as the harness saw it, with its time."""
 
-    def __init__(self, etcd: EtcdSettings) -> None:
+    def __init__(self, etcd: EtcdSettings, partitions: int = 0) -> None:
         self.keys = Keys(etcd.cluster)
+        self.partitions = partitions
         self.client = connect(etcd)
         self.view = PrefixView(self.client, self.keys.owners, self._changed)
         self.events: list[OwnerEvent] = []
@@ -140,6 +145,14 @@ class OwnerObserver:
 
     async def start(self) -> None:
         await self.view.start()
+
+    async def shard_partitions(self, shard: str) -> list[int]:
+        """The partitions ``shard`` holds in the shard map now (absent map: shard-0 holds
+        every one)."""
+        found = await self.client.get(self.keys.shard_map)
+        if found is None:
+            return list(range(self.partitions)) if shard == "shard-0" else []
+        return list(ShardMap.from_json(found.value).held_by(shard))
 
     async def covered(self, partitions: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -171,18 +184,34 @@ async def _store_query(dsn: str, sql: str, timeout: float = 30.0) -> list[Any]:
             await asyncio.sleep(0.5)
 
 
-async def quiesce(dsn: str, timeout: float) -> int:
-    """Wait until no task is SCHEDULED, READY or RUNNING; returns how many still are."""
+async def quiesce(dsns: Sequence[str], timeout: float) -> int:
+    """Wait until no task is SCHEDULED, READY or RUNNING on any store shard; returns how many
+    still are."""
     deadline = time.monotonic() + timeout
+    sql = "SELECT count(*) AS n FROM tasks WHERE state IN (0, 1, 2)"
     while True:
-        rows = await _store_query(dsn, "SELECT count(*) AS n FROM tasks WHERE state IN (0, 1, 2)")
-        left = int(rows[0]["n"])
+        left = 0
+        for dsn in dsns:
+            left += int((await _store_query(dsn, sql))[0]["n"])
         if left == 0 or time.monotonic() > deadline:
             return left
         await asyncio.sleep(0.5)
 
 
-async def read_store(dsn: str) -> tuple[list[TaskRow], dict[int, int]]:
+async def read_store(dsns: Sequence[str]) -> tuple[list[TaskRow], dict[int, int]]:
+    """Every task row and fence of every store shard (a fence copied by a move counts at
+    its highest token)."""
+    tasks: list[TaskRow] = []
+    fences: dict[int, int] = {}
+    for dsn in dsns:
+        found, fenced = await _read_shard(dsn)
+        tasks += found
+        for partition, token in fenced.items():
+            fences[partition] = max(token, fences.get(partition, token))
+    return tasks, fences
+
+
+async def _read_shard(dsn: str) -> tuple[list[TaskRow], dict[int, int]]:
     rows = await _store_query(
         dsn,
         "SELECT id, idempotency_key, partition, state, attempt, run_at, fired_at, fired_by,"
@@ -257,7 +286,7 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
         pool = WorkerPool(backend.addresses, out / "ledger", out / "logs", count=opts.workers,
                           concurrency=opts.concurrency)
         pool.start_all()
-        observer = OwnerObserver(backend.etcd_settings(opts.cluster))
+        observer = OwnerObserver(backend.etcd_settings(opts.cluster), opts.partitions)
         await observer.start()
         await observer.covered(opts.partitions, timeout=60)
         holds = {**default_holds(opts.lease_ttl, LEASE_TIMEOUT.total_seconds()), **opts.holds}
@@ -266,8 +295,10 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
         console.print(f"{len(plans)} tasks and {len(plan)} faults over {opts.duration:g} s "
                       f"(seed {opts.seed})")
         submitter = Submitter(backend.addresses, plans)
+        shards = backend if isinstance(backend, ShardFaultTarget) else None
         injector = Injector(backend, pool, clock_jump_ms=opts.clock_jump_ms,
-                            store=getattr(backend, "ha", None), probe=submitter.probe)
+                            store=getattr(backend, "ha", None), probe=submitter.probe,
+                            shards=shards, shard_partitions=observer.shard_partitions)
         t0, started = datetime.now(UTC), time.monotonic()
         stop = asyncio.Event()
         faults = asyncio.create_task(injector.run(plan, started, stop))
@@ -277,13 +308,14 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
         await faults  # the fault in progress ends with its own heal
         await injector.heal_all()
         console.print(f"faults done ({len(injector.records)}); waiting for every task to finish …")
-        left = await quiesce(backend.dsn, opts.quiesce_timeout)
+        dsns = getattr(backend, "store_dsns", [backend.dsn])
+        left = await quiesce(dsns, opts.quiesce_timeout)
         if left:
             console.print(f"[yellow]{left} tasks still unfinished after "
                           f"{opts.quiesce_timeout:g} s[/yellow]")
         await asyncio.to_thread(pool.stop_all)
         ended = ledger.now_us()
-        tasks, fences = await read_store(backend.dsn)
+        tasks, fences = await read_store(dsns)
         history = History(
             params=Params(lease_ttl_s=opts.lease_ttl, tick_s=opts.tick_ms / 1000,
                           lease_timeout_s=LEASE_TIMEOUT.total_seconds(),
@@ -294,6 +326,7 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
             meta={"seed": opts.seed, "duration": opts.duration, "rate": opts.rate,
                   "nodes": opts.nodes, "workers": opts.workers,
                   "etcd_members": opts.etcd_members, "backend": backend.name,
+                  "store_shards": opts.store_shards,
                   "faults_selected": [k.value for k in opts.faults],
                   "faults_skipped": skipped,
                   # Nodes run with the default clock check: a jumped clock stops their firing.

@@ -59,6 +59,14 @@ def summary_table(verdict: Verdict) -> Table:
         ("run lateness p50 / p99 (s)",
          f"{_fmt(f['run_lateness_p50_s'])} / {_fmt(f['run_lateness_p99_s'])}"),
     ]
+    for outage in f.get("shard_outages") or []:
+        rows.append((
+            f"shard outage {outage['target']} ({outage['outage_s']} s): firing gap of "
+            "surviving / down partitions (s)",
+            f"{_fmt(outage['surviving_gap_s'])} ({outage['partitions_surviving']} partitions, "
+            f"{outage['surviving_due']} due) / {_fmt(outage['down_gap_s'])} "
+            f"({outage['partitions_down']} partitions, {outage['down_due']} due)",
+        ))
     for name, value in rows:
         table.add_row(name, value)
     for name, passed in verdict.checks.items():

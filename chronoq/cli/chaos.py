@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from chronoq.buckets import MAX_PARTITIONS
 from chronoq.cli.common import TickMsOpt, env, err, fail, given, out, reported
-from chronoq.cli.dev import PgMembersOpt
+from chronoq.cli.dev import PgMembersOpt, StoreShardsOpt
 from chronoq.coordinator.ttl import MAX_LEASE_TTL, MIN_LEASE_TTL
 
 
@@ -33,7 +33,8 @@ _FAULTS_HELP = (
     "cut-node-postgres, clock-jump, rolling-restart, disk-full (needs root: it mounts a "
     "size-capped filesystem, else it is skipped), slow-links-etcd, slow-links-postgres, "
     "clock-drift; with --pg-members > 1 also kill-pg-primary, kill-pg-member, switchover, "
-    "kill-pg-standby (in place of restart-postgres and disk-full)."
+    "kill-pg-standby (in place of restart-postgres and disk-full); with --store-shards > 1 "
+    "also kill-shard-primary (one shard's postmaster, by PID, started again after the hold)."
 )
 
 
@@ -96,6 +97,7 @@ def chaos(
     ] = "db-1,db-2,db-3",
     docker_dsn: Annotated[str | None, _opt("DOCKER_DSN", "docker: DSN from here.")] = None,
     pg_members: PgMembersOpt = 1,
+    store_shards: StoreShardsOpt = 1,
 ) -> None:
     """Run a real cluster under a seeded workload and seeded faults, then check an independent
     ledger: none lost, none early, duplicates explained, failover within TTL + a tick, fencing.
@@ -107,6 +109,7 @@ def chaos(
     from chronoq.chaos.faults import parse_kinds
     from chronoq.chaos.harness import ChaosOptions, judge, run
     from chronoq.chaos.history import History
+    from chronoq.embedded.shards import check_store_shards
 
     if recheck is not None:
         with reported():
@@ -118,8 +121,14 @@ def chaos(
         raise typer.BadParameter(
             "the docker backend uses the deployment's PostgreSQL", param_hint="--pg-members"
         )
+    if backend == "docker" and store_shards > 1:
+        raise typer.BadParameter(
+            "the docker backend uses the deployment's store shards", param_hint="--store-shards"
+        )
+    with reported():
+        check_store_shards(store_shards, partitions or ChaosOptions.partitions)
     try:
-        kinds = parse_kinds(faults, replicated=pg_members > 1)
+        kinds = parse_kinds(faults, replicated=pg_members > 1, sharded=store_shards > 1)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--faults") from None
     docker = {
@@ -148,6 +157,7 @@ def chaos(
             cluster=cluster,
         ),
         pg_members=pg_members,
+        store_shards=store_shards,
     )
     with reported():
         try:

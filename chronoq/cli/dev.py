@@ -280,6 +280,7 @@ def demo(
         ),
     ] = None,
     pg_members: PgMembersOpt = 1,
+    store_shards: StoreShardsOpt = 1,
 ) -> None:
     """A one-command tour: a local cluster on the embedded stack, timed tasks, workers,
     retries, a dead-letter queue.
@@ -301,6 +302,7 @@ def demo(
             nodes=nodes,
         ),
         pg_members=pg_members,
+        store_shards=store_shards,
     )
     raise typer.Exit(run(_demo(options)))
 
@@ -399,6 +401,7 @@ def lab(
         ),
     ] = None,
     pg_members: PgMembersOpt = 1,
+    store_shards: StoreShardsOpt = 1,
 ) -> None:
     """An interactive web page over a live local cluster (etcd, PostgreSQL, N nodes, workers)
     on a virtual clock: add load, advance the clock, kill an owner, watch buckets beat scans.
@@ -410,10 +413,11 @@ def lab(
     from chronoq.lab.server import run as run_lab
 
     options: dict[str, Any] = given(port=port, host=host, nodes=nodes, lease_ttl=lease_ttl)
-    settings = LabSettings(
-        partitions=partitions, data_dir=data_dir, pg_members=pg_members, **options
-    )
     with reported():
+        settings = LabSettings(
+            partitions=partitions, data_dir=data_dir, pg_members=pg_members,
+            store_shards=store_shards, **options,
+        )  # fmt: skip
         try:
             run_lab(settings, announce=lambda line: out.print(escape(line)))
         except (EmbeddedPostgresError, RuntimeError, TimeoutError, OSError) as exc:

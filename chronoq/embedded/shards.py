@@ -30,6 +30,7 @@ from chronoq.embedded.pg_account import EmbeddedPostgresError
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.embedded.supervisor import Child
 from chronoq.errors import ConfigError
+from chronoq.store import Store
 
 #: Most store shards a local stack runs (each is a server of its own on this machine).
 MAX_STORE_SHARDS = 8
@@ -269,6 +270,25 @@ class StoreShards:
 _T = TypeVar("_T")
 
 
+def run_together(*jobs: Callable[[], None]) -> None:
+    """Run blocking ``jobs`` in threads at once, wait for all, raise the first error."""
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="store") as ex:
+        futures = [ex.submit(job) for job in jobs]
+    for future in futures:
+        future.result()
+
+
+async def migrate_shards(dsns: Sequence[str]) -> None:
+    """Bring each shard's database to the latest migration, migrations only (a shard's
+    holdings are the node's to write, from the shard map)."""
+    for dsn in dsns:
+        store = await Store.connect(dsn, min_size=0, max_size=1, migrate=False)
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+
 def _distinct(
     make: Callable[[], _T], ports: Callable[[_T], list[int]], taken: set[int], tries: int = 20
 ) -> _T:
@@ -289,5 +309,7 @@ __all__ = [
     "ShardServer",
     "StoreShards",
     "check_store_shards",
+    "migrate_shards",
+    "run_together",
     "shard_name",
 ]

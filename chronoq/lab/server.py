@@ -38,10 +38,10 @@ from chronoq.client import Client, ClusterStatus, TaskContext, Worker
 from chronoq.config import DEFAULT_TICK
 from chronoq.coordinator.vclock import EtcdClock
 from chronoq.diagnostics.scans import Explained
-from chronoq.embedded.etcd import EmbeddedEtcd
-from chronoq.embedded.ha import PatroniCluster
+from chronoq.embedded.shards import check_store_shards
 from chronoq.lab import guard, probes
 from chronoq.lab.records import Advance, Counters, Load, Takeover
+from chronoq.lab.stack import start_cluster
 from chronoq.lab.web import (
     LabError,
     RefusalLog,
@@ -82,6 +82,10 @@ class LabSettings:
     concurrency: int = 32
     data_dir: Path | None = None
     pg_members: int = 1  # >1: a replicated PostgreSQL under Patroni
+    store_shards: int = 1  # >1: that many store shards, each its own server
+
+    def __post_init__(self) -> None:
+        check_store_shards(self.store_shards, self.partitions)
 
 
 class Lab:
@@ -542,37 +546,17 @@ def run(settings: LabSettings, announce: Callable[[str], None] = print) -> None:
             database=LAB_DATABASE,
         )
         store = "PostgreSQL" if settings.pg_members == 1 else f"{settings.pg_members} PostgreSQL"
+        if settings.store_shards > 1:
+            store = f"{settings.store_shards} store shards of {store}"
         announce(f"starting etcd, {store} and {settings.nodes} nodes in {workdir} …")
         # Signals during the start would leave half a cluster behind: defer them.
         with deferred_stop_signals() as stop_requested:
-            cluster = _start_cluster(stack, workdir, spec, settings.pg_members)
+            cluster = start_cluster(
+                stack, workdir, spec,
+                pg_members=settings.pg_members, store_shards=settings.store_shards,
+            )  # fmt: skip
         if not stop_requested:
             asyncio.run(_serve(cluster, settings, announce))
-
-
-def _start_cluster(
-    stack: contextlib.ExitStack, workdir: Path, spec: ClusterSpec, pg_members: int
-) -> LocalCluster:
-    """The lab's cluster, on one embedded PostgreSQL or on ``pg_members`` under Patroni;
-    everything started is stopped when ``stack`` closes."""
-    if pg_members == 1:
-        cluster = LocalCluster(workdir, spec)
-        stack.callback(cluster.stop)
-        cluster.start()
-        return cluster
-    etcd = EmbeddedEtcd(workdir / "etcd", durable=spec.durable)
-    stack.callback(etcd.stop)
-    etcd.start()
-    ha = PatroniCluster(
-        workdir / "postgres-ha", etcd.endpoints, members=pg_members, durable=spec.durable,
-        etcd_auth=etcd.patroni_auth(),
-    )
-    stack.callback(ha.stop)
-    ha.start()
-    cluster = LocalCluster(workdir, spec, etcd=etcd, dsn=ha.ensure_database(LAB_DATABASE))
-    stack.callback(cluster.stop)
-    cluster.start()
-    return cluster
 
 
 async def _serve(
