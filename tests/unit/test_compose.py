@@ -895,3 +895,55 @@ def test_the_chaos_docker_backend_logs_in_to_etcd(monkeypatch: pytest.MonkeyPatc
     settings = backend.etcd_settings("prod")
     assert list(settings.endpoints) == ["127.0.0.1:23791", "127.0.0.1:23792"]
     assert (settings.username, settings.password) == (CHRONOQ_USER, "the-password")
+
+
+# --------------------------------------------------------------------------- store shards
+
+
+def test_a_second_store_shard_has_its_own_server_volume_and_passwords(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    shard = services["postgres-shard-1"]
+    volumes = [str(v).split(":")[0] for v in shard.get("volumes", [])]
+    assert volumes == ["postgres-shard-1-data"] and "postgres-shard-1-data" in compose["volumes"]
+    others = {str(v).split(":")[0] for n, s in services.items() if n != "postgres-shard-1"
+              for v in s.get("volumes", [])}  # fmt: skip
+    assert not others & set(volumes), "the shard's data on a volume of its own"
+    env = shard["environment"]
+    assert env["CHRONOQ_DB_PASSWORD"] == _stand_in("CHRONOQ_DB_SHARD_1_PASSWORD")
+    assert env["POSTGRES_PASSWORD"] == _stand_in("CHRONOQ_DB_SHARD_1_SUPERUSER_PASSWORD")
+    assert "scram-sha-256" in env["POSTGRES_HOST_AUTH_METHOD"]
+    assert "--auth-local=scram-sha-256" in env["POSTGRES_INITDB_ARGS"]
+    shard_passwords = {env["CHRONOQ_DB_PASSWORD"], env["POSTGRES_PASSWORD"]}
+    shard0 = services["db-1"]["environment"]
+    assert not shard_passwords & {v for k, v in shard0.items() if "PASSWORD" in k}
+    targets = {c["target"]: c["source"] for c in shard.get("configs", [])}
+    assert compose["configs"][targets["/docker-entrypoint-initdb.d/10-chronoq-role.sh"]] == {
+        "file": "./docker/postgres-shard/init-role.sh"
+    }
+    for port in shard.get("ports", []):
+        assert str(port).startswith("127.0.0.1:")
+
+
+def test_every_node_reaches_the_second_shard_with_its_own_password(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Each node gets --store-shard through its environment (CHRONOQ_STORE_SHARD): the DSN
+    names postgres-shard-1 as the role chronoq with shard-1's password (PGPASSWORD is
+    shard-0's and would be wrong there), and the node waits for the shard to be healthy."""
+    for name, svc in _of_role(services, "node").items():
+        dsn = urlsplit(svc["environment"]["CHRONOQ_STORE_SHARD"])
+        assert (dsn.hostname, dsn.port, dsn.path) == ("postgres-shard-1", 5432, "/chronoq"), name
+        assert dsn.username == "chronoq"
+        assert dsn.password == _stand_in("CHRONOQ_DB_SHARD_1_PASSWORD"), name
+        assert "postgres-shard-1" in _healthy_deps(svc), name
+        assert "--store-shard" not in " ".join(_command(svc)), f"{name}: not on argv"
+
+
+def test_the_shards_role_is_made_without_superuser_powers() -> None:
+    script = (ROOT / "docker" / "postgres-shard" / "init-role.sh").read_text()
+    assert "\\getenv app_password CHRONOQ_DB_PASSWORD" in script
+    assert "<<'SQL'" in script
+    assert re.search(r"CREATE ROLE chronoq LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE", script)
+    assert "CREATE DATABASE chronoq OWNER chronoq" in script
+    assert "REVOKE ALL ON DATABASE postgres FROM PUBLIC" in script
