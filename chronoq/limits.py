@@ -313,3 +313,12 @@ def human(d: timedelta) -> str:
     if secs and secs % 3600 == 0:
         return f"{secs // 3600:.0f} hours"
     return f"{secs:g} s"
+
+#: Characters of a shard DSN that ``AddShard`` takes (a libpq URL with its options fits).
+MAX_DSN_CHARS = 4096
+#: Seconds ``AddShard`` gives the new shard to connect and migrate before it answers.
+ADD_SHARD_TIMEOUT = 30.0
+#: Moves not yet finished that a cluster keeps at once (a rebalance over many shards fits).
+MAX_OPEN_MOVES = 64
+#: Finished move records kept in etcd for status, the oldest dropped first.
+KEPT_FINISHED_MOVES = 16

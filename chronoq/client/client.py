@@ -18,9 +18,11 @@ from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.client.remote import translate
 from chronoq.client.stream import OnTasks, WorkStream
 from chronoq.client.values import (
+    AddedShard,
     BucketCount,
     ClusterStatus,
     MemberStatus,
+    MoveStatus,
     NewTask,
     PartitionStatus,
     ShardMapStatus,
@@ -392,6 +394,26 @@ class Client:
         resp = await self._call(lambda n: n.cluster.Drain, cluster_pb2.DrainRequest())
         return list(resp.released)
 
+    async def add_shard(self, dsn: str) -> AddedShard:
+        """Register an empty PostgreSQL database as the next store shard (admin token)."""
+        resp = await self._call(
+            lambda n: n.cluster.AddShard, cluster_pb2.AddShardRequest(dsn=dsn), timeout=60
+        )
+        return AddedShard(resp.shard, resp.dsn, resp.map_version)
+
+    async def move_partitions(self, partitions: str, target: str) -> builtins.list[MoveStatus]:
+        """Ask for ``partitions`` (a list such as ``0-63``) to move to shard ``target`` online;
+        the moves asked for (``status().shard_map.moves`` follows them). Admin token."""
+        req = cluster_pb2.MovePartitionsRequest(partitions=partitions, target=target)
+        resp = await self._call(lambda n: n.cluster.MovePartitions, req)
+        return [_move_status(m) for m in resp.moves]
+
+    async def rebalance(self, *, dry_run: bool = False) -> builtins.list[MoveStatus]:
+        """Even out the partitions per shard: the moves planned (``dry_run``) or asked for."""
+        req = cluster_pb2.RebalanceRequest(dry_run=dry_run)
+        resp = await self._call(lambda n: n.cluster.Rebalance, req, retry=dry_run)
+        return [_move_status(m) for m in resp.moves]
+
     async def status(self, bucket_horizon: int = 10) -> ClusterStatus:
         resp = await self._call(
             lambda n: n.cluster.Status,
@@ -432,6 +454,8 @@ class Client:
                 ],
                 moves_in_progress=resp.shard_map.moves_in_progress,
                 error=resp.shard_map.error,
+                moves=[_move_status(m) for m in resp.shard_map.moves],
+                moves_error=resp.shard_map.moves_error,
             )
             if resp.HasField("shard_map")
             else None,
@@ -597,3 +621,18 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     if not token.isascii() or not token.isprintable() or " " in token:
         raise errors.ConfigError("token: must be printable ASCII without spaces")
     return (("authorization", f"Bearer {token}"),)
+
+
+def _move_status(m: Any) -> MoveStatus:
+    return MoveStatus(
+        m.id,
+        m.partitions,
+        m.source,
+        m.target,
+        m.phase,
+        m.rows_copied,
+        m.rounds,
+        m.next_version,
+        m.driver,
+        m.error,
+    )

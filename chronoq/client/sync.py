@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from chronoq import errors
 from chronoq.client.client import Client
-from chronoq.client.values import ClusterStatus, NewTask, Submitted
+from chronoq.client.values import AddedShard, ClusterStatus, MoveStatus, NewTask, Submitted
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     TASK_DEFAULTS,
@@ -285,6 +285,15 @@ class SyncClient:
 
     def status(self, bucket_horizon: int = 10) -> ClusterStatus:
         return self._run(self._client.status(bucket_horizon))
+
+    def add_shard(self, dsn: str) -> AddedShard:
+        return self._run(self._client.add_shard(dsn))
+
+    def move_partitions(self, partitions: str, target: str) -> builtins.list[MoveStatus]:
+        return self._run(self._client.move_partitions(partitions, target))
+
+    def rebalance(self, *, dry_run: bool = False) -> builtins.list[MoveStatus]:
+        return self._run(self._client.rebalance(dry_run=dry_run))
 
     # ------------------------------------------------------------------ workers
 

@@ -123,11 +123,37 @@ class ShardStatus:
 
 
 @dataclass(frozen=True)
+class MoveStatus:
+    """One online move of partitions between store shards."""
+
+    id: str  # "" in a dry run
+    partitions: str  # as a list: "0-63"
+    source: str
+    target: str
+    phase: str  # requested, prepare, copy, catch_up, cut_over, committed, clean_up, done,
+    # rolling_back, rolled_back
+    rows_copied: int = 0
+    rounds: int = 0
+    next_version: int = 0
+    driver: str = ""
+    error: str = ""  # why it was rolled back
+
+
+@dataclass(frozen=True)
+class AddedShard:
+    shard: str
+    dsn: str  # password masked
+    map_version: int
+
+
+@dataclass(frozen=True)
 class ShardMapStatus:
     version: int
     shards: list[ShardStatus] = field(default_factory=list)
     moves_in_progress: int = 0
     error: str = ""  # why the map in etcd was last refused
+    moves: list[MoveStatus] = field(default_factory=list)  # open and recently finished
+    moves_error: str = ""  # why the move records could not be read
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,12 @@ class Keys:
         self.shards = f"{self.root}shards/".encode()
         self.shard_map = self.shards + b"map"
         self.shard_dsns = self.shards + b"dsn/"
+        # Each shard's database identity (system identifier and name): a database is
+        # registered once. Online moves: a record per move, and the driver's key per move
+        # (on its lease; its create revision is the move token).
+        self.shard_ids = f"{self.root}shard-ids/".encode()
+        self.moves = f"{self.root}moves/".encode()
+        self.move_keys = f"{self.root}move-keys/".encode()
 
     def member(self, node_id: str) -> bytes:
         return self.members + node_id.encode()
@@ -117,6 +123,15 @@ class Keys:
 
     def shard_dsn(self, shard: str) -> bytes:
         return self.shard_dsns + shard.encode()
+
+    def shard_id(self, shard: str) -> bytes:
+        return self.shard_ids + shard.encode()
+
+    def move(self, move_id: str) -> bytes:
+        return self.moves + move_id.encode()
+
+    def move_key(self, move_id: str) -> bytes:
+        return self.move_keys + move_id.encode()
 
     def stat(self, node_id: str) -> bytes:
         return self.stats + node_id.encode()

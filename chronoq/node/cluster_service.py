@@ -12,9 +12,11 @@ from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.protocols import ClusterView, Ownership
-from chronoq.errors import InvalidArgument
+from chronoq.errors import ChronoqError, InvalidArgument
 from chronoq.limits import MAX_STATUS_BUCKETS
+from chronoq.moves import MoveRecord
 from chronoq.node.firing import Firer
+from chronoq.node.shard_admin import ShardAdmin, ShardAdminRefused
 from chronoq.node.status import translated
 from chronoq.partitionmap import PartitionMap
 from chronoq.redact import mask_dsn
@@ -40,8 +42,10 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         firer: Firer,
         *,
         partitions: PartitionMap,
+        shards: ShardAdmin | None = None,
     ) -> None:
         self._store = store
+        self._shards = shards
         self._partitions = partitions
         self._clock = clock
         self._settings = settings
@@ -69,6 +73,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         view = self._ownership.describe()
         shard_of = view.shard_map or single(self._partitions.count)
         shard_map = self._shard_map(shard_of, view, per_partition)
+        await self._add_moves(shard_map)
         watermarks = {f.partition: f.watermark for f in await self._store.fences()}
         members = []
         for m in view.members:
@@ -138,9 +143,54 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         return cluster_pb2.ShardMapStatus(
             version=current.version,
             shards=shards,
-            moves_in_progress=0,  # online moves are not built yet
+            moves_in_progress=0,  # counted from the move records (_add_moves)
             error=view.shard_map_error or "",
         )
+
+    async def _add_moves(self, shard_map: cluster_pb2.ShardMapStatus) -> None:
+        """The move records in etcd, open ones counted as in progress."""
+        if self._shards is None:
+            return
+        try:
+            records = await self._shards.moves()
+        except ChronoqError as exc:
+            shard_map.moves_error = exc.message[:200]
+            return
+        shard_map.moves.extend(move_status(r) for r in records)
+        shard_map.moves_in_progress = sum(1 for r in records if not r.final)
+
+    def _admin(self) -> ShardAdmin:
+        if self._shards is None:
+            raise ShardAdminRefused(
+                "this node runs without etcd: store shards need a cluster (start nodes with "
+                "--etcd)"
+            )
+        return self._shards
+
+    @translated
+    async def AddShard(
+        self, request: cluster_pb2.AddShardRequest, context: Ctx
+    ) -> cluster_pb2.AddShardResponse:
+        added = await self._admin().add_shard(request.dsn)
+        return cluster_pb2.AddShardResponse(
+            shard=added.name, dsn=added.dsn, map_version=added.map_version
+        )
+
+    @translated
+    async def MovePartitions(
+        self, request: cluster_pb2.MovePartitionsRequest, context: Ctx
+    ) -> cluster_pb2.MovePartitionsResponse:
+        if not request.target:
+            raise InvalidArgument("target", "name the shard to move to, e.g. shard-1")
+        records = await self._admin().request_move(request.partitions, request.target)
+        return cluster_pb2.MovePartitionsResponse(moves=[move_status(r) for r in records])
+
+    @translated
+    async def Rebalance(
+        self, request: cluster_pb2.RebalanceRequest, context: Ctx
+    ) -> cluster_pb2.RebalanceResponse:
+        records = await self._admin().rebalance(request.dry_run)
+        return cluster_pb2.RebalanceResponse(moves=[move_status(r) for r in records])
 
     @translated
     async def Drain(
@@ -151,6 +201,21 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
 
     def _local_stats(self) -> dict[str, float]:
         return node_stats(self._firer)
+
+
+def move_status(record: MoveRecord) -> cluster_pb2.MoveStatus:
+    return cluster_pb2.MoveStatus(
+        id=record.id,
+        partitions=format_partitions(record.partitions),
+        source=record.source,
+        target=record.target,
+        phase=record.phase.value,
+        rows_copied=record.rows_copied,
+        rounds=record.rounds,
+        next_version=record.next_version,
+        driver=record.driver,
+        error=record.error,
+    )
 
 
 def node_stats(firer: Firer) -> dict[str, float]:

@@ -50,6 +50,8 @@ from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import TaskService, WorkerService, submit_quotas
+from chronoq.node.shard_admin import ShardAdmin
+from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.soon import SoonBroadcast
 from chronoq.partitionmap import PartitionMap
 from chronoq.store import Store
@@ -156,6 +158,8 @@ class Node:
         self.dispatch = Dispatch(self.notifier, self.clock)
         self.probe: ReadyProbe | None = None
         self.broadcast: ReadyBroadcast | None = None
+        #: The shard map's writers and the move driver (None: a node without etcd).
+        self.shard_admin: ShardAdmin | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         # Every background loop of the node (its ownership's too) runs under one supervisor,
@@ -206,6 +210,7 @@ class Node:
         )
         self._server = server
         self.ownership = self._ownership_factory(self, self.store)
+        self.shard_admin = self._attach_shard_admin()
         self.firer = Firer(
             self.store,
             self.ownership,
@@ -339,6 +344,7 @@ class Node:
         ]
         if clock_check is not None:
             self._loops.append(clock_check.start(self.supervisor))
+        self._loops += self._shard_loops()
         if self.precise is not None:
             self._loops += self.precise.start(self.supervisor)
         # Long polls still end at their deadline without it: latency, not health, is at stake.
@@ -373,6 +379,15 @@ class Node:
         self._start_metrics()
         log.info("node %s serving on %s", s.node_id, self.address)
 
+    def _attach_shard_admin(self) -> ShardAdmin | None:
+        """The shard map's writers and the move driver: a node of an etcd cluster only."""
+        if isinstance(self.ownership, EtcdOwnership):
+            return attach_shard_admin(self.ownership, self.settings)
+        return None
+
+    def _shard_loops(self) -> list[Loop]:
+        return [self.shard_admin.start(self.supervisor)] if self.shard_admin is not None else []
+
     def _add_services(self, server: grpc.aio.Server) -> None:
         assert self.store is not None and self.ownership is not None and self.firer is not None
         s = self.settings
@@ -404,6 +419,7 @@ class Node:
                 self.ownership,
                 self.firer,
                 partitions=self.partition_map,
+                shards=self.shard_admin,
             ),
             server,
         )
@@ -507,6 +523,8 @@ class Node:
             await self._server.stop(grace)
             self._server = None
         log.debug("node %s: server stopped", self.settings.node_id)
+        if self.shard_admin is not None:
+            await self.shard_admin.close()
         if self.broadcast is not None:
             await self.broadcast.close()
         if self.soon is not None:

@@ -157,7 +157,11 @@ def test_every_request_type_names_its_namespaces() -> None:
                 if request_namespaces(request) is None:
                     cluster_wide.append(f"/{service.full_name}/{method.name}")
     assert "/chronoq.v1.ClusterService/Status" in cluster_wide
-    assert set(cluster_wide) - OPEN_CLUSTER_METHODS <= {"/chronoq.v1.ClusterService/Drain"}
+    admin_only = {
+        f"/chronoq.v1.ClusterService/{m}"
+        for m in ("Drain", "AddShard", "MovePartitions", "Rebalance")
+    }
+    assert set(cluster_wide) - OPEN_CLUSTER_METHODS <= admin_only
 
 
 def test_request_namespaces() -> None:

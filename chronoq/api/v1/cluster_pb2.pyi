@@ -72,16 +72,44 @@ class ShardStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dsn: _Optional[str] = ..., health: _Optional[str] = ..., partitions: _Optional[str] = ..., partition_count: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
 
 class ShardMapStatus(_message.Message):
-    __slots__ = ("version", "shards", "moves_in_progress", "error")
+    __slots__ = ("version", "shards", "moves_in_progress", "error", "moves", "moves_error")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     MOVES_IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_ERROR_FIELD_NUMBER: _ClassVar[int]
     version: int
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
     moves_in_progress: int
     error: str
-    def __init__(self, version: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., moves_in_progress: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    moves: _containers.RepeatedCompositeFieldContainer[MoveStatus]
+    moves_error: str
+    def __init__(self, version: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., moves_in_progress: _Optional[int] = ..., error: _Optional[str] = ..., moves: _Optional[_Iterable[_Union[MoveStatus, _Mapping]]] = ..., moves_error: _Optional[str] = ...) -> None: ...
+
+class MoveStatus(_message.Message):
+    __slots__ = ("id", "partitions", "source", "target", "phase", "rows_copied", "rounds", "next_version", "driver", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_COPIED_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    partitions: str
+    source: str
+    target: str
+    phase: str
+    rows_copied: int
+    rounds: int
+    next_version: int
+    driver: str
+    error: str
+    def __init__(self, id: _Optional[str] = ..., partitions: _Optional[str] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., phase: _Optional[str] = ..., rows_copied: _Optional[int] = ..., rounds: _Optional[int] = ..., next_version: _Optional[int] = ..., driver: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state", "firing_partitions", "shard_map")
@@ -127,3 +155,45 @@ class DrainResponse(_message.Message):
     node_id: str
     released: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, node_id: _Optional[str] = ..., released: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AddShardRequest(_message.Message):
+    __slots__ = ("dsn",)
+    DSN_FIELD_NUMBER: _ClassVar[int]
+    dsn: str
+    def __init__(self, dsn: _Optional[str] = ...) -> None: ...
+
+class AddShardResponse(_message.Message):
+    __slots__ = ("shard", "dsn", "map_version")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    DSN_FIELD_NUMBER: _ClassVar[int]
+    MAP_VERSION_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    dsn: str
+    map_version: int
+    def __init__(self, shard: _Optional[str] = ..., dsn: _Optional[str] = ..., map_version: _Optional[int] = ...) -> None: ...
+
+class MovePartitionsRequest(_message.Message):
+    __slots__ = ("partitions", "target")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    partitions: str
+    target: str
+    def __init__(self, partitions: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class MovePartitionsResponse(_message.Message):
+    __slots__ = ("moves",)
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[MoveStatus]
+    def __init__(self, moves: _Optional[_Iterable[_Union[MoveStatus, _Mapping]]] = ...) -> None: ...
+
+class RebalanceRequest(_message.Message):
+    __slots__ = ("dry_run",)
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    dry_run: bool
+    def __init__(self, dry_run: _Optional[bool] = ...) -> None: ...
+
+class RebalanceResponse(_message.Message):
+    __slots__ = ("moves",)
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[MoveStatus]
+    def __init__(self, moves: _Optional[_Iterable[_Union[MoveStatus, _Mapping]]] = ...) -> None: ...

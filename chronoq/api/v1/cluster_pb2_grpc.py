@@ -44,6 +44,21 @@ class ClusterServiceStub:
                 request_serializer=chronoq_dot_v1_dot_cluster__pb2.DrainRequest.SerializeToString,
                 response_deserializer=chronoq_dot_v1_dot_cluster__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.AddShard = channel.unary_unary(
+                '/chronoq.v1.ClusterService/AddShard',
+                request_serializer=chronoq_dot_v1_dot_cluster__pb2.AddShardRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_cluster__pb2.AddShardResponse.FromString,
+                _registered_method=True)
+        self.MovePartitions = channel.unary_unary(
+                '/chronoq.v1.ClusterService/MovePartitions',
+                request_serializer=chronoq_dot_v1_dot_cluster__pb2.MovePartitionsRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_cluster__pb2.MovePartitionsResponse.FromString,
+                _registered_method=True)
+        self.Rebalance = channel.unary_unary(
+                '/chronoq.v1.ClusterService/Rebalance',
+                request_serializer=chronoq_dot_v1_dot_cluster__pb2.RebalanceRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_cluster__pb2.RebalanceResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -63,6 +78,27 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddShard(self, request, context):
+        """Register an empty database as the next store shard (it holds nothing until a move).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MovePartitions(self, request, context):
+        """Move partitions to a shard online; the leading node runs the moves (see Status).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rebalance(self, request, context):
+        """Even out the partitions held per shard, moving the fewest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +111,21 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=chronoq_dot_v1_dot_cluster__pb2.DrainRequest.FromString,
                     response_serializer=chronoq_dot_v1_dot_cluster__pb2.DrainResponse.SerializeToString,
+            ),
+            'AddShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddShard,
+                    request_deserializer=chronoq_dot_v1_dot_cluster__pb2.AddShardRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_cluster__pb2.AddShardResponse.SerializeToString,
+            ),
+            'MovePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.MovePartitions,
+                    request_deserializer=chronoq_dot_v1_dot_cluster__pb2.MovePartitionsRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_cluster__pb2.MovePartitionsResponse.SerializeToString,
+            ),
+            'Rebalance': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rebalance,
+                    request_deserializer=chronoq_dot_v1_dot_cluster__pb2.RebalanceRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_cluster__pb2.RebalanceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +182,87 @@ class ClusterService:
             '/chronoq.v1.ClusterService/Drain',
             chronoq_dot_v1_dot_cluster__pb2.DrainRequest.SerializeToString,
             chronoq_dot_v1_dot_cluster__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.ClusterService/AddShard',
+            chronoq_dot_v1_dot_cluster__pb2.AddShardRequest.SerializeToString,
+            chronoq_dot_v1_dot_cluster__pb2.AddShardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MovePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.ClusterService/MovePartitions',
+            chronoq_dot_v1_dot_cluster__pb2.MovePartitionsRequest.SerializeToString,
+            chronoq_dot_v1_dot_cluster__pb2.MovePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rebalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.ClusterService/Rebalance',
+            chronoq_dot_v1_dot_cluster__pb2.RebalanceRequest.SerializeToString,
+            chronoq_dot_v1_dot_cluster__pb2.RebalanceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,502 @@
+"""The move driver: runs online moves of partitions between store shards, phase by phase.
+
+One node drives at a time: the one that ``leads()``, and only for a record whose move key it
+holds (``/chronoq/<cluster>/move-keys/<id>``, created only if absent, on its lease; the key's
+create revision is the *move token* the shards check, so a driver whose lease lapsed is
+refused by the store). Every record write compares that key too: a driver that lost its key
+cannot write the record either. The record is written *before* each phase acts
+(``chronoq.moves``), the commit is one etcd transaction (map v+1 and the record's phase
+``committed``, comparing the map's and the record's mod revisions and the move key), and the
+source's copy is removed only once every live member routes by v+1 and the longest statement
+deadline has passed. A record left behind by a dead driver is rolled back before the commit
+and finished after it, by whoever leads next.
+
+The etcd side is the ``MoveBook`` port (``EtcdMoveBook`` here; the unit tests give a fake),
+the shards' side the mover (``chronoq.store.mover.PartitionMove``), made by a factory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aetcd
+
+from chronoq.coordinator.etcd import Keys, translated
+from chronoq.errors import ChronoqError, CoordinatorUnavailable, StoreUnavailable
+from chronoq.moves import (
+    AFTER_COMMIT,
+    MoveRecord,
+    MoveRecordInvalid,
+    Phase,
+    Recovery,
+    recovery,
+)
+from chronoq.shardmap import ShardMap, ShardMapConflict, ShardMapInvalid
+
+log = logging.getLogger("chronoq.moves")
+
+#: A catch-up round that changed at most this many rows is small enough to cut over after.
+SMALL_ROUND = 500
+#: Catch-up rounds at most before the cut-over, however busy the partitions are (the frozen
+#: last round copies what is left).
+MAX_ROUNDS = 20
+#: The longest a statement routed under the old map may still run (the store's
+#: ``command_timeout``): the source's rows stay until it has passed since the commit.
+STATEMENT_DEADLINE = 15.0
+#: A source frozen this many freeze budgets without a commit is rolled back.
+FREEZE_LIMIT_BUDGETS = 5
+#: Seconds one pass waits for members to report the new map before it lets the loop go on.
+ACK_WAIT = 10.0
+#: The member-stats field in which a node reports the map version it routes by.
+MAP_VERSION_STAT = "map_version"
+
+
+class MoveLost(ChronoqError):
+    """This node no longer holds the move's key (its lease lapsed, or another took over)."""
+
+    grpc_code = "UNAVAILABLE"
+
+
+class PartitionMover(Protocol):
+    """The shards' side of one move (``chronoq.store.mover.PartitionMove``)."""
+
+    async def prepare(self) -> Any: ...
+
+    async def copy(self) -> Any: ...
+
+    async def catch_up(self) -> int: ...
+
+    async def cut_over(self, next_version: int) -> Any: ...
+
+    async def rollback(self) -> Any: ...
+
+    async def clean_up(self) -> int: ...
+
+
+#: (source store, target store, partitions, move id, token) -> the move's mover.
+MoverFactory = Callable[[Any, Any, tuple[int, ...], str, int], PartitionMover]
+
+
+class ShardStores(Protocol):
+    """The stores of the shards, by name (opened when first asked for)."""
+
+    async def store(self, shard: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A record as etcd holds it, with its revisions."""
+
+    record: MoveRecord
+    mod_revision: int
+    create_revision: int
+
+
+class MoveBook(Protocol):
+    """What the driver reads and writes in etcd."""
+
+    async def records(self) -> list[Stored]:
+        """Every parsable move record, oldest first."""
+        ...
+
+    async def get(self, move_id: str) -> Stored | None: ...
+
+    async def claim(self, move_id: str) -> int | None:
+        """Create the move key on this node's lease: its token, or None when held."""
+        ...
+
+    async def held(self, move_id: str) -> bool: ...
+
+    async def release(self, move_id: str, token: int) -> None: ...
+
+    async def put(self, record: MoveRecord, token: int) -> int:
+        """Write ``record`` while the move key's token is ``token`` (``MoveLost`` otherwise);
+        its mod revision."""
+        ...
+
+    async def read_map(self) -> tuple[ShardMap, int]:
+        """The map and its mod revision."""
+        ...
+
+    async def commit(
+        self,
+        record: MoveRecord,
+        record_revision: int,
+        new_map: ShardMap,
+        map_revision: int,
+        token: int,
+    ) -> bool:
+        """Put ``new_map`` and ``record`` in one transaction, if the map, the record and the
+        move key are unchanged; whether it did."""
+        ...
+
+    def map_versions(self) -> Mapping[str, int | None]:
+        """Each live member's reported map version (None: it reports none)."""
+        ...
+
+
+class MoveDriver:
+    """Runs move records, one at a time, on the leading node (see the module docstring)."""
+
+    def __init__(
+        self,
+        book: MoveBook,
+        stores: ShardStores,
+        make_move: MoverFactory,
+        *,
+        node_id: str,
+        leads: Callable[[], bool],
+        freeze_budget: float = 1.0,
+        statement_deadline: float = STATEMENT_DEADLINE,
+        small_round: int = SMALL_ROUND,
+        max_rounds: int = MAX_ROUNDS,
+        ack_wait: float = ACK_WAIT,
+        now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._book = book
+        self._stores = stores
+        self._make_move = make_move
+        self.node_id = node_id
+        self._leads = leads
+        self.freeze_budget = freeze_budget
+        self.statement_deadline = statement_deadline
+        self.small_round = small_round
+        self.max_rounds = max_rounds
+        self.ack_wait = ack_wait
+        self._now = now
+        self._mono = monotonic
+        self._sleep = sleep
+        self._mine: dict[str, int] = {}  # move id -> token of the keys this node holds
+        self.wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def step(self) -> MoveRecord | None:
+        """One pass: drive the oldest open record this node may drive; the record after."""
+        if not self._leads() and not self._mine:
+            return None
+        try:
+            stored = await self._book.records()
+        except MoveRecordInvalid as exc:  # pragma: no cover - the book skips these
+            log.error("%s", exc)
+            return None
+        open_ = [s for s in stored if not s.record.final]
+        for gone in set(self._mine) - {s.record.id for s in open_}:
+            self._mine.pop(gone, None)
+        for s in open_:
+            rec = s.record
+            token = self._mine.get(rec.id)
+            if token is None:
+                if not self._leads():
+                    return None
+                if await self._book.held(rec.id):
+                    return None  # another node drives it: one move at a time
+                token = await self._book.claim(rec.id)
+                if token is None:
+                    return None
+                self._mine[rec.id] = token
+                if rec.driver and rec.driver != self.node_id and rec.phase is not Phase.REQUESTED:
+                    log.warning(
+                        "move %s: taking over from %s in phase %s", rec.id, rec.driver, rec.phase
+                    )
+            return await self.drive(s, token)
+        return None
+
+    async def drive(self, stored: Stored, token: int) -> MoveRecord:
+        """Take ``stored`` as far as it goes now: to a final phase, or to ``committed`` while
+        members have not all read the new map (a later pass finishes it)."""
+        rec, rev = stored.record, stored.mod_revision
+        action = recovery(rec.phase)
+        try:
+            if action is Recovery.START:
+                rec, rev = await self._forward(rec, rev, token)
+            elif action is Recovery.ROLL_BACK:
+                reason = rec.error or (
+                    f"interrupted in phase {rec.phase.value} (its driver stopped)"
+                    if rec.driver != self.node_id or rec.token != token
+                    else f"failed in phase {rec.phase.value}"
+                )
+                rec, rev = await self._roll_back(rec, rev, token, reason)
+            if rec.phase in AFTER_COMMIT:
+                rec, rev = await self._finish(rec, rev, token)
+        except MoveLost:
+            self._mine.pop(rec.id, None)
+            log.warning("move %s: lost its key; the next leader takes it over", rec.id)
+            return rec
+        if rec.final:
+            self._mine.pop(rec.id, None)
+            with contextlib.suppress(CoordinatorUnavailable):
+                await self._book.release(rec.id, token)
+        return rec
+
+    # ------------------------------------------------------------------ phases
+
+    async def _write(
+        self, rec: MoveRecord, phase: Phase, token: int, **changes: Any
+    ) -> tuple[MoveRecord, int]:
+        new = rec.at(phase, self._now(), driver=self.node_id, token=token, **changes)
+        return new, await self._book.put(new, token)
+
+    async def _mover(self, rec: MoveRecord, token: int) -> PartitionMover:
+        source = await self._stores.store(rec.source)
+        target = await self._stores.store(rec.target)
+        return self._make_move(source, target, rec.partitions, rec.id, token)
+
+    async def _forward(self, rec: MoveRecord, rev: int, token: int) -> tuple[MoveRecord, int]:
+        current, _ = await self._book.read_map()
+        try:
+            current.moved(rec.move)
+        except (ShardMapConflict, ShardMapInvalid) as exc:
+            return await self._write(rec, Phase.ROLLED_BACK, token, error=exc.message)
+        rec, rev = await self._write(rec, Phase.PREPARE, token)
+        try:
+            mover = await self._mover(rec, token)
+            await mover.prepare()
+            rec, rev = await self._write(rec, Phase.COPY, token)
+            copied = await mover.copy()
+            rows = copied if isinstance(copied, int) else 0
+            rec, rev = await self._write(rec, Phase.CATCH_UP, token, rows_copied=rows)
+            for _ in range(self.max_rounds):
+                changed = await mover.catch_up()
+                rec, rev = await self._write(
+                    rec,
+                    Phase.CATCH_UP,
+                    token,
+                    rows_copied=rec.rows_copied + changed,
+                    rounds=rec.rounds + 1,
+                )
+                if changed <= self.small_round:
+                    break
+            current, _ = await self._book.read_map()
+            current.moved(rec.move)
+            rec, rev = await self._write(
+                rec, Phase.CUT_OVER, token, next_version=current.version + 1
+            )
+            started = self._mono()
+            await mover.cut_over(rec.next_version)
+            return await self._commit(rec, rev, token, started)
+        except MoveLost:
+            raise
+        except (ChronoqError, OSError) as exc:
+            # A shard or etcd failed, or the map changed under the move: undo it.
+            reason = exc.message if isinstance(exc, ChronoqError) else str(exc)
+            log.warning("move %s failed in phase %s: %s", rec.id, rec.phase.value, reason)
+            latest = await self._book.get(rec.id)
+            if latest is not None and latest.record.phase in AFTER_COMMIT:
+                return latest.record, latest.mod_revision
+            return await self._roll_back(
+                rec, rev, token, f"failed in phase {rec.phase.value}: {reason}"
+            )
+
+    async def _commit(
+        self, rec: MoveRecord, rev: int, token: int, started: float
+    ) -> tuple[MoveRecord, int]:
+        """The commit point; retried while etcd does not answer, up to the freeze limit."""
+        limit = started + FREEZE_LIMIT_BUDGETS * self.freeze_budget
+        committed = rec.at(
+            Phase.COMMITTED,
+            self._now(),
+            driver=self.node_id,
+            token=token,
+            committed_at=self._now(),
+        )
+        while True:
+            try:
+                latest = await self._book.get(rec.id)
+                if latest is not None and latest.record.phase in AFTER_COMMIT:
+                    return latest.record, latest.mod_revision  # an answer lost on the way
+                current, map_rev = await self._book.read_map()
+                if current.version + 1 != rec.next_version:
+                    raise ShardMapConflict(
+                        f"the shard map changed during the cut-over (now version "
+                        f"{current.version}): run the move again"
+                    )
+                new_map = current.moved(rec.move)
+                if latest is None or latest.mod_revision != rev:
+                    raise MoveLost(f"move {rec.id}: its record changed under the commit")
+                if await self._book.commit(committed, rev, new_map, map_rev, token):
+                    log.info("move %s committed: map version %d", rec.id, new_map.version)
+                    stored = await self._book.get(rec.id)
+                    return committed, stored.mod_revision if stored is not None else rev
+            except CoordinatorUnavailable as exc:
+                log.warning("move %s: commit not confirmed (%s); retrying", rec.id, exc)
+            if self._mono() > limit:
+                raise StoreUnavailable(
+                    f"the commit did not go through within {FREEZE_LIMIT_BUDGETS} freeze "
+                    "budgets of the cut-over"
+                )
+            await self._sleep(min(0.1, self.freeze_budget / 10))
+
+    async def _roll_back(
+        self, rec: MoveRecord, rev: int, token: int, reason: str
+    ) -> tuple[MoveRecord, int]:
+        rec, _ = await self._write(rec, Phase.ROLLING_BACK, token, error=reason)
+        mover = await self._mover(rec, token)
+        await mover.rollback()
+        log.warning("move %s rolled back: %s", rec.id, reason)
+        return await self._write(rec, Phase.ROLLED_BACK, token)
+
+    async def _finish(self, rec: MoveRecord, rev: int, token: int) -> tuple[MoveRecord, int]:
+        """Clean the source once every member routes by the new map and the longest
+        statement routed by the old one has ended; otherwise leave it for a later pass."""
+        if rec.phase is Phase.COMMITTED:
+            deadline = self._mono() + self.ack_wait
+            while True:
+                behind = self.behind(rec.next_version)
+                drained = self._now() >= rec.committed_at + self.statement_deadline
+                if not behind and drained:
+                    break
+                if self._mono() >= deadline:
+                    log.info(
+                        "move %s: waiting for %s",
+                        rec.id,
+                        f"members {', '.join(sorted(behind)[:8])}" if behind else "deadlines",
+                    )
+                    return rec, rev
+                await self._sleep(0.2)
+            rec, rev = await self._write(rec, Phase.CLEAN_UP, token)
+        mover = await self._mover(rec, token)
+        await mover.clean_up()
+        return await self._write(rec, Phase.DONE, token)
+
+    def behind(self, version: int) -> list[str]:
+        """Live members that have not reported routing by ``version`` yet."""
+        return [n for n, v in self._book.map_versions().items() if v is None or v < version]
+
+
+# ---------------------------------------------------------------------- etcd
+
+
+class EtcdMoveBook:
+    """``MoveBook`` on a cluster's etcd keys, the move keys on this node's lease."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        keys: Keys,
+        lease_id: Callable[[], int | None],
+        map_versions: Callable[[], Mapping[str, int | None]],
+    ) -> None:
+        self._client = client
+        self._keys = keys
+        self._lease_id = lease_id
+        self._map_versions = map_versions
+
+    async def records(self) -> list[Stored]:
+        with translated("read move records"):
+            found = await self._client.get_prefix(self._keys.moves)
+        out = []
+        for kv in found:
+            try:
+                out.append(
+                    Stored(MoveRecord.from_json(kv.value), kv.mod_revision, kv.create_revision)
+                )
+            except MoveRecordInvalid as exc:
+                log.error("ignored the move record %r: %s", kv.key[:80], exc)
+        return sorted(out, key=lambda s: s.create_revision)
+
+    async def get(self, move_id: str) -> Stored | None:
+        with translated("read a move record"):
+            kv = await self._client.get(self._keys.move(move_id))
+        if kv is None:
+            return None
+        return Stored(MoveRecord.from_json(kv.value), kv.mod_revision, kv.create_revision)
+
+    async def claim(self, move_id: str) -> int | None:
+        lease = self._lease_id()
+        if lease is None:
+            return None
+        key = self._keys.move_key(move_id)
+        tx = self._client.transactions
+        with translated("take a move key"):
+            ok, resp = await self._client.transaction(
+                compare=[tx.create(key) == 0],
+                success=[tx.put(key, b"", lease=lease)],
+                failure=[],
+            )
+        return int(resp.header.revision) if ok else None
+
+    async def held(self, move_id: str) -> bool:
+        with translated("read a move key"):
+            return await self._client.get(self._keys.move_key(move_id)) is not None
+
+    async def release(self, move_id: str, token: int) -> None:
+        key = self._keys.move_key(move_id)
+        tx = self._client.transactions
+        with translated("release a move key"):
+            await self._client.transaction(
+                compare=[tx.create(key) == token], success=[tx.delete(key)], failure=[]
+            )
+
+    async def put(self, record: MoveRecord, token: int) -> int:
+        key = self._keys.move_key(record.id)
+        tx = self._client.transactions
+        with translated("write a move record"):
+            ok, resp = await self._client.transaction(
+                compare=[tx.create(key) == token],
+                success=[tx.put(self._keys.move(record.id), record.to_json().encode())],
+                failure=[],
+            )
+        if not ok:
+            raise MoveLost(f"move {record.id}: this node no longer holds its key")
+        return int(resp.header.revision)
+
+    async def read_map(self) -> tuple[ShardMap, int]:
+        with translated("read the shard map"):
+            kv = await self._client.get(self._keys.shard_map)
+        if kv is None:
+            raise ShardMapInvalid("the shard map is absent from etcd: start a node first")
+        return ShardMap.from_json(kv.value), int(kv.mod_revision)
+
+    async def commit(
+        self,
+        record: MoveRecord,
+        record_revision: int,
+        new_map: ShardMap,
+        map_revision: int,
+        token: int,
+    ) -> bool:
+        tx = self._client.transactions
+        move = self._keys.move(record.id)
+        with translated("commit a move"):
+            ok, _ = await self._client.transaction(
+                compare=[
+                    tx.mod(self._keys.shard_map) == map_revision,
+                    tx.mod(move) == record_revision,
+                    tx.create(self._keys.move_key(record.id)) == token,
+                ],
+                success=[
+                    tx.put(self._keys.shard_map, new_map.to_json().encode()),
+                    tx.put(move, record.to_json().encode()),
+                ],
+                failure=[],
+            )
+        return bool(ok)
+
+    def map_versions(self) -> Mapping[str, int | None]:
+        return self._map_versions()
+
+
+def member_map_versions(
+    members: list[str], stats: Mapping[str, Mapping[str, Any]]
+) -> dict[str, int | None]:
+    """Each live member's reported map version, from the member stats."""
+    out: dict[str, int | None] = {}
+    for node in members:
+        value = stats.get(node, {}).get(MAP_VERSION_STAT)
+        out[node] = int(value) if isinstance(value, int | float) else None
+    return out
+
+
+def describe(stored: list[Stored]) -> str:
+    """The open moves in one line, for logs."""
+    return json.dumps([s.record.id for s in stored if not s.record.final])
