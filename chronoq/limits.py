@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from chronoq import tracecontext
 from chronoq.errors import ConfigError, InvalidArgument, shown
+from chronoq.models import OCTET_STREAM
 from chronoq.recurrence import Cron
 from chronoq.recurrence import check as check_rule
 
 if TYPE_CHECKING:
-    from chronoq.models import ScheduleSpec, TaskSpec
+    from chronoq.models import ScheduleSpec, Task, TaskSpec
 
 # ---------------------------------------------------------------- lengths (characters)
 
@@ -263,6 +265,24 @@ def check_count(field: str, count: int, limit: int) -> int:
     if count > limit:
         raise InvalidArgument(field, f"holds {count} entries; the limit is {limit} per call")
     return count
+
+
+def task_bytes(task: Task) -> int:
+    """What ``task`` costs in an answer, counted as the store's ``task_bytes`` statement
+    fragment counts it (bytes of its variable-length columns, NULL as 0), so a stream's and
+    a statement's byte budgets agree; ``TASK_FIXED_BYTES`` added."""
+    return (
+        len(task.payload)
+        + len(task.namespace.encode())
+        + len(task.queue.encode())
+        + len((task.last_error or "").encode())
+        + len((task.idempotency_key or "").encode())
+        + len((task.worker_id or "").encode())
+        + len((task.fired_by or "").encode())
+        + (0 if task.content_type == OCTET_STREAM else len(task.content_type.encode()))
+        + tracecontext.stored_bytes(task.trace_context)
+        + TASK_FIXED_BYTES
+    )
 
 
 def full_answer_bytes(request_bytes: int, tasks: int) -> int:

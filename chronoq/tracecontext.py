@@ -58,6 +58,17 @@ def to_json(carrier: Carrier) -> str | None:
     return json.dumps(dict(carrier), separators=(",", ":"), sort_keys=True)
 
 
+def stored_bytes(carrier: Carrier) -> int:
+    """What PostgreSQL's ``pg_column_size`` reads of the stored form (a ``jsonb`` object of
+    strings, 0 for NULL): the varlena header (1 byte up to 127 bytes, else 4), the container
+    header (4), two 4-byte entries per pair, then the keys' and values' bytes, unpadded.
+    A value large enough to be compressed in the row reads smaller than this."""
+    if not carrier:
+        return 0
+    size = 4 + sum(8 + len(k.encode()) + len(v.encode()) for k, v in carrier)
+    return size + (1 if size < 127 else 4)
+
+
 def from_json(stored: str | None) -> Carrier:
     """The stored form read back; anything that is not a JSON object of strings reads as no
     context (a bad value must never fail a claim or a page)."""

@@ -46,10 +46,10 @@ from chronoq.limits import (
     MAX_WORKER_ID,
     STREAM_OPEN_DEADLINE,
     STREAM_WRITE_DEADLINE,
-    TASK_FIXED_BYTES,
     check_count,
     check_name,
     check_text,
+    task_bytes,
 )
 from chronoq.models import AckOutcome, Task
 from chronoq.node.claims import Caller, Claims
@@ -88,20 +88,6 @@ class StreamCaller(Caller, Protocol):
     def done(self) -> bool: ...
 
     def add_done_callback(self, callback: Any, /) -> None: ...  # called with the call
-
-
-def task_bytes(task: Task) -> int:
-    """What ``task`` costs in a push, counted as the store's statements count it."""
-    return (
-        len(task.payload)
-        + len(task.namespace)
-        + len(task.queue)
-        + len((task.idempotency_key or "").encode())
-        + len((task.last_error or "").encode())
-        + len((task.worker_id or "").encode())
-        + len(task.content_type)
-        + TASK_FIXED_BYTES
-    )
 
 
 class Openings:
