@@ -88,7 +88,7 @@ from chronoq.ratelimit import schedule_rate
 from chronoq.routing import id_partition, key_partition, submit_partitions
 from chronoq.shardmap import ShardMap
 from chronoq.store import fanout
-from chronoq.store.port import DueSoon, Listening
+from chronoq.store.connection import Listener
 from chronoq.store.rows import Accepted, Fence, FireResult, parse_task_id
 from chronoq.store.schedules import Charge, Materialized, Schedules
 from chronoq.store.store import Store
@@ -96,6 +96,8 @@ from chronoq.store.tasks import PAGE_BYTES
 
 log = logging.getLogger("chronoq.store")
 
+#: A task as the timing wheel holds it (``port.DueSoon``; the port imports this module).
+DueSoon = tuple[str, int, datetime, str, str]
 #: Seconds a call refused with ``PartitionMoved`` waits for the node's map to refresh.
 REFRESH_S = 1.0
 #: Seconds between two warnings about the same down shard skipped by a fan-out.
@@ -145,7 +147,7 @@ class _Listenings:
     """Listening on every shard: closed as soon as one of them is lost (or was not opened),
     so the caller opens all again."""
 
-    def __init__(self, parts: Sequence[Listening], complete: bool) -> None:
+    def __init__(self, parts: Sequence[Listener], complete: bool) -> None:
         self._parts = parts
         self._complete = complete
 
@@ -1028,7 +1030,9 @@ class ShardedStore:
         if last is not None:
             raise last
 
-    async def listen(self, channel: str, on_notice: Callable[[str], None]) -> Listening:
+    async def listen(
+        self, channel: str, on_notice: Callable[[str], None]
+    ) -> Listener | _Listenings:
         """On every shard; the listening is closed (to be opened again) once one is lost,
         or at once when a shard could not be reached."""
         if (solo := self._fast()) is not None:

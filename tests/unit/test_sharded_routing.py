@@ -96,3 +96,13 @@ async def test_a_refresh_that_hangs_is_bounded(
     )  # type: ignore[dict-item]
     with pytest.raises(sharded.PartitionMoved):
         await asyncio.wait_for(store.cancel(task_id, "default", NOW), 5)
+
+
+def test_a_partly_accepted_batch_is_an_outage_the_sdk_repeats() -> None:
+    from chronoq.client.client import STORE_OUTAGE_MARK
+    from chronoq.errors import BatchPartlyAccepted
+
+    err = BatchPartlyAccepted(tuple((i, f"id{i}", True) for i in range(9)), 20, ("shard-1",))
+    assert err.grpc_code == "UNAVAILABLE" and STORE_OUTAGE_MARK in err.message
+    assert "9 of 20 tasks accepted (id0, id1, id2, id3, ...)" in err.message
+    assert "shard-1" in err.message and len(err.message) < 400
