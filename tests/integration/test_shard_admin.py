@@ -14,8 +14,7 @@ from chronoq.client import Client
 from chronoq.coordinator.etcd import Keys, connect
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import AccessDenied, BadRequest, PreconditionFailed
-from chronoq.moves import MoveRecord, Phase
-from chronoq.shardmap import ShardMap
+from chronoq.moves import Phase
 from tests.integration.conftest import NodeFactory
 from tests.integration.test_cluster_inproc import cluster
 
