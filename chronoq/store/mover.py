@@ -441,10 +441,14 @@ class PartitionMove:
                     "only go forward (move the partitions back with a new move)"
                 )
             await self._give_back()
-            await self._empty_target()
-            await self._holdings_ops.mark_gone(
-                self.target, self.partitions, self.move_id, self.token
-            )
+            ours = [h for h in await self._holdings(self.target) if h and h.move_id == self.move_id]
+            # None: cut short before the target was marked, nothing of this move is there;
+            # all gone: rolled back there already.
+            if ours and not all(h.state == GONE for h in ours):
+                await self._empty_target()
+                await self._holdings_ops.mark_gone(
+                    self.target, self.partitions, self.move_id, self.token
+                )
             await self._drop_index()
 
     async def clean_up(self) -> int:
