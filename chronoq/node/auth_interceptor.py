@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -35,7 +35,7 @@ from chronoq.auth import TokenAuth, TokenFile, bearer_token
 from chronoq.errors import ChronoqError, Unauthenticated
 from chronoq.models import DEFAULT_NAMESPACE
 from chronoq.node.status import code_for
-from chronoq.node.work_stream import Openings
+from chronoq.node.work_stream import Opened, Openings
 
 log = logging.getLogger("chronoq.auth")
 
@@ -153,12 +153,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuse chronoq calls without a known token (UNAUTHENTICATED) or outside its namespaces
     (PERMISSION_DENIED), and end calls in flight whose token is revoked."""
 
-    def __init__(self, auth: TokenAuth | TokenFile) -> None:
+    def __init__(self, auth: TokenAuth | TokenFile, *, openings: Openings | None = None) -> None:
         self._tokens = auth.current if isinstance(auth, TokenFile) else lambda: auth
         # A fixed set of tokens never revokes one: nothing to track.
         self.open_calls = OpenCalls(auth.current) if isinstance(auth, TokenFile) else None
-        #: Streams authenticated by their token, waiting for their first message.
-        self.openings = Openings()
+        #: Streams authenticated by their token, waiting for their first message: the node's
+        #: one ``Openings``, shared with its worker service, so its caps hold for both.
+        self.openings = Openings() if openings is None else openings
 
     async def intercept_service(
         self,
@@ -217,14 +218,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             namespaces = request_namespaces(first) if first is not None else {DEFAULT_NAMESPACE}
             await self._check(method, token, namespaces, context)
 
-            async def replayed() -> AsyncIterator[Any]:
-                if first is not None:
-                    yield first
-                async for request in requests:
-                    yield request
-
+            opened = Opened(first, requests)  # the servicer's Openings passes it at once
             return await self._tracked(
-                method, token, namespaces, context, lambda: behavior(replayed(), context)
+                method, token, namespaces, context, lambda: behavior(opened, context)
             )
 
         return guarded
@@ -284,11 +280,12 @@ def api_security(
     tls_cert: str | None,
     tls_key: str | None,
     tls_client_ca: str | None,
+    openings: Openings | None = None,
 ) -> tuple[list[grpc.aio.ServerInterceptor], grpc.ServerCredentials | None]:
     """A node's interceptors and server credentials from its settings: read (and checked) up
     front, so a bad token file or certificate stops the node before it binds anything. The token
     file is then watched: edits take effect within a second (see ``TokenFile``)."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if auth_tokens is not None:
-        interceptors.append(AuthInterceptor(TokenFile(auth_tokens)))
+        interceptors.append(AuthInterceptor(TokenFile(auth_tokens), openings=openings))
     return interceptors, tls.server_credentials(tls_cert, tls_key, tls_client_ca)

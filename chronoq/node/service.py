@@ -299,7 +299,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
 
 
 class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, openings: Openings | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rng = random.Random()
         settings = self._settings
@@ -313,8 +313,9 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         )
         #: The streams fired tasks are handed to (see ``chronoq.node.handoff``).
         self.handoff = HandOff(self.claims.limited_keys)
-        #: Streams that have not sent their open message yet (capped, with a deadline).
-        self.openings = Openings()
+        #: Streams that have not sent their open message yet (capped, with a deadline): the
+        #: node's one ``Openings``, shared with its auth interceptor.
+        self.openings = Openings() if openings is None else openings
 
     def _claim_args(
         self, request: worker_pb2.ClaimRequest, context: Ctx, field: str = ""

@@ -108,7 +108,10 @@ class Openings:
     async def first(self, requests: AsyncIterator[Any], key: str | None = None) -> Any:
         """The first message of ``requests`` (None when the caller closed at once), within
         the deadline and the caps (``per_key`` for a caller ``key``, none without one):
-        ``TooManyOpenings`` or ``StreamNotOpened`` otherwise."""
+        ``TooManyOpenings`` or ``StreamNotOpened`` otherwise. A stream that opened here
+        already (``Opened``, from the auth interceptor) is neither counted nor timed again."""
+        if isinstance(requests, Opened):
+            return await first_of(requests)
         if self.total >= self.cap:
             self.refused += 1
             raise TooManyOpenings(self.cap, "node")
@@ -129,6 +132,24 @@ class Openings:
             self.open[key] -= 1
             if not self.open[key]:
                 del self.open[key]
+
+
+class Opened:
+    """A stream whose first message was taken within the node's ``Openings``, replayed with
+    the rest: what the auth interceptor hands the servicer after checking that message."""
+
+    def __init__(self, first: Any, rest: AsyncIterator[Any]) -> None:
+        self._first = first
+        self._rest = rest
+
+    def __aiter__(self) -> Opened:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._rest)
 
 
 def claim_size(free: int, *, more: bool, last: int, handoff: bool) -> int:
