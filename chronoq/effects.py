@@ -1,8 +1,8 @@
 """What a store write did that someone else must hear of: its effects, as one value.
 
 A write that makes tasks READY wakes claims, long polls and streams waiting on their queues;
-one that makes tasks SCHEDULED offers the near-future ones to their owner's timing wheel; one
-that ends a running task frees its dispatch slot. The node's dispatcher
+one that makes tasks SCHEDULED offers the near-future ones to their owner's timing wheel. The
+node's dispatcher
 (``chronoq.node.dispatch``) applies them in one place, after the write committed, instead of
 each caller deriving its own wake-ups. Pure: built from the store's outcomes.
 """
@@ -29,23 +29,20 @@ def scheduled_of(task: Task) -> Scheduled:
 
 @dataclass(frozen=True)
 class Effects:
-    """Tasks made READY per queue (each wakes one waiter), tasks made SCHEDULED (the wheel
-    takes those due within its horizon, in this order), and dispatch slots freed per queue
-    (tasks that stopped running: completed, failed or released)."""
+    """Tasks made READY per queue (each wakes one waiter) and tasks made SCHEDULED (the
+    wheel takes those due within its horizon, in this order)."""
 
     ready: Counter[Key] = field(default_factory=Counter)
     scheduled: tuple[Scheduled, ...] = ()
-    freed: Counter[Key] = field(default_factory=Counter)
 
     def __bool__(self) -> bool:
-        return bool(self.ready or self.scheduled or self.freed)
+        return bool(self.ready or self.scheduled)
 
     def merge(self, other: Effects) -> Effects:
         """Both writes' effects (counts added, scheduled tasks in order: ``self``'s first)."""
         return Effects(
             ready=self.ready + other.ready,
             scheduled=self.scheduled + other.scheduled,
-            freed=self.freed + other.freed,
         )
 
 
@@ -58,28 +55,23 @@ def made_ready(counts: Mapping[Key, int] | Iterable[Key]) -> Effects:
     return Effects(ready=+Counter(counts))
 
 
-def of_tasks(tasks: Iterable[Task], *, freed: bool = False) -> Effects:
+def of_tasks(tasks: Iterable[Task]) -> Effects:
     """The effects of writes that left ``tasks`` in their states: READY ones wake a waiter,
-    SCHEDULED ones go to the wheel, DEAD and the rest wake nobody. ``freed``: each of them
-    held a dispatch slot, which it gave up (a fail, a release, a reaped lease)."""
+    SCHEDULED ones go to the wheel, DEAD and the rest wake nobody."""
     ready: Counter[Key] = Counter()
     scheduled: list[Scheduled] = []
-    gone: Counter[Key] = Counter()
     for task in tasks:
         if task.state is TaskState.READY:
             ready[(task.namespace, task.queue)] += 1
         elif task.state is TaskState.SCHEDULED:
             scheduled.append(scheduled_of(task))
-        if freed:
-            gone[(task.namespace, task.queue)] += 1
-    return Effects(ready=ready, scheduled=tuple(scheduled), freed=gone)
+    return Effects(ready=ready, scheduled=tuple(scheduled))
 
 
 def released(tasks: Iterable[Task]) -> Effects:
     """Running tasks given back READY without an attempt spent (a release): each wakes a
-    waiter and freed its slot."""
-    keys = Counter((t.namespace, t.queue) for t in tasks)
-    return Effects(ready=keys, freed=Counter(keys))
+    waiter."""
+    return Effects(ready=Counter((t.namespace, t.queue) for t in tasks))
 
 
 def of_submits(outcomes: Iterable[SubmitOutcome]) -> Effects:

@@ -72,4 +72,4 @@ class Reaper:
             self._metrics.dead.inc(sum(1 for t in batch if t.state is TaskState.DEAD))
         # Only tasks ready now wake anyone (one waiter each): a retry with a backoff goes to
         # the wheel and is announced when it fires, a dead task never.
-        self._on_effects(of_tasks(batch, freed=True))
+        self._on_effects(of_tasks(batch))

@@ -482,7 +482,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         self._metrics.failed.inc()
         if task.state is TaskState.DEAD:
             self._metrics.dead.inc()
-        self._dispatch.apply(of_tasks([task], freed=True), now)
+        self._dispatch.apply(of_tasks([task]), now)
         return convert.task_to_pb(task)
 
     @translated

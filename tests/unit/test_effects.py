@@ -45,8 +45,6 @@ def test_only_ready_tasks_wake_and_only_scheduled_ones_reach_the_wheel() -> None
     effects = of_tasks(tasks)
     assert effects.ready == Counter({("ns", "q"): 1, ("ns", "r"): 1})
     assert effects.scheduled == (("id-3", later, ("ns", "q")),)
-    assert not effects.freed
-    assert of_tasks(tasks, freed=True).freed == Counter({("ns", "q"): 3, ("ns", "r"): 1})
 
 
 def test_a_repeated_key_makes_nothing_to_announce() -> None:
@@ -77,7 +75,7 @@ def test_merge_adds_counts_and_keeps_the_order_of_scheduled_tasks() -> None:
     assert both.ready == Counter({("ns", "q"): 3})
     assert [s[0] for s in both.scheduled] == ["a", "b"]
     assert not Effects() and not made_ready({("ns", "q"): 0})
-    assert released([_task(1, TaskState.READY)]).freed == Counter({("ns", "q"): 1})
+    assert released([_task(1, TaskState.READY)]).ready == Counter({("ns", "q"): 1})
 
 
 def test_a_fire_result_carries_its_ready_tasks_as_effects() -> None:
