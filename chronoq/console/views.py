@@ -153,9 +153,6 @@ class QueueTally:
                     row.oldest_ready = c.oldest_run_at
         self.cut_states |= counts.capped | counts.truncated
 
-    def cut(self, state: TaskState) -> None:
-        self.cut_states.add(state)
-
     def as_json(self, limits: Mapping[str, tuple[float, float]], now: datetime) -> dict[str, Any]:
         for queue, (rate, burst) in limits.items():
             row = self.rows.setdefault(queue, QueueRow(queue))
