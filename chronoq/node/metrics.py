@@ -133,8 +133,9 @@ class ScrapePage:
         self._lock = threading.Lock()
         self._rendered_at = float("-inf")
         self._plain = b""
-        self._gzipped = b""
+        self._gzipped: bytes | None = None  # the page compressed, once a scraper asked
         self.renders = 0  # how many times the registry was rendered (collected)
+        self.compressions = 0  # how many renderings were compressed (at most one each)
 
     @property
     def guarded(self) -> bool:
@@ -142,15 +143,22 @@ class ScrapePage:
         return self._token is not None
 
     def body(self, *, gzipped: bool = False) -> bytes:
-        """The current page, rendered if the last one is older than ``cache`` seconds."""
+        """The current page, rendered if the last one is older than ``cache`` seconds; it is
+        compressed when a scraper first asks for gzip, then served compressed to the others
+        until the next rendering."""
         with self._lock:
             now = time.monotonic()
             if now - self._rendered_at >= self._cache:
                 self._plain = generate_latest(self._registry)
-                self._gzipped = gzip.compress(self._plain, compresslevel=1)
+                self._gzipped = None
                 self._rendered_at = time.monotonic()
                 self.renders += 1
-            return self._gzipped if gzipped else self._plain
+            if not gzipped:
+                return self._plain
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self._plain, compresslevel=1)
+                self.compressions += 1
+            return self._gzipped
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         if self._token is not None and not self._token.admits(environ.get("HTTP_AUTHORIZATION")):

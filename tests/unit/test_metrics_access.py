@@ -9,6 +9,7 @@ scrapes a real node over HTTP).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import tempfile
@@ -70,8 +71,13 @@ def test_a_weak_or_malformed_token_is_refused(text: str, message: str) -> None:
 class _Call:
     """One request to the WSGI app: its status, headers and body."""
 
-    def __init__(self, page: ScrapePage, authorization: str | None, path: str = "/metrics"):
+    def __init__(
+        self, page: ScrapePage, authorization: str | None, path: str = "/metrics", *,
+        gzipped: bool = False,
+    ):
         environ: dict[str, Any] = {"PATH_INFO": path}
+        if gzipped:
+            environ["HTTP_ACCEPT_ENCODING"] = "gzip, deflate"
         if authorization is not None:
             environ["HTTP_AUTHORIZATION"] = authorization
         self.headers: dict[str, str] = {}
@@ -109,6 +115,19 @@ def test_the_token_gets_the_page(page: ScrapePage) -> None:
     assert call.status.startswith("200")
     assert b"chronoq_probe_total 1.0" in call.body
     assert page.renders == 1 and page.refused == 0
+
+
+def test_a_rendering_is_compressed_once_and_only_when_a_scraper_asks() -> None:
+    registry = CollectorRegistry()
+    Counter("chronoq_probe", "A test's counter.", registry=registry).inc()
+    page = ScrapePage(registry, cache=3600.0)  # one rendering serves the whole test
+    for _ in range(3):
+        assert _Call(page, None).headers.get("Content-Encoding") is None
+    assert page.renders == 1 and page.compressions == 0  # plain scrapers cost no gzip
+    bodies = [_Call(page, None, gzipped=True) for _ in range(5)]
+    assert {c.headers["Content-Encoding"] for c in bodies} == {"gzip"}
+    assert {gzip.decompress(c.body) for c in bodies} == {_Call(page, None).body}
+    assert page.renders == 1 and page.compressions == 1
 
 
 def test_a_page_without_a_token_serves_everyone() -> None:
