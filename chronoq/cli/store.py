@@ -148,8 +148,9 @@ def _moves_table(title: str, moves: list[MoveStatus]) -> Table:
 def _shards_table(cluster: ClusterStatus) -> Table:
     assert cluster.shard_map is not None
     table = Table(title="store shards", title_justify="left")
-    for column in ("shard", "dsn", "health", "partitions", "held", "pending (counted buckets)"):
-        table.add_column(column, justify="right" if column in ("held", "pending") else "left")
+    numbers = ("held", "pending (counted buckets)")
+    for column in ("shard", "dsn", "health", "partitions", *numbers):
+        table.add_column(column, justify="right" if column in numbers else "left")
     for s in cluster.shard_map.shards:
         table.add_row(
             escape(s.name),
