@@ -24,6 +24,7 @@ from chronoq.chaos.faults import FaultKind
 from chronoq.chaos.shaping import LinkShape
 from chronoq.coordinator.settings import EtcdSettings
 from chronoq.errors import ChronoqError, ConfigError
+from chronoq.etcd_users import CHRONOQ_USER
 
 NODE_PORT = "7070/tcp"
 ETCD_PORT = "2379/tcp"
@@ -139,7 +140,7 @@ class DockerBackend:
                 "with (its etcd requires a login)"
             )
         return EtcdSettings(
-            endpoints=self.etcd_endpoints, cluster=cluster, username="chronoq", password=password
+            endpoints=self.etcd_endpoints, cluster=cluster, username=CHRONOQ_USER, password=password
         )
 
     @property

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from chronoq.cli.common import env, fail, out, text_opt
 from chronoq.errors import ChronoqError
+from chronoq.etcd_users import CHRONOQ_USER, PATRONI_USER, ROOT_USER
 
 etcd_app = typer.Typer(help="Set up an etcd for chronoq (`chronoq etcd init`).")
 
@@ -24,9 +25,9 @@ def register(app: typer.Typer) -> None:
 
 #: The environment variable of each user's password.
 _VARIABLES = {
-    "root": "ETCD_ROOT_PASSWORD",
-    "chronoq": "ETCD_PASSWORD",
-    "patroni": "ETCD_PATRONI_PASSWORD",
+    ROOT_USER: "ETCD_ROOT_PASSWORD",
+    CHRONOQ_USER: "ETCD_PASSWORD",
+    PATRONI_USER: "ETCD_PATRONI_PASSWORD",
 }
 
 
@@ -51,13 +52,14 @@ def init(
         ),
     ],
     root_password: Annotated[
-        str | None, _password_opt("--root-password", "ETCD_ROOT_PASSWORD", "root")
+        str | None, _password_opt("--root-password", "ETCD_ROOT_PASSWORD", ROOT_USER)
     ] = None,
     etcd_password: Annotated[
-        str | None, _password_opt("--etcd-password", "ETCD_PASSWORD", "chronoq (the nodes')")
+        str | None,
+        _password_opt("--etcd-password", "ETCD_PASSWORD", f"{CHRONOQ_USER} (the nodes')"),
     ] = None,
     patroni_password: Annotated[
-        str | None, _password_opt("--patroni-password", "ETCD_PATRONI_PASSWORD", "patroni")
+        str | None, _password_opt("--patroni-password", "ETCD_PATRONI_PASSWORD", PATRONI_USER)
     ] = None,
     adopt_keys: Annotated[
         bool,
@@ -90,7 +92,9 @@ def init(
     """
     from chronoq.embedded.etcd_auth import ChangedBeforeAuth, RootRefused, init_auth
 
-    given = {"root": root_password, "chronoq": etcd_password, "patroni": patroni_password}
+    given = {
+        ROOT_USER: root_password, CHRONOQ_USER: etcd_password, PATRONI_USER: patroni_password
+    }
     passwords = {user: password for user, password in given.items() if password}
     missing = [env(var) for user, var in _VARIABLES.items() if user not in passwords]
     if missing:

@@ -44,6 +44,7 @@ from chronoq.embedded.etcd_auth import (
     RootRefused,
     enable_auth,
 )
+from chronoq.etcd_users import PATRONI_USER
 
 __all__ = [
     "ETCDCTL_BINARY",
@@ -278,7 +279,7 @@ class EmbeddedEtcd:
 
     def patroni_auth(self) -> tuple[str, Path] | None:
         """Patroni's etcd user and its password file (for ``PatroniCluster(etcd_auth=...)``)."""
-        return ("patroni", self.password_file("patroni")) if self._auth else None
+        return (PATRONI_USER, self.password_file(PATRONI_USER)) if self._auth else None
 
     def node_args(self) -> list[str]:
         """The ``chronoq node`` flags naming the credentials (the password stays in its file)."""
@@ -441,12 +442,7 @@ class EmbeddedEtcd:
         member = self._members[index]
         if member.pid is None:
             return False
-        try:
-            with self._http.open(f"{member.client_url}/health", timeout=timeout) as response:
-                data = json.load(response)
-        except (OSError, ValueError, http.client.HTTPException):
-            return False
-        return isinstance(data, dict) and data.get("health") == "true"
+        return Gateway(member.client_url, opener=self._http).healthy(timeout)
 
     # -- authentication ---------------------------------------------------------------------
 

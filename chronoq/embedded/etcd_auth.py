@@ -26,6 +26,7 @@ from typing import Any
 
 from chronoq.embedded.ha.config import NAMESPACE as PATRONI_NAMESPACE
 from chronoq.errors import ChronoqError, ConfigError
+from chronoq.etcd_users import CHRONOQ_USER, PATRONI_USER, ROOT_USER
 
 __all__ = [
     "CHRONOQ_USER",
@@ -47,12 +48,10 @@ __all__ = [
 
 #: The users of a chronoq etcd and the key prefix each may read and write (root: all).
 USERS: dict[str, str | None] = {
-    "root": None,
-    "chronoq": "/chronoq/",
-    "patroni": PATRONI_NAMESPACE,
+    ROOT_USER: None,
+    CHRONOQ_USER: "/chronoq/",
+    PATRONI_USER: PATRONI_NAMESPACE,
 }
-#: The user nodes and tools connect as.
-CHRONOQ_USER = "chronoq"
 
 #: Where root keeps the verdict on the users and keys found when auth was turned on (no
 #: user's prefix covers it).
@@ -176,7 +175,7 @@ def _prefix_perm(prefix: str) -> dict[str, str]:
 
 
 def _role(user: str) -> str:
-    return "root" if USERS[user] is None else user
+    return ROOT_USER if USERS[user] is None else user
 
 
 def _unless_exists(gateway: Gateway, path: str, body: dict[str, Any]) -> bool:
@@ -224,7 +223,7 @@ def enable_auth(gateway: Gateway, passwords: Mapping[str, str], *, fresh: bool) 
     """
     _checked(passwords)
     try:
-        token = authenticate(gateway, "root", passwords["root"])
+        token = authenticate(gateway, ROOT_USER, passwords[ROOT_USER])
     except GatewayError as exc:
         if _NOT_ENABLED not in exc.message:
             if _BAD_PASSWORD in exc.message:
@@ -244,7 +243,7 @@ def enable_auth(gateway: Gateway, passwords: Mapping[str, str], *, fresh: bool) 
             gateway("/v3/auth/user/changepw", body)  # someone else's user of that name: ours now
         _unless_exists(gateway, "/v3/auth/user/grant", {"user": user, "role": role})
     gateway("/v3/auth/enable", {})
-    _settle(gateway, authenticate(gateway, "root", passwords["root"]), fresh=fresh)
+    _settle(gateway, authenticate(gateway, ROOT_USER, passwords[ROOT_USER]), fresh=fresh)
     return True
 
 
@@ -310,7 +309,7 @@ def rotate_passwords(gateway: Gateway, passwords: Mapping[str, str]) -> list[str
     _checked(passwords)
     changed: list[str] = []
     for user in USERS:
-        if user == "root":
+        if user == ROOT_USER:
             continue
         try:
             authenticate(gateway, user, passwords[user])
@@ -319,7 +318,7 @@ def rotate_passwords(gateway: Gateway, passwords: Mapping[str, str]) -> list[str
             if _BAD_PASSWORD not in exc.message:
                 raise
         try:
-            token = authenticate(gateway, "root", passwords["root"])
+            token = authenticate(gateway, ROOT_USER, passwords[ROOT_USER])
         except GatewayError as exc:
             raise RootRefused(exc.message) from exc
         gateway("/v3/auth/user/changepw", {"name": user, "password": passwords[user]}, token)
