@@ -18,6 +18,8 @@ from chronoq.coordinator.settings import ClusterSettings
 from chronoq.errors import ConfigError
 from chronoq.limits import Limits
 from chronoq.models import TaskDefaults
+from chronoq.redact import mask_dsn
+from chronoq.shardmap import MAX_SHARDS, shard_name
 
 #: The longest timing-wheel horizon: past a minute the tick costs no more than the wheel.
 MAX_WHEEL_HORIZON = timedelta(seconds=60)
@@ -86,6 +88,10 @@ class NodeSettings:
     limits: Limits = field(default_factory=Limits)
     defaults: TaskDefaults = field(default_factory=TaskDefaults)
     cluster: ClusterSettings | None = None  # None: a single node owning every partition
+    # The DSNs of store shards shard-1, shard-2, ... (``dsn`` is shard-0). The first node of a
+    # cluster splits the partitions evenly over them; later nodes route by the map in etcd
+    # and use these DSNs (with their passwords) to reach the shards the map names.
+    store_shards: tuple[str, ...] = field(default=(), repr=False)
     tls_cert: str | None = None  # PEM paths: serve the API over TLS (None: plaintext)
     tls_key: str | None = None
     tls_client_ca: str | None = None  # mutual TLS: clients need a certificate this CA signed
@@ -143,6 +149,7 @@ class NodeSettings:
         if self.long_polls_per_namespace < 1 or self.long_polls_per_node < 1:
             raise ConfigError("long_polls_per_namespace and long_polls_per_node must be >= 1")
         self._check_metrics_access()
+        check_store_shards(self.dsn, self.store_shards, self.partitions, self.cluster)
 
     def _check_metrics_access(self) -> None:
         """Refuse a /metrics that whoever reaches its address could read."""
@@ -165,6 +172,52 @@ class NodeSettings:
             "--metrics-token-file FILE (a bearer token Prometheus sends), or serve it on "
             "--metrics-host 127.0.0.1"
         )
+
+
+#: The longest DSN a node accepts for a store shard.
+MAX_DSN_CHARS = 4096
+
+
+def check_store_shards(
+    dsn: str, shards: tuple[str, ...], partitions: int, cluster: ClusterSettings | None
+) -> None:
+    """Refuse extra store shards that cannot work; every DSN in a message is masked."""
+    if not shards:
+        return
+    if cluster is None:
+        raise ConfigError(
+            "--store-shard needs --etcd: the shard map that places partitions on shards "
+            "lives in etcd"
+        )
+    if 1 + len(shards) > min(partitions, MAX_SHARDS):
+        raise ConfigError(
+            f"{1 + len(shards)} store shards for {partitions} partitions: a shard holds at "
+            f"least one partition (and a cluster has at most {MAX_SHARDS} shards)"
+        )
+    seen = {dsn.strip(): shard_name(0)}
+    for number, shard in enumerate(shards, start=1):
+        name = shard_name(number)
+        text = shard.strip()
+        if not text:
+            raise ConfigError(f"--store-shard for {name} is empty: give a PostgreSQL DSN")
+        if len(text) > MAX_DSN_CHARS:
+            raise ConfigError(f"--store-shard for {name} is longer than {MAX_DSN_CHARS} chars")
+        if "://" in text and not text.lower().startswith(("postgresql://", "postgres://")):
+            raise ConfigError(
+                f"--store-shard for {name} ({mask_dsn(text)}) is not a PostgreSQL DSN: use "
+                "postgresql://user@host:port/database"
+            )
+        if "://" not in text and "=" not in text:
+            raise ConfigError(
+                f"--store-shard for {name} ({mask_dsn(text)}) is not a DSN: use "
+                "postgresql://user@host:port/database or libpq's key=value form"
+            )
+        if text in seen:
+            raise ConfigError(
+                f"--store-shard for {name} ({mask_dsn(text)}) is the DSN of {seen[text]}: "
+                "each shard is its own database"
+            )
+        seen[text] = name
 
 
 def is_loopback(host: str) -> bool:

@@ -355,6 +355,21 @@ def single(partitions: int) -> ShardMap:
     return ShardMap(1, (shard_name(0),), (shard_name(0),) * partitions)
 
 
+def even(partitions: int, shards: int) -> ShardMap:
+    """Version 1 of a cluster created with ``shards`` shards: contiguous ranges, the first
+    ``partitions % shards`` shards one partition larger (``shard-0`` first)."""
+    if not 1 <= shards <= min(partitions, MAX_SHARDS):
+        raise ShardMapInvalid(
+            f"shard map: {shards} shards cannot split {partitions} partitions (1..{partitions})"
+        )
+    names = tuple(shard_name(n) for n in range(shards))
+    base, extra = divmod(partitions, shards)
+    placement: list[str] = []
+    for n, name in enumerate(names):
+        placement += [name] * (base + (1 if n < extra else 0))
+    return ShardMap(1, names, tuple(placement))
+
+
 def _placement(shards: Sequence[str], held: Mapping[str, str], partitions: int) -> tuple[str, ...]:
     """Each partition's shard from each shard's partition list: every partition exactly once."""
     placement: list[str | None] = [None] * partitions

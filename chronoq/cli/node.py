@@ -150,6 +150,18 @@ def node(
         str | None,
         typer.Option("--dsn", envvar=env("DSN"), help="PostgreSQL DSN of the task store."),
     ] = None,
+    store_shard: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--store-shard",
+            envvar=env("STORE_SHARD"),
+            metavar="DSN",
+            help="DSN of one more store shard (repeat: shard-1, shard-2, ... in order; "
+            "CHRONOQ_STORE_SHARD: space-separated). Needs --etcd. A shard named by the "
+            "cluster's map but not here is reached by its DSN in etcd, with the password "
+            "from the libpq password file (PGPASSFILE).",
+        ),
+    ] = None,
     host: HostOpt = None,
     port: PortOpt = None,
     node_id: Annotated[
@@ -446,6 +458,8 @@ def node_options(params: dict[str, Any]) -> NodeOptions:
     from chronoq.node.settings_from import NodeOptions
 
     given = {k: v for k, v in params.items() if k in NodeOptions.names()}
+    if params.get("store_shard"):
+        given["store_shards"] = tuple(params["store_shard"])
     for switch in ("ready_notices", "handoff"):
         if given[switch] is not None:
             given[switch] = given[switch] is Switch.on
@@ -539,7 +553,7 @@ def _print_sources(ctx: typer.Context) -> None:
         origin = _SOURCE_NAMES.get(source.name if source else "DEFAULT", "default")
         if origin == "env" and param.envvar:
             origin = f"env {param.envvar}"
-        shown = "-" if value is None else _redact(name, str(value))
+        shown = "-" if value is None else _shown(name, value)
         table.add_row(param.opts[0], escape(shown), origin)
     out.print(table)
 
@@ -549,3 +563,11 @@ def _redact(name: str, value: str) -> str:
     if name in _SECRET or name.endswith("password"):
         return MASK
     return mask_dsn(value)
+
+
+def _shown(name: str, value: object) -> str:
+    """A setting's value fit to print; each item of a list masked on its own (a DSN's
+    password inside ``str(list)`` would not match ``mask_dsn``'s URL form)."""
+    if isinstance(value, list | tuple):
+        return " ".join(_redact(name, str(v)) for v in value) or "-"
+    return _redact(name, str(value))

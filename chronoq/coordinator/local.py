@@ -41,6 +41,7 @@ class LocalOwnership:
         self._owned: dict[int, int] = {}
         self.gate = asyncio.Lock()
         self.draining = False
+        self.held_out: dict[str, frozenset[int]] = {}
 
     async def start(self) -> None:
         fences = await self._store.take_fences_local(self.partitions.all, self._node_id)
@@ -50,7 +51,19 @@ class LocalOwnership:
         self._owned = {}
 
     def owned(self) -> Mapping[int, int]:
-        return self._owned
+        if not self.held_out:
+            return self._owned
+        out = self.unavailable()
+        return {p: t for p, t in self._owned.items() if p not in out}
+
+    def hold_out(self, cause: str, partitions: frozenset[int], reason: str) -> None:
+        self.held_out[cause] = partitions
+
+    def bring_back(self, cause: str) -> None:
+        self.held_out.pop(cause, None)
+
+    def unavailable(self) -> frozenset[int]:
+        return frozenset().union(*self.held_out.values())
 
     def expected(self) -> set[int]:
         return set() if self.draining else set(self.partitions.all)

@@ -84,6 +84,8 @@ class EtcdOwnership:
         monotonic: Callable[[], float] = time.monotonic,
         supervisor: Supervisor | None = None,
         store_dsn: str = "",
+        client: aetcd.Client | None = None,
+        shard_map: ShardMapView | None = None,
     ) -> None:
         self._store = store
         self.partitions = partitions
@@ -95,7 +97,9 @@ class EtcdOwnership:
         self._clock = clock
         self._stats = stats
         self.keys = Keys(settings.etcd.cluster)
-        self.client: aetcd.Client = connect(settings.etcd)
+        # The node may have made the client and the map view already (it reads the map
+        # before it opens its store shards); this ownership closes both when it stops.
+        self.client: aetcd.Client = client if client is not None else connect(settings.etcd)
         self.lease = NodeLease(
             self.client,
             settings.lease_ttl,
@@ -109,7 +113,7 @@ class EtcdOwnership:
         self.loads_view = PrefixView(self.client, self.keys.loads, self._changed, supervisor=sup)
         # Member stats are for status pages only: a broken stats watch is not an outage.
         self.stats_view = PrefixView(self.client, self.keys.stats, supervisor=sup, critical=False)
-        self.shard_map = ShardMapView(
+        self.shard_map = shard_map or ShardMapView(
             self.client, self.keys, partitions.count, store_dsn, supervisor=sup
         )
         self.cluster_id = ""
@@ -124,13 +128,56 @@ class EtcdOwnership:
         self.draining = False
         self._suspended = False
         self._last_desired: set[int] = set()
+        #: Partitions kept (their keys stay ours) but not fired, by cause: a store shard out
+        #: of reach from every node, or whose clock is off (see ``hold_out``).
+        self.held_out: dict[str, frozenset[int]] = {}
 
     # ------------------------------------------------------------------ Ownership protocol
 
     def owned(self) -> Mapping[int, int]:
         if self._stopping or not self.lease.valid():
             return {}
-        return {p: self.tokens[p] for p, s in self.states.items() if s is PartitionState.OWNED}
+        out = {p: self.tokens[p] for p, s in self.states.items() if s is PartitionState.OWNED}
+        if self.held_out:
+            for held in self.held_out.values():
+                for p in held:
+                    out.pop(p, None)
+        return out
+
+    def unavailable(self) -> frozenset[int]:
+        """The partitions held out for any cause (their shard is down or its clock off)."""
+        return frozenset().union(*self.held_out.values())
+
+    def hold_out(self, cause: str, partitions: frozenset[int], reason: str) -> None:
+        """Fire nothing of ``partitions`` until ``bring_back(cause)``, keeping their keys.
+
+        For a store shard that no node reaches: handing its partitions to another node
+        would only move the wait, and a node's owner writes there are fenced anyway. The
+        keys staying ours also keeps the others from claiming them meanwhile. Not waiting
+        for the statement in flight: it is stuck on that shard's dead connections.
+        """
+        before = self.unavailable()
+        if self.held_out.get(cause) == partitions:
+            return
+        self.held_out[cause] = partitions
+        fresh = self.unavailable() - before
+        log.warning("%s: holding %d partitions out of firing", reason, len(partitions))
+        owned = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+        if fresh & owned:
+            self.on_released(set(fresh & owned))  # forget their watermarks and wheel entries
+
+    def bring_back(self, cause: str) -> None:
+        """Fire again what ``hold_out(cause)`` held (backfill first, as on a claim)."""
+        if cause not in self.held_out:
+            return
+        before = self.unavailable()
+        del self.held_out[cause]
+        back = before - self.unavailable()
+        log.warning("%s is over: %d partitions fire again", cause, len(back))
+        owned = {p for p, s in self.states.items() if s is PartitionState.OWNED}
+        if back & owned:
+            self.on_acquired(set(back & owned))
+        self._wake.set()  # claims left unfenced while the shard was down are finished now
 
     def expected(self) -> set[int]:
         if self.draining or not self.lease.valid():
@@ -341,18 +388,29 @@ class EtcdOwnership:
         owners = self.owner_of()
         free = sorted(p for p in desired - holding if p not in owners)
         # Keys we hold under this lease but never fenced (the store failed right after the
-        # claim): finish them, or nobody would ever fire those partitions.
-        unfenced = sorted(p for p in self._unfenced_keys() if p not in holding)
+        # claim): finish them, or nobody would ever fire those partitions. Not while their
+        # shard is held out: the key stays ours, and ``bring_back`` wakes this pass.
+        out = self.unavailable()
+        unfenced = sorted(
+            p for p in self._unfenced_keys() if p not in holding and p not in out
+        )
         # Claims run concurrently: a handoff of dozens of partitions is one round trip deep.
         won = await asyncio.gather(
             *(self._acquire(p) for p in free),
             *(self._finish(p, self._unfenced_keys()[p], keep=p in desired) for p in unfenced),
             return_exceptions=True,
         )
-        acquired = {p for p, ok in zip([*free, *unfenced], won, strict=True) if ok is True}
+        tried = [*free, *unfenced]
+        acquired = {p for p, ok in zip(tried, won, strict=True) if ok is True}
         if acquired:
-            self.on_acquired(acquired)
-        failures = [e for e in won if isinstance(e, BaseException)]
+            self.on_acquired(acquired - out)
+        # A claim whose fence a held-out shard could not take is no failure of this pass:
+        # its key stays ours until the shard answers again.
+        failures = [
+            e
+            for p, e in zip(tried, won, strict=True)
+            if isinstance(e, BaseException) and not (p in out and isinstance(e, StoreUnavailable))
+        ]
         if failures:
             raise failures[0]
 
@@ -406,7 +464,13 @@ class EtcdOwnership:
         return True
 
     async def _audit_fences_pass(self) -> None:
-        await self.audit_fences()
+        try:
+            await self.audit_fences()
+        except StoreUnavailable:
+            if not self.held_out:
+                raise
+            # A store shard held out (down) fails the fence read: audit when it is back.
+            log.debug("fence audit skipped while %s", ", ".join(self.held_out))
 
     async def audit_fences(self) -> set[int]:
         """Take our fences again where the store holds an older token than ours; returns
@@ -490,8 +554,11 @@ class EtcdOwnership:
         """Publish per-partition due work of the coming buckets when the current assignment
         would overload a member with it; returns whether it published."""
         current = bucket_of(self._clock.now(), self._store.bucket_seconds)
+        out = self.unavailable()  # a held-out shard would fail the whole count
         counts = await self._store.pending_by_bucket(
-            self.partitions.all, current, current + self.settings.load_horizon_buckets - 1
+            [p for p in self.partitions.all if p not in out],
+            current,
+            current + self.settings.load_horizon_buckets - 1,
         )
         fresh: dict[int, float] = {}
         for (part, _b), count in counts.items():

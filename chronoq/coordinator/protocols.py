@@ -68,6 +68,19 @@ class Ownership(Protocol):
 
     async def resume(self) -> None: ...
 
+    def hold_out(self, cause: str, partitions: frozenset[int], reason: str) -> None:
+        """Fire none of ``partitions`` until ``bring_back(cause)``, keeping them owned (a
+        store shard that nobody reaches): ``owned()`` leaves them out meanwhile."""
+        ...
+
+    def bring_back(self, cause: str) -> None:
+        """End ``hold_out(cause)``: those partitions fire again, backfill first."""
+        ...
+
+    def unavailable(self) -> frozenset[int]:
+        """Every partition held out now, whatever the cause."""
+        ...
+
     @property
     def suspended(self) -> bool: ...
 

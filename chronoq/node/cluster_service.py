@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
@@ -12,7 +14,7 @@ from chronoq.buckets import bucket_of, bucket_start
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.protocols import ClusterView, Ownership
-from chronoq.errors import ChronoqError, InvalidArgument
+from chronoq.errors import ChronoqError, InvalidArgument, ShardUnavailable, StoreUnavailable
 from chronoq.limits import MAX_STATUS_BUCKETS
 from chronoq.moves import MoveRecord
 from chronoq.node.firing import Firer
@@ -22,8 +24,12 @@ from chronoq.partitionmap import PartitionMap
 from chronoq.redact import mask_dsn
 from chronoq.shardmap import ShardMap, format_partitions, shard_name, single
 from chronoq.store.port import Admin, ByPartition, Reachable
+from chronoq.store.rows import Fence
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+
+#: How long Status waits for one shard's counts and fences before it calls the shard down.
+SHARD_STATUS_TIMEOUT = 3.0
 
 
 
@@ -43,8 +49,11 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         *,
         partitions: PartitionMap,
         shards: ShardAdmin | None = None,
+        shard_stores: Callable[[], Mapping[str, StatusStore]] | None = None,
     ) -> None:
         self._store = store
+        #: Each shard's own store (a cluster node): Status reads every shard by itself.
+        self._shard_stores = shard_stores
         self._shards = shards
         self._partitions = partitions
         self._clock = clock
@@ -62,19 +71,17 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         if horizon > MAX_STATUS_BUCKETS:
             raise InvalidArgument("bucket_horizon", f"must be at most {MAX_STATUS_BUCKETS} buckets")
         first = bucket_of(now, width)
-        counts = await self._store.pending_by_bucket(
-            self._partitions.all, first - 1, first + horizon - 1
-        )
+        view = self._ownership.describe()
+        shard_of = view.shard_map or single(self._partitions.count)
+        counts, fences, health = await self._read_shards(shard_of, first - 1, first + horizon - 1)
         per_bucket: dict[int, int] = {}
         per_partition: dict[int, int] = {}
         for (p, b), n in counts.items():
             per_bucket[b] = per_bucket.get(b, 0) + n
             per_partition[p] = per_partition.get(p, 0) + n
-        view = self._ownership.describe()
-        shard_of = view.shard_map or single(self._partitions.count)
-        shard_map = self._shard_map(shard_of, view, per_partition)
+        shard_map = self._shard_map(shard_of, view, per_partition, health)
         await self._add_moves(shard_map)
-        watermarks = {f.partition: f.watermark for f in await self._store.fences()}
+        watermarks = {f.partition: f.watermark for f in fences}
         members = []
         for m in view.members:
             stats = m.stats
@@ -119,12 +126,56 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
             shard_map=shard_map,
         )
 
+    async def _read_shards(
+        self, current: ShardMap, low: int, high: int
+    ) -> tuple[dict[tuple[int, int], int], list[Fence], dict[str, str]]:
+        """Pending counts and fences of every partition, shard by shard (concurrently, each
+        bounded by ``SHARD_STATUS_TIMEOUT``), and each shard's health: "ok" when it has just
+        answered, "down" when it has not (its partitions then count nothing here)."""
+        stores = self._shard_stores() if self._shard_stores is not None else None
+        if stores is None:
+            alone = await self._store.pending_by_bucket(self._partitions.all, low, high)
+            return alone, await self._store.fences(), {shard_name(0): "ok"}
+
+        async def read(
+            name: str,
+        ) -> tuple[dict[tuple[int, int], int], list[Fence]]:
+            store = stores.get(name)
+            if store is None:
+                raise ShardUnavailable(name, "this node has no connection to it yet")
+            held = current.held_by(name)
+            mine = set(held)
+            found = await store.pending_by_bucket(held, low, high) if held else {}
+            return found, [f for f in await store.fences() if f.partition in mine]
+
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(read(n), SHARD_STATUS_TIMEOUT) for n in current.shards),
+            return_exceptions=True,
+        )
+        counts: dict[tuple[int, int], int] = {}
+        fences: list[Fence] = []
+        health: dict[str, str] = {}
+        for name, answer in zip(current.shards, answers, strict=True):
+            if isinstance(answer, StoreUnavailable | TimeoutError):
+                health[name] = "down"
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                counts.update(answer[0])
+                fences += answer[1]
+                health[name] = "ok"
+        fences.sort(key=lambda f: f.partition)
+        return counts, fences, health
+
     def _shard_map(
-        self, current: ShardMap, view: ClusterView, pending: dict[int, int]
+        self,
+        current: ShardMap,
+        view: ClusterView,
+        pending: dict[int, int],
+        health: Mapping[str, str],
     ) -> cluster_pb2.ShardMapStatus:
-        """The map this node routes by, with each shard's masked DSN and health: today a node
-        reaches only ``shard-0`` (its own store, which has just answered this call's counts,
-        so it is healthy), and the other shards' health is unknown."""
+        """The map this node routes by, with each shard's masked DSN and health, as this
+        node's reads of it have just found it."""
         dsns = dict(view.shard_dsns)
         dsns.setdefault(shard_name(0), self._settings.dsn)
         shards = []
@@ -134,7 +185,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
                 cluster_pb2.ShardStatus(
                     name=name,
                     dsn=mask_dsn(dsns.get(name, "")),
-                    health="ok" if name == shard_name(0) else "unknown",
+                    health=health.get(name, "unknown"),
                     partitions=format_partitions(held),
                     partition_count=len(held),
                     pending=sum(pending.get(p, 0) for p in held),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -25,9 +28,11 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
+from chronoq.coordinator.etcd import Keys, connect
 from chronoq.coordinator.local import LocalOwnership
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.coordinator.protocols import Ownership
+from chronoq.coordinator.shards import ShardMapView
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
 from chronoq.node.auth_interceptor import api_security
@@ -52,11 +57,14 @@ from chronoq.node.schedule_service import ScheduleService
 from chronoq.node.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
+from chronoq.node.shards import ShardStores, ShardWatch
 from chronoq.node.soon import SoonBroadcast
 from chronoq.partitionmap import PartitionMap
+from chronoq.shardmap import ShardMap, shard_name, single
 from chronoq.store import Store
 from chronoq.store.pool_logs import quiet_pool_outages
 from chronoq.store.schedules import Schedules
+from chronoq.store.sharded import ShardedSchedules, ShardedStore
 from chronoq.supervision import Loop, LoopPolicy, Supervisor
 
 log = logging.getLogger("chronoq.node")
@@ -86,18 +94,36 @@ SERVICE_NAMES = (
     schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 
-OwnershipFactory = Callable[["Node", Store], Ownership]
+#: The task store a node speaks to: its one store, or (a cluster node) its store of shards.
+NodeStore = Store | ShardedStore
+OwnershipFactory = Callable[["Node", NodeStore], Ownership]
+
+#: Each store shard's health service: ``chronoq.store.shard-1`` is NOT_SERVING while that
+#: shard is down (the node's own, "", stays SERVING: it serves the other shards).
+STORE_HEALTH_PREFIX = "chronoq.store."
+#: A member stat: when (epoch seconds) the member last reached a shard, e.g.
+#: ``store_ok_at:shard-1``.
+SHARD_OK_PREFIX = "store_ok_at:"
+
+
+def _holds_argument(holds: tuple[int, ...] | None) -> dict[str, Any]:
+    """``holds=`` for ``Store.connect`` (None: every partition, a node alone)."""
+    if holds is None or "holds" not in inspect.signature(Store.connect).parameters:
+        return {}
+    return {"holds": holds}
+
 
 #: The shortest interval between a client's keepalive pings that the server accepts; half of
 #: the clients' (``chronoq.client.pool.KEEPALIVE_TIME_MS``) so timer jitter never counts.
 MIN_CLIENT_PING_INTERVAL_MS = 500
 
 
-def default_ownership(node: Node, store: Store) -> Ownership:
+def default_ownership(node: Node, store: NodeStore) -> Ownership:
     """Every partition on a single node, or the etcd-coordinated share of a cluster."""
     s = node.settings
     if s.cluster is None:
         return LocalOwnership(store, s.node_id, node.address, partitions=node.partition_map)
+    view = node.shard_map
     ownership = EtcdOwnership(
         store,
         s.node_id,
@@ -105,12 +131,11 @@ def default_ownership(node: Node, store: Store) -> Ownership:
         s.cluster,
         node.clock,
         partitions=node.partition_map,
-        stats=lambda: {
-            **(node_stats(node.firer) if node.firer is not None else {}),
-            "store_ok_at": node.store_ok_at(),
-        },
+        stats=node.published_stats,
         supervisor=node.supervisor,
         store_dsn=s.dsn,
+        client=view.client if view is not None else None,
+        shard_map=view,
     )
     ownership.on_acquired = node.partitions_changed
     ownership.on_released = node.partitions_changed
@@ -133,13 +158,18 @@ class Node:
         self._ownership_factory = ownership
         #: The partitions of the cluster, from the settings (the store is made with the same).
         self.partition_map = PartitionMap(settings.partitions)
-        self.store: Store | None = None
+        self.store: NodeStore | None = None
+        #: The cluster's shard map (None: a node alone, whose one store is ``shard-0``).
+        self.shard_map: ShardMapView | None = None
+        self.shard_stores: ShardStores[Store] | None = None
+        self.shard_watch: ShardWatch | None = None
+        self._shards_wanted = asyncio.Event()  # the map names a shard without a store
         self.ownership: Ownership | None = None
         self.firer: Firer | None = None
         self.precise: PreciseFirer | None = None  # the timing wheel (None: wheel_horizon 0)
         self.soon: SoonBroadcast | None = None
         self.reaper: Reaper | None = None
-        self.schedules: Schedules | None = None
+        self.schedules: Schedules | ShardedSchedules | None = None
         # The metrics token is read now: a bad token file stops the node before it starts.
         self.metrics = NodeMetrics(settings.node_id, token=scrape_token(settings))
         self.metrics_port: int | None = None
@@ -183,13 +213,7 @@ class Node:
             tls_client_ca=s.tls_client_ca,
         )
         quiet_pool_outages()  # an outage is reported by the loops, once
-        self.store = await Store.connect(
-            s.dsn,
-            partitions=s.partitions,
-            bucket_seconds=s.bucket_seconds,
-            max_size=s.pool_size,
-            limits=s.limits,
-        )
+        self.store = await self._open_stores()
         server = grpc.aio.server(
             # MalformedRequests first: it wraps the others, which then never see garbage.
             interceptors=[MalformedRequests(), *interceptors],
@@ -287,6 +311,7 @@ class Node:
             if s.cluster is not None
             else 6.0
         )
+        self.shard_watch = self._make_shard_watch(grace)
         self.store_watch = StoreWatch(
             self.store,
             self.ownership,
@@ -297,10 +322,14 @@ class Node:
             # Looking is a clock comparison (no I/O while the store answers): look often, so
             # a cut-off node hands off at grace + a fraction of it, not grace + a second.
             interval=min(1.0, grace / 5),
-            may_resume=clock_check.may_resume if clock_check is not None else lambda: True,
+            may_resume=self._may_resume,
             reachable_elsewhere=self._store_reachable_elsewhere(grace),
         )
-        self.schedules = Schedules(self.store, lookahead=s.schedule_lookahead)
+        self.schedules = (
+            ShardedSchedules(self.store, lookahead=s.schedule_lookahead)
+            if isinstance(self.store, ShardedStore)
+            else Schedules(self.store, lookahead=s.schedule_lookahead)
+        )
         self.pump = SchedulePump(
             self.schedules,
             self.ownership,
@@ -345,6 +374,7 @@ class Node:
         if clock_check is not None:
             self._loops.append(clock_check.start(self.supervisor))
         self._loops += self._shard_loops()
+        self._loops += self._shard_watch_loops()
         if self.precise is not None:
             self._loops += self.precise.start(self.supervisor)
         # Long polls still end at their deadline without it: latency, not health, is at stake.
@@ -379,6 +409,149 @@ class Node:
         self._start_metrics()
         log.info("node %s serving on %s", s.node_id, self.address)
 
+    async def _open_stores(self) -> NodeStore:
+        """The store alone; or, in a cluster, the shard map first (the stores are made with
+        what it says each shard holds), then a store per shard of it."""
+        s = self.settings
+        if s.cluster is None:
+            return await self._open_store(shard_name(0), s.dsn, None)
+        client = connect(s.cluster.etcd)
+        view = ShardMapView(
+            client,
+            Keys(s.cluster.etcd.cluster),
+            s.partitions,
+            s.dsn,
+            shard_dsns=s.store_shards,
+            supervisor=self.supervisor,
+        )
+        self.shard_map = view
+        try:
+            await view.start()
+            self.shard_stores = ShardStores(
+                s, self.current_map, lambda: view.dsns, self._open_store,
+                on_opened=self._shard_opened,
+            )  # fmt: skip
+            # shard-0 is needed to start (as the one store was); another shard that cannot
+            # be opened now is down, and opened again in the background.
+            first = await self._open_store(shard_name(0), s.dsn, self._holds(shard_name(0)))
+        except BaseException:
+            await view.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 5)
+            raise
+        self.shard_stores.stores[shard_name(0)] = first
+        sharded = ShardedStore(
+            {shard_name(0): first}, self.current_map, refresh=view.refresh
+        )
+        sharded.set_map(self.current_map())
+        self.store = sharded
+        await self.shard_stores.open_missing()
+        view.on_map.append(self._map_changed)
+        return sharded
+
+    def _make_shard_watch(self, grace: float) -> ShardWatch | None:
+        """Each shard's liveness, for a cluster node (its map may hold several shards)."""
+        sharded, ownership = self.store, self.ownership
+        if not isinstance(sharded, ShardedStore) or ownership is None:
+            return None
+        clock_check = self.clock_check
+        return ShardWatch(
+            sharded.probe_shard,
+            self.current_map,
+            ownership,
+            grace=grace,
+            interval=min(1.0, grace / 5),
+            elsewhere=self._shard_reachable_elsewhere(grace),
+            may_resume=clock_check.may_resume if clock_check is not None else lambda: True,
+            on_health=self._set_shard_serving,
+        )
+
+    def _shard_watch_loops(self) -> list[Loop]:
+        watch, shard_stores = self.shard_watch, self.shard_stores
+        if watch is None or shard_stores is None:
+            return []
+        return [
+            watch.start(self.supervisor),
+            # Not critical: a shard without a store is down, which the shard watch reports.
+            self.supervisor.every(
+                "open-shards",
+                shard_stores.open_missing,
+                interval=5.0,
+                wake=self._shards_wanted,
+                initial_delay=True,
+                critical=False,
+            ),
+        ]
+
+    def _holds(self, name: str) -> tuple[int, ...]:
+        from chronoq.node.shards import holds_at_start
+
+        return holds_at_start(name, self.current_map())
+
+    async def _open_store(self, name: str, dsn: str, holds: tuple[int, ...] | None) -> Store:
+        s = self.settings
+        return await Store.connect(
+            dsn,
+            partitions=s.partitions,
+            bucket_seconds=s.bucket_seconds,
+            max_size=s.pool_size,
+            limits=s.limits,
+            **_holds_argument(holds),
+        )
+
+    def current_map(self) -> ShardMap:
+        """The shard map this node routes by (a node alone: ``shard-0`` holds everything)."""
+        view = self.shard_map
+        if view is not None and view.current is not None:
+            return view.current
+        return single(self.settings.partitions)
+
+    def _shard_opened(self, name: str, store: Store) -> None:
+        if isinstance(self.store, ShardedStore) and name not in self.store.stores:
+            self.store.add_store(name, store)
+            self.store.set_map(self.current_map())
+
+    def _map_changed(self, current: ShardMap) -> None:
+        """A new map from etcd: route by it; open the shards it names that have no store."""
+        if isinstance(self.store, ShardedStore):
+            self.store.set_map(current)
+        if self.shard_stores is not None and self.shard_stores.missing():
+            self._shards_wanted.set()
+
+    async def _set_shard_serving(self, shard: str, ok: bool) -> None:
+        """Each shard's health under its own service name, e.g. ``chronoq.store.shard-1``:
+        a down shard is named there while the node serves the others."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ok
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self._health.set(f"{STORE_HEALTH_PREFIX}{shard}", status)
+
+    def published_stats(self) -> dict[str, float]:
+        """What this node publishes with its member stats: firing figures, when it last
+        reached the store (and each shard), the shard map version it routes by."""
+        out: dict[str, float] = {
+            **(node_stats(self.firer) if self.firer is not None else {}),
+            "store_ok_at": self.store_ok_at(),
+            "map_version": float(self.current_map().version),
+        }
+        if self.shard_watch is not None:
+            for shard, at in self.shard_watch.ok_epoch().items():
+                out[f"{SHARD_OK_PREFIX}{shard}"] = at
+        return out
+
+    def _may_resume(self) -> bool:
+        """Whether the store watch may rejoin: not while the clock is off, nor while a shard
+        that others reach is out of reach from here (the shard watch stepped out)."""
+        if self.clock_check is not None and not self.clock_check.may_resume():
+            return False
+        return self.shard_watch is None or not self.shard_watch.stepped_out
+
+    def shard_problems(self) -> list[str]:
+        """The store shards this node finds down (it serves the others)."""
+        return self.shard_watch.problems() if self.shard_watch is not None else []
+
     def _attach_shard_admin(self) -> ShardAdmin | None:
         """The shard map's writers and the move driver: a node of an etcd cluster only."""
         if isinstance(self.ownership, EtcdOwnership):
@@ -411,6 +584,7 @@ class Node:
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             worker_service, server
         )
+        sharded = self.store
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ClusterService(
                 self.store,
@@ -420,6 +594,9 @@ class Node:
                 self.firer,
                 partitions=self.partition_map,
                 shards=self.shard_admin,
+                shard_stores=(
+                    (lambda: sharded.stores) if isinstance(sharded, ShardedStore) else None
+                ),
             ),
             server,
         )
@@ -493,6 +670,22 @@ class Node:
             return reachable_elsewhere(
                 ownership.member_stats(), self.settings.node_id, time.time(), fresh
             )
+
+        return elsewhere
+
+    def _shard_reachable_elsewhere(self, grace: float) -> Callable[[str], bool]:
+        """Whether another member reached shard ``s`` lately (``store_ok_at:<shard>``)."""
+        ownership = self.ownership
+        if not isinstance(ownership, EtcdOwnership):
+            return lambda _s: False
+        fresh = grace + 2 * ownership.settings.stats_interval
+
+        def elsewhere(shard: str) -> bool:
+            stats = {
+                member: {"store_ok_at": figures.get(f"{SHARD_OK_PREFIX}{shard}", 0.0)}
+                for member, figures in ownership.member_stats().items()
+            }
+            return reachable_elsewhere(stats, self.settings.node_id, time.time(), fresh)
 
         return elsewhere
 

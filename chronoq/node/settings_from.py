@@ -31,6 +31,7 @@ class NodeOptions:
     """
 
     dsn: str
+    store_shards: tuple[str, ...] | None = None  # shard-1, shard-2, ... (dsn is shard-0)
     host: str | None = None
     port: int | None = None
     node_id: str | None = None
@@ -126,6 +127,8 @@ def settings_from(options: NodeOptions) -> NodeSettings:
     fields.update(_durations(o))
     if o.submit_quota is not None:
         fields["submit_quota"] = o.submit_quota or None
+    if o.store_shards:
+        fields["store_shards"] = tuple(o.store_shards)
     limits: dict[str, Any] = {}
     if o.max_payload_bytes is not None:
         limits["max_payload_bytes"] = o.max_payload_bytes
