@@ -4,11 +4,13 @@ Whoever can change such a file, or replace it, grants themselves what it grants.
 must be a regular file owned by this account (or root), not writable by group or others, and
 every directory above it, up to ``/``, owned by this account or root and not writable by
 group or others unless sticky (``/tmp``: others may add files there, not replace ours). Each
-refusal says what to fix (the chmod or chown). Pure: ``os.stat`` only, no I/O beyond it.
+refusal says what to fix (the chmod or chown). The checks are pure (``os.stat`` only); the
+writers below are the one way chronoq writes such a file (0600 from its first byte).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -17,6 +19,26 @@ from chronoq.errors import ConfigError
 
 #: Mode bits that let other accounts rewrite a file (or, on a directory, replace its files).
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def write_private(path: Path, text: str, *, replace: bool = False) -> None:
+    """Write ``text`` to ``path``, mode 0600 from its first byte and never through a link: a
+    new file (``FileExistsError`` if there is one), or with ``replace`` atomically in place of
+    the file there (written whole beside it first, so a reader never sees half of it)."""
+    target = path.with_name(path.name + ".partial") if replace else path
+    if replace:
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()  # a write that was cut short
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    if replace:
+        os.replace(target, path)
+
+
+def write_password(path: Path, password: str, *, replace: bool = False) -> None:
+    """Write ``password`` (one line) to ``path`` as ``write_private`` does."""
+    write_private(path, password + "\n", replace=replace)
 
 
 def trusted_owner(uid: int) -> bool:

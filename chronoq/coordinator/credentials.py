@@ -13,7 +13,9 @@ import stat
 from pathlib import Path
 
 from chronoq.errors import ConfigError
-from chronoq.private_files import check_file
+from chronoq.private_files import check_file, write_password
+
+__all__ = ["MAX_PASSWORD_FILE_BYTES", "private_dir", "read_password", "write_password"]
 
 #: The largest password file read: a password, not a document.
 MAX_PASSWORD_FILE_BYTES = 4096
@@ -30,13 +32,6 @@ def private_dir(path: Path) -> Path:
     if stat.S_IMODE(st.st_mode) != 0o700:
         path.chmod(0o700)
     return path
-
-
-def write_password(path: Path, password: str) -> None:
-    """Write ``password`` to a new file ``path``, 0600 from its first byte (never replaced)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(password + "\n")
 
 
 def read_password(path: str | Path, what: str = "etcd password file") -> str:

@@ -54,6 +54,7 @@ from chronoq.embedded.pg_auth import (
     scram_verifier,
 )
 from chronoq.embedded.processes import clear_stale_locks, free_port, lock_holder
+from chronoq.private_files import write_password
 
 __all__ = [
     "APP_PASSWORD_FILE",
@@ -103,17 +104,6 @@ def _clean_env() -> dict[str, str]:
 def _literal(text: str) -> str:
     """Quote an SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
-
-
-def _write_secret(path: Path, value: str) -> None:
-    """Write ``value`` to ``path``: mode 0600 from its creation, atomically."""
-    partial = path.with_name(path.name + ".partial")
-    with contextlib.suppress(FileNotFoundError):
-        partial.unlink()
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(value + "\n")
-    os.replace(partial, path)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
@@ -604,7 +594,7 @@ class EmbeddedPostgres:
         password = self.password  # reads the file, should it exist after all
         if self._password_stored:
             return
-        _write_secret(self.password_file, password)
+        write_password(self.password_file, password, replace=True)
         self._password_stored = True
 
     def _ensure_app_role(self) -> None:
@@ -617,7 +607,9 @@ class EmbeddedPostgres:
         try:
             self._app_password = self.app_password
         except EmbeddedPostgresError:
-            _write_secret(self.app_password_file, secrets.token_urlsafe(PASSWORD_BYTES))
+            write_password(
+                self.app_password_file, secrets.token_urlsafe(PASSWORD_BYTES), replace=True
+            )
             self._app_password = None
         self.run_sql(role_sql(APP_ROLE, self.app_password), hidden=True)
 

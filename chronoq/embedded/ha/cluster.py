@@ -54,6 +54,7 @@ from chronoq.embedded.ha.install import (
 )
 from chronoq.embedded.pg_auth import give_database_sql, give_tables_sql, role_sql
 from chronoq.embedded.supervisor import Child
+from chronoq.private_files import write_private
 
 # Loopback only: never let http_proxy and friends intercept Patroni's REST API.
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -466,14 +467,17 @@ class PatroniCluster:
             raise PatroniError(f"psql failed running {shown}: {result.stderr.strip()}")
         return result.stdout
 
-    def ensure_database(self, name: str) -> str:
+    def ensure_database(self, name: str, *, template: str | None = None) -> str:
         """Create ``name`` on the primary if missing (the standbys replicate it), owned by the
         nodes' role; one made by an older chronoq is given to that role, tables and all.
-        Returns its DSN (as that role)."""
+        ``template``: a database to copy when creating (a migrated one, with no connection
+        open to it: much faster than migrating each database). Returns its DSN (as that
+        role)."""
         literal = "'" + name.replace("'", "''") + "'"
         exists = f"SELECT 1 FROM pg_database WHERE datname = {literal}"
         if not self.run_sql(exists).strip():
-            self.run_sql('CREATE DATABASE "' + name.replace('"', '""') + f'" OWNER {APP_ROLE}')
+            copy = f" TEMPLATE {_ident(template)}" if template is not None else ""
+            self.run_sql(f"CREATE DATABASE {_ident(name)} OWNER {APP_ROLE}{copy}")
         self.run_sql(give_database_sql(name, APP_ROLE))
         self.run_sql(give_tables_sql(APP_ROLE), name)
         # A commit waits for the standby's flush, not its replay, and asyncpg tries the hosts
@@ -486,6 +490,11 @@ class PatroniCluster:
                     raise PatroniError(f"database {name!r} did not reach {member} within 30 s")
                 time.sleep(_POLL_S)
         return self.dsn_for(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop ``name`` if it exists, ending its sessions first (on the primary: the standbys
+        replay the drop)."""
+        self.run_sql(f"DROP DATABASE IF EXISTS {_ident(name)} WITH (FORCE)")
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -516,13 +525,7 @@ class PatroniCluster:
         if any(k not in known for k in _SECRETS):
             self.workdir.mkdir(parents=True, exist_ok=True)
             known = {k: known.get(k) or secrets.token_urlsafe(24) for k in _SECRETS}
-            partial = path.with_name(PASSWORDS_FILE + ".partial")
-            with contextlib.suppress(FileNotFoundError):
-                partial.unlink()
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump(known, out)
-            os.replace(partial, path)
+            write_private(path, json.dumps(known), replace=True)
         self._passwords = known
         return known
 
@@ -602,6 +605,11 @@ class PatroniCluster:
             if time.monotonic() > deadline:
                 raise PatroniError(f"postgres processes {pids} of {member.name} survived SIGKILL")
             time.sleep(0.02)
+
+
+def _ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _traversable(path: Path) -> None:
