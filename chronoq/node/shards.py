@@ -34,7 +34,7 @@ log = logging.getLogger("chronoq.node")
 
 # A masked libpq keyword password (``password=***``), dropped so that the password file
 # applies.
-_MASKED_KEYWORD = re.compile(r"(?i)\bpassword\s*=\s*" + re.escape(MASK) + r"(\s|$)")
+_MASKED_KEYWORD = re.compile(r"(?i)\bpassword\s*=\s*" + re.escape(MASK) + r"(\s+|$)")
 
 
 def without_masked_password(dsn: str) -> str:
@@ -43,7 +43,7 @@ def without_masked_password(dsn: str) -> str:
     bare, password = split_password(dsn)
     if password == MASK:
         return bare
-    return _MASKED_KEYWORD.sub(r"\1", dsn).strip()
+    return _MASKED_KEYWORD.sub("", dsn).strip()
 
 
 def reach_dsn(name: str, own: Sequence[str], registered: Mapping[str, str]) -> str | None:

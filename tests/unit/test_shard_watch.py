@@ -1,0 +1,121 @@
+"""The per-shard watch of a node (pure: a fake probe and a fake ownership) and the even
+first map."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chronoq.config import NodeSettings
+from chronoq.coordinator.settings import ClusterSettings, EtcdSettings
+from chronoq.errors import ConfigError
+from chronoq.node.shards import ShardWatch, cause, reach_dsn, without_masked_password
+from chronoq.shardmap import ShardMap, ShardMapInvalid, even
+
+
+class FakeOwnership:
+    def __init__(self) -> None:
+        self.held_out: dict[str, frozenset[int]] = {}
+        self.suspended = False
+
+    def hold_out(self, cause: str, partitions: frozenset[int], reason: str) -> None:
+        self.held_out[cause] = partitions
+
+    def bring_back(self, cause: str) -> None:
+        self.held_out.pop(cause, None)
+
+    async def suspend(self, reason: str = "") -> None:
+        self.suspended = True
+
+    async def resume(self) -> None:
+        self.suspended = False
+
+
+def test_even_splits_in_contiguous_ranges() -> None:
+    m = even(10, 3)
+    assert m.version == 1
+    assert [m.held_by(s) for s in m.shards] == [(0, 1, 2, 3), (4, 5, 6), (7, 8, 9)]
+    assert even(4, 1) == ShardMap(1, ("shard-0",), ("shard-0",) * 4)
+    with pytest.raises(ShardMapInvalid):
+        even(2, 3)
+
+
+def watch(up: dict[str, bool], elsewhere: set[str], clock: list[float]) -> tuple[
+    ShardWatch, FakeOwnership
+]:
+    async def probe(shard: str, _timeout: float) -> bool:
+        return up[shard]
+
+    own = FakeOwnership()
+    w = ShardWatch(
+        probe,
+        lambda: even(16, 2),
+        own,  # type: ignore[arg-type]
+        grace=1.0,
+        elsewhere=lambda s: s in elsewhere,
+        monotonic=lambda: clock[0],
+    )
+    return w, own
+
+
+def test_a_shard_nobody_reaches_is_held_out_alone_and_brought_back() -> None:
+    up, clock = {"shard-0": True, "shard-1": True}, [0.0]
+    w, own = watch(up, set(), clock)
+    asyncio.run(w.check())
+    up["shard-1"] = False
+    clock[0] = 0.5
+    asyncio.run(w.check())
+    assert own.held_out == {}  # within grace: nothing yet
+    clock[0] = 1.6
+    asyncio.run(w.check())
+    assert own.held_out == {cause("shard-1"): frozenset(range(8, 16))}
+    assert not own.suspended
+    assert w.problems() == ["store shard-1 down: unreachable"]
+    up["shard-1"] = True
+    asyncio.run(w.check())
+    assert own.held_out == {} and w.down == {}
+
+
+def test_a_shard_others_reach_makes_the_node_step_out_until_it_answers() -> None:
+    up, clock = {"shard-0": True, "shard-1": False}, [0.0]
+    w, own = watch(up, {"shard-1"}, clock)
+    clock[0] = 2.0
+    asyncio.run(w.check())
+    assert own.suspended and w.stepped_out
+    up["shard-1"] = True
+    asyncio.run(w.check())
+    assert not own.suspended and not w.stepped_out
+
+
+def test_the_registered_dsn_loses_its_mask_so_the_password_file_applies() -> None:
+    assert without_masked_password("postgresql://app:***@db:5432/x") == "postgresql://app@db:5432/x"
+    assert without_masked_password("host=db user=app password=*** dbname=x") == (
+        "host=db user=app dbname=x"
+    )
+    own = ("postgresql://a:pw@h0/x", "postgresql://a:pw@h1/x")
+    registered = {"shard-2": "postgresql://a:***@h2/x"}
+    assert reach_dsn("shard-1", own, registered) == own[1]
+    assert reach_dsn("shard-2", own, registered) == "postgresql://a@h2/x"
+    assert reach_dsn("shard-3", own, registered) is None
+
+
+def test_store_shards_are_checked_and_their_passwords_never_shown() -> None:
+    cluster = ClusterSettings(etcd=EtcdSettings(endpoints=["127.0.0.1:2379"]))
+    base = "postgresql://a:topsecret@h0/x"
+    with pytest.raises(ConfigError, match="needs --etcd"):
+        NodeSettings(dsn=base, store_shards=("postgresql://a:b@h1/x",))
+    for bad, match in (
+        ((base,), "is the DSN of shard-0"),
+        (("mysql://a:topsecret@h/x",), "not a PostgreSQL DSN"),
+        (("",), "empty"),
+        (("postgresql://a:topsecret@h1/x",) * 2, "is the DSN of shard-1"),
+    ):
+        with pytest.raises(ConfigError, match=match) as caught:
+            NodeSettings(dsn=base, cluster=cluster, store_shards=bad)
+        assert "topsecret" not in str(caught.value)
+    with pytest.raises(ConfigError, match="at least one partition"):
+        NodeSettings(dsn=base, cluster=cluster, partitions=1, store_shards=("host=h1",))
+    assert "h1" not in repr(
+        NodeSettings(dsn=base, cluster=cluster, store_shards=("postgresql://a@h1/x",))
+    )
