@@ -52,6 +52,10 @@ class Child:
         assert pid is not None
         return pid
 
+    @property
+    def alive(self) -> bool:
+        return self._proc.alive()
+
     @classmethod
     async def spawn_node(cls, name: str, dsn: str, logs: Path) -> Child:
         """A node child on ``dsn``; its password goes in the environment, not the command line."""

@@ -131,13 +131,26 @@ async def transactions(dsn: str) -> int:
     return int(row["n"])
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds ``pid`` has used (0 once it has gone)."""
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """User + system CPU seconds ``pid`` has used (0 once it has gone); ``reaped``: also
+    those of its children that have exited and been waited for (a server's closed backends)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of a PostgreSQL server so far: the postmaster, its live processes and the
+    backends it has reaped (a connection closed during a measurement still counts; one
+    that closes after it counts too, which the caller avoids by closing its own first)."""
+    return cpu_seconds(postmaster, reaped=True) + sum(
+        cpu_seconds(p) for p in descendants(postmaster)
+    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -157,7 +170,5 @@ def descendants(pid: int) -> list[int]:
 def cpu_now(worker_pids: Sequence[int], postgres: int | None) -> tuple[float, float, float]:
     """CPU seconds so far of this process (node and in-process workers), of the worker
     processes, and of the PostgreSQL server (postmaster and backends; 0 when not ours)."""
-    server = 0.0
-    if postgres is not None:
-        server = sum(cpu_seconds(p) for p in [postgres, *descendants(postgres)])
+    server = server_cpu(postgres) if postgres is not None else 0.0
     return time.process_time(), sum(cpu_seconds(p) for p in worker_pids), server

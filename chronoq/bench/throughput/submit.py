@@ -49,9 +49,12 @@ def spread_tasks(count: int, spread: timedelta) -> list[NewTask]:
     return [NewTask(queue=QUEUE, run_at=first + step * i, payload=PAYLOAD) for i in range(count)]
 
 
-async def submit_all(address: str, tasks: Sequence[NewTask], submitters: int) -> float:
-    """Submit ``tasks`` in batches, ``submitters`` clients at once; seconds until all accepted."""
-    batches = [tasks[i:i + SUBMIT_BATCH] for i in range(0, len(tasks), SUBMIT_BATCH)]
+async def submit_all(
+    address: str, tasks: Sequence[NewTask], submitters: int, *, batch: int = SUBMIT_BATCH
+) -> float:
+    """Submit ``tasks`` in batches of ``batch``, ``submitters`` clients at once, each call
+    after the client's previous one; seconds until all accepted."""
+    batches = [tasks[i:i + batch] for i in range(0, len(tasks), batch)]
     clients = [Client(address, timeout=120) for _ in range(submitters)]
     try:
         for client in clients:
@@ -59,8 +62,8 @@ async def submit_all(address: str, tasks: Sequence[NewTask], submitters: int) ->
 
         async def submit(client: Client, mine: Sequence[Sequence[NewTask]]) -> int:
             created = 0
-            for batch in mine:
-                created += sum(c for _id, c in await client.submit_ids(batch))
+            for part in mine:
+                created += sum(c for _id, c in await client.submit_ids(part))
             return created
 
         started = time.perf_counter()
