@@ -12,6 +12,8 @@ import hmac
 import re
 import secrets
 
+from chronoq.embedded.pg_quote import quote_ident, quote_literal
+
 # A pg_hba.conf line (not a comment) whose method is trust.
 TRUST_LINE = re.compile(r"^(?!\s*#)(.*\S\s+)trust\b", re.MULTILINE)
 _SCRAM_ITERATIONS = 4096
@@ -36,14 +38,6 @@ def scram_verifier(password: str, salt: bytes | None = None) -> str:
     return f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def role_sql(role: str, password: str) -> str:
     """Create ``role`` if missing, or make it so again: a login with ``password`` (as a SCRAM
     verifier) and no power beyond what it owns; close the maintenance databases to it.
@@ -51,9 +45,9 @@ def role_sql(role: str, password: str) -> str:
     For psql's stdin, not its command line: the verifier would let whoever reads it pose as
     the server to the role's clients.
     """
-    name = _ident(role)
+    name = quote_ident(role)
     return (
-        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {_literal(role)}) "
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {quote_literal(role)}) "
         f"THEN CREATE ROLE {name}; END IF; END $$;\n"
         f"ALTER ROLE {name} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
         f"NOBYPASSRLS PASSWORD '{scram_verifier(password)}';\n"
@@ -65,8 +59,8 @@ def role_sql(role: str, password: str) -> str:
 def give_database_sql(database: str, role: str) -> str:
     """Make ``role`` the owner of ``database``, closed to every other role but superusers."""
     return (
-        f"ALTER DATABASE {_ident(database)} OWNER TO {_ident(role)}; "
-        f"REVOKE ALL ON DATABASE {_ident(database)} FROM PUBLIC"
+        f"ALTER DATABASE {quote_ident(database)} OWNER TO {quote_ident(role)}; "
+        f"REVOKE ALL ON DATABASE {quote_ident(database)} FROM PUBLIC"
     )
 
 
@@ -78,8 +72,8 @@ def give_tables_sql(role: str) -> str:
   FOR r IN SELECT c.oid::regclass AS name FROM pg_class c
       JOIN pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
-        AND c.relowner <> {_literal(role)}::regrole
+        AND c.relowner <> {quote_literal(role)}::regrole
         AND (c.relkind <> 'S' OR NOT EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid
              AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')))
-  LOOP EXECUTE format('ALTER TABLE %s OWNER TO %I', r.name, {_literal(role)}); END LOOP;
+  LOOP EXECUTE format('ALTER TABLE %s OWNER TO %I', r.name, {quote_literal(role)}); END LOOP;
 END $$"""

@@ -53,6 +53,7 @@ from chronoq.embedded.pg_auth import (
     role_sql,
     scram_verifier,
 )
+from chronoq.embedded.pg_quote import quote_ident, quote_literal
 from chronoq.embedded.processes import clear_stale_locks, free_port, lock_holder
 from chronoq.private_files import write_password
 
@@ -89,21 +90,11 @@ _INITDB_TIMEOUT = 180.0
 _LOG_TAIL_LINES = 40
 
 
-def _quote_ident(name: str) -> str:
-    """Quote an SQL identifier, so any database name is safe to interpolate."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _clean_env() -> dict[str, str]:
     """The environment without PG* variables, which would silently redirect our tools."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
     return env
-
-
-def _literal(text: str) -> str:
-    """Quote an SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
@@ -456,11 +447,11 @@ class EmbeddedPostgres:
         Copying a migrated template is much faster than migrating each test database; the
         template must have no open connections (postgres waits up to 5 s for them to go).
         """
-        sql = f"CREATE DATABASE {_quote_ident(name)} OWNER {_quote_ident(APP_ROLE)}"
+        sql = f"CREATE DATABASE {quote_ident(name)} OWNER {quote_ident(APP_ROLE)}"
         if template is not None:
-            sql += f" TEMPLATE {_quote_ident(template)}"
+            sql += f" TEMPLATE {quote_ident(template)}"
         self.run_sql(sql)
-        self.run_sql(f"REVOKE ALL ON DATABASE {_quote_ident(name)} FROM PUBLIC")
+        self.run_sql(f"REVOKE ALL ON DATABASE {quote_ident(name)} FROM PUBLIC")
         self._create_extensions(name)
         return self.dsn_for(name)
 
@@ -470,7 +461,7 @@ class EmbeddedPostgres:
         One made by an older chronoq (owned by the superuser, as were its tables) is given
         to ``APP_ROLE``, tables and all.
         """
-        found = self.run_sql(f"SELECT 1 FROM pg_database WHERE datname = {_literal(name)}")
+        found = self.run_sql(f"SELECT 1 FROM pg_database WHERE datname = {quote_literal(name)}")
         if not found.strip():
             return self.create_database(name), True
         self.run_sql(give_database_sql(name, APP_ROLE))
@@ -487,7 +478,7 @@ class EmbeddedPostgres:
 
     def drop_database(self, name: str) -> None:
         """Drop database ``name`` if it exists, disconnecting its sessions first."""
-        self.run_sql(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+        self.run_sql(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
 
     # -- internals --------------------------------------------------------------------------
 
@@ -631,7 +622,7 @@ class EmbeddedPostgres:
             return
         self._store_password()
         verifier = scram_verifier(self.password)
-        self.run_sql(f"ALTER ROLE {_quote_ident(POSTGRES_USER)} PASSWORD '{verifier}'")
+        self.run_sql(f"ALTER ROLE {quote_ident(POSTGRES_USER)} PASSWORD '{verifier}'")
         hba.write_text(secured)
         self.run_sql("SELECT pg_reload_conf()")
         log.warning(

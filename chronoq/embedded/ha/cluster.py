@@ -53,6 +53,7 @@ from chronoq.embedded.ha.install import (
     run_as,
 )
 from chronoq.embedded.pg_auth import give_database_sql, give_tables_sql, role_sql
+from chronoq.embedded.pg_quote import quote_ident, quote_literal
 from chronoq.embedded.supervisor import Child
 from chronoq.private_files import write_private
 
@@ -473,11 +474,10 @@ class PatroniCluster:
         ``template``: a database to copy when creating (a migrated one, with no connection
         open to it: much faster than migrating each database). Returns its DSN (as that
         role)."""
-        literal = "'" + name.replace("'", "''") + "'"
-        exists = f"SELECT 1 FROM pg_database WHERE datname = {literal}"
+        exists = f"SELECT 1 FROM pg_database WHERE datname = {quote_literal(name)}"
         if not self.run_sql(exists).strip():
-            copy = f" TEMPLATE {_ident(template)}" if template is not None else ""
-            self.run_sql(f"CREATE DATABASE {_ident(name)} OWNER {APP_ROLE}{copy}")
+            copy = f" TEMPLATE {quote_ident(template)}" if template is not None else ""
+            self.run_sql(f"CREATE DATABASE {quote_ident(name)} OWNER {APP_ROLE}{copy}")
         self.run_sql(give_database_sql(name, APP_ROLE))
         self.run_sql(give_tables_sql(APP_ROLE), name)
         # A commit waits for the standby's flush, not its replay, and asyncpg tries the hosts
@@ -494,7 +494,7 @@ class PatroniCluster:
     def drop_database(self, name: str) -> None:
         """Drop ``name`` if it exists, ending its sessions first (on the primary: the standbys
         replay the drop)."""
-        self.run_sql(f"DROP DATABASE IF EXISTS {_ident(name)} WITH (FORCE)")
+        self.run_sql(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -605,11 +605,6 @@ class PatroniCluster:
             if time.monotonic() > deadline:
                 raise PatroniError(f"postgres processes {pids} of {member.name} survived SIGKILL")
             time.sleep(0.02)
-
-
-def _ident(name: str) -> str:
-    """``name`` as a quoted SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _traversable(path: Path) -> None:
