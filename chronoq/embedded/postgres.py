@@ -97,6 +97,16 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _stored_secret(path: Path) -> str | None:
+    """The secret kept in ``path`` (as ``write_password`` wrote it), None while there is none."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise EmbeddedPostgresError(f"cannot read {path}: {exc}") from exc
+
+
 def _signal(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to ``pid``, ignoring a process that is already gone."""
     with contextlib.suppress(ProcessLookupError):
@@ -222,14 +232,11 @@ class EmbeddedPostgres:
     def app_password(self) -> str:
         """``APP_ROLE``'s password (generated and stored by ``start``)."""
         if self._app_password is None:
-            try:
-                stored = self.app_password_file.read_text().strip()
-            except FileNotFoundError:
+            stored = _stored_secret(self.app_password_file)
+            if stored is None:
                 raise EmbeddedPostgresError(
                     f"{self.app_password_file} does not exist yet: start the server first"
-                ) from None
-            except OSError as exc:
-                raise EmbeddedPostgresError(f"cannot read {self.app_password_file}: {exc}") from exc
+                )
             self._app_password = stored
         return self._app_password
 
@@ -242,12 +249,7 @@ class EmbeddedPostgres:
     def password(self) -> str:
         """The superuser's password: the data directory's, or the one its initdb will get."""
         if not self._password_stored:
-            try:
-                stored = self.password_file.read_text().strip()
-            except FileNotFoundError:
-                stored = ""
-            except OSError as exc:
-                raise EmbeddedPostgresError(f"cannot read {self.password_file}: {exc}") from exc
+            stored = _stored_secret(self.password_file)
             if stored:
                 self._password, self._password_stored = stored, True
         return self._password
