@@ -15,7 +15,9 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 #: Random bytes in a secret (base64url: 32 characters, safe in a URL, a cookie, a header).
 SECRET_BYTES = 24
@@ -39,6 +41,19 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+def with_headers(headers: Mapping[str, str]) -> Callable[[Any, Any], Awaitable[None]]:
+    """An ``on_response_prepare`` hook (aiohttp's signal, taking the request and the response)
+    that gives every response ``headers``: refusals, errors and static files included, so no
+    page of the app runs other scripts or sits in another page's frame."""
+
+    async def secure(_request: Any, response: Any) -> None:
+        response.headers.update(headers)
+
+    return secure
+
+
 #: How much of a header value an error message repeats.
 SHORT = 60
 _LOOPBACK_NAMES = frozenset({"localhost"})

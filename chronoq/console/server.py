@@ -159,7 +159,8 @@ class Console:
             return await self._check(request, handler)
 
         app = web.Application(middlewares=[check], client_max_size=MAX_BODY_BYTES)
-        app.on_response_prepare.append(_secure)  # every response: errors and static files too
+        # Every response, errors and static files too.
+        app.on_response_prepare.append(origins.with_headers(_SECURITY_HEADERS))
         for path in PAGES:
             app.router.add_get(path, self._page)
         app.router.add_get(guard.LOGIN_PATH, self._login)
@@ -322,12 +323,6 @@ class Console:
             return await self.link.schedule_action(_ns(body), _text(body, "name"), action)
 
         return act
-
-
-async def _secure(request: web.Request, response: web.StreamResponse) -> None:
-    """Give every response, refusals, errors and static files included, the headers that
-    keep its page to its own scripts and out of other pages' frames."""
-    response.headers.update(_SECURITY_HEADERS)
 
 
 async def _answer(produce: Callable[[], Awaitable[Any]]) -> web.Response:

@@ -86,11 +86,9 @@ def guarded(lab_guard: Callable[[], guard.LabGuard | None], refusals: RefusalLog
     return check
 
 
-async def secured(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: every response (refusals, errors and static files included)
-    keeps its page to the lab's own scripts, as text, and out of other pages' frames (no
-    clickjacking of its buttons)."""
-    response.headers.update(origins.SECURITY_HEADERS)
+#: ``on_response_prepare``: every response keeps its page to the lab's own scripts, as text,
+#: and out of other pages' frames (no clickjacking of its buttons).
+secured = origins.with_headers(origins.SECURITY_HEADERS)
 
 
 def json_action(action: Action) -> Callable[[web.Request], Awaitable[web.Response]]:
