@@ -181,6 +181,25 @@ class ShardUnavailable(StoreUnavailable):
         super().__init__(f"store {shard}: {message}")
 
 
+class PartitionMoved(StoreUnavailable):
+    """The store shard does not hold these partitions live at the caller's map version (a
+    move is freezing them, or moved them away): nothing of the statement was written. The
+    caller refreshes its shard map and retries on the shard that holds them now."""
+
+    def __init__(self, partitions: tuple[int, ...], map_version: int | None = None) -> None:
+        self.partitions = partitions
+        self.map_version = map_version
+        shown_parts = ", ".join(str(p) for p in partitions[:8]) + (
+            f" (and {len(partitions) - 8} more)" if len(partitions) > 8 else ""
+        )
+        noun = "partition" if len(partitions) == 1 else "partitions"
+        verb = "is" if len(partitions) == 1 else "are"
+        super().__init__(
+            f"{noun} {shown_parts} {verb} moving to another store shard; retry (nothing of "
+            "this write was made; a submit with its idempotency key is safe to repeat)"
+        )
+
+
 class BatchPartlyAccepted(StoreUnavailable):
     """A batch spanning store shards was committed on some of them only (an outage or a
     move on the others). ``accepted``: (position in the batch, task id, created) of each task

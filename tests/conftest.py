@@ -46,7 +46,9 @@ def template_db(postgres: EmbeddedPostgres) -> str:
     dsn = postgres.create_database(name)
 
     async def migrate() -> None:
-        store = await Store.connect(dsn, min_size=1, max_size=1)
+        # holds=(): the template holds no partition yet, so each test's database adopts
+        # the partitions of its own first Store (as a fresh deployment does).
+        store = await Store.connect(dsn, min_size=1, max_size=1, holds=())
         await store.close()
 
     asyncio.run(migrate())

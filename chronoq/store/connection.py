@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
 import asyncpg
 
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
-from chronoq.errors import StoreUnavailable
+from chronoq.errors import ConfigError, PartitionMoved, StoreUnavailable
 from chronoq.limits import Limits
 from chronoq.saturating import LONGEST, clamp, ms_of
 from chronoq.store import password_guard
@@ -46,10 +46,24 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 UNKNOWN_OUTCOME = "outcome unknown; safe to retry (a submit with its idempotency key)"
 
 
+#: The SQLSTATE of chronoq_hold (migration 0011): a partition not held live here.
+PARTITION_MOVED_SQLSTATE = "CQ001"
+
+
+def _moved(exc: asyncpg.PostgresError) -> PartitionMoved:
+    detail = getattr(exc, "detail", None) or ""
+    parts = tuple(int(p) for p in detail.split(",") if p.strip().isdigit())
+    return PartitionMoved(parts)
+
+
 @contextlib.contextmanager
 def _translated() -> Iterator[None]:
     try:
         yield
+    except asyncpg.exceptions.UnknownPostgresError as exc:
+        if getattr(exc, "sqlstate", None) == PARTITION_MOVED_SQLSTATE:
+            raise _moved(exc) from exc
+        raise
     except UNAVAILABLE as exc:
         raise StoreUnavailable(
             f"PostgreSQL unavailable: {type(exc).__name__}: {exc}; {UNKNOWN_OUTCOME}"
@@ -148,6 +162,10 @@ class Connected:
     ) -> None:
         self.pool = pool
         self.partitions = partitions
+        # The shard map version the node routes by (a store of shards sets it): every write
+        # of a partition passes it, and this shard refuses partitions it does not hold live
+        # since a version <= it (shard_partitions, migration 0011).
+        self.map_version: int = 1
         self.bucket_seconds = bucket_seconds
         self.dsn = dsn  # for connections outside the pool (listening for notices)
         # Stored durations are saturated at these bounds wherever they meet a time.
@@ -170,11 +188,17 @@ class Connected:
         migrate: bool = True,
         command_timeout: float = 15.0,
         limits: Limits | None = None,
+        holds: Sequence[int] | None = None,
     ) -> Self:
         """Open a pool on ``dsn`` and, by default, apply pending migrations.
 
         Statements give up after ``command_timeout`` (then ``StoreUnavailable``), so a node
         cut off from PostgreSQL notices within seconds instead of hanging.
+
+        ``holds``: the partitions this shard holds when its ``shard_partitions`` table has
+        no row at all (``None``: every partition, which is how an existing single store
+        becomes ``shard-0`` on its first connect after the upgrade; ``()``: a shard added
+        later, which a move fills). A table with any row is left as it is.
         """
         with _translated():
             pool = await asyncpg.create_pool(
@@ -196,7 +220,34 @@ class Connected:
         )
         if migrate:
             await store.migrate()
+        await store._adopt(range(partitions) if holds is None else holds)
         return store
+
+    async def _adopt(self, holds: Iterable[int]) -> bool:
+        """Record ``holds`` as live since map version 1 if this shard holds nothing yet (no
+        row in ``shard_partitions``); returns whether it did. Concurrent callers serialise on
+        the table's lock and only the first writes (idempotent, race-safe)."""
+        wanted = sorted({int(p) for p in holds})
+        for p in wanted:
+            if not 0 <= p < self.partitions:
+                raise ConfigError(
+                    f"partition {p} is outside 0..{self.partitions - 1}: a shard holds only "
+                    "partitions of the cluster's count"
+                )
+        async with self.connection() as conn:
+            if await conn.fetchval("SELECT to_regclass('shard_partitions') IS NULL"):
+                return False  # not migrated (migrate=False): nothing to fence yet
+            if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM shard_partitions)"):
+                return False
+            async with conn.transaction():
+                await conn.execute("LOCK TABLE shard_partitions IN SHARE ROW EXCLUSIVE MODE")
+                status: str = await conn.execute(
+                    "INSERT INTO shard_partitions (partition, state, since_version)"
+                    " SELECT p, 0, 1 FROM unnest($1::smallint[]) AS p"
+                    " WHERE NOT EXISTS (SELECT 1 FROM shard_partitions)",
+                    wanted,
+                )
+        return status != "INSERT 0 0"
 
     async def migrate(self) -> list[int]:
         """Apply the migrations not yet applied, each in its own transaction; returns them."""

@@ -1,0 +1,64 @@
+-- Store-side fencing of the shard map (docs/design/shards.md): the partitions this shard
+-- holds, and since which map version. Every write of a partition checks it, so a node that
+-- routes by a stale map cannot write a moved partition's tasks into its old shard.
+CREATE TABLE shard_partitions (
+    partition     smallint PRIMARY KEY,
+    state         smallint NOT NULL,  -- 0 live, 1 frozen (moving out), 2 incoming, 3 gone
+    since_version bigint   NOT NULL,  -- the map version from which this shard holds it
+    move_id       text,               -- the move that last changed it
+    move_token    bigint,             -- that mover's etcd token (a stale mover is refused)
+    CHECK (state BETWEEN 0 AND 3)
+);
+
+-- Every write of a partition calls one of these two functions once (an InitPlan) before it
+-- writes a row. Each takes a shared transaction-level advisory lock (class 0x63687271,
+-- "chrq"; one of 8 stripes, by backend) and then reads shard_partitions in a snapshot of its
+-- own (a volatile PL/pgSQL function takes one per statement): the freeze of a move takes the
+-- 8 stripes exclusively for its UPDATE, so it waits for every write in flight to commit, and a
+-- write that starts after the freeze committed reads the frozen state. No row lock is taken
+-- on shard_partitions: FOR SHARE by many concurrent writers would make MultiXacts and write
+-- each lock into the table's rows.
+
+-- The listed partitions must all be live here since a version <= map_version; otherwise the
+-- statement fails with SQLSTATE CQ001 and the refused partitions in DETAIL (the store raises
+-- PartitionMoved), and nothing of it is written.
+CREATE FUNCTION chronoq_hold(parts smallint[], map_version bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+DECLARE
+    refused smallint[];
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
+    SELECT array_agg(w.p ORDER BY w.p) INTO refused
+    FROM (SELECT DISTINCT u.p FROM unnest(parts) AS u(p)) w
+    WHERE NOT EXISTS (
+        SELECT 1 FROM shard_partitions h
+        WHERE h.partition = w.p AND h.state = 0 AND h.since_version <= map_version
+    );
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'CQ001',
+            MESSAGE = 'partitions not held live by this store shard at map version '
+                      || map_version,
+            DETAIL = array_to_string(refused, ',');
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- The partitions live here since a version <= map_version, for the writes that find their
+-- rows by queue (claims): NULL when every partition below `partitions` is live (the common
+-- case: the caller's filter is then a constant).
+CREATE FUNCTION chronoq_live(map_version bigint, partitions integer) RETURNS smallint[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+DECLARE
+    live smallint[];
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
+    SELECT coalesce(array_agg(h.partition ORDER BY h.partition), '{}') INTO live
+    FROM shard_partitions h
+    WHERE h.state = 0 AND h.since_version <= map_version AND h.partition < partitions;
+    IF cardinality(live) >= partitions THEN
+        RETURN NULL;
+    END IF;
+    RETURN live;
+END
+$$;
