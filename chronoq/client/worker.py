@@ -40,46 +40,29 @@ from datetime import timedelta
 from typing import Any
 
 from chronoq import errors, tracing
+from chronoq.client.acks import ACK_RETRY_INITIAL, Ack, AckBatches
 from chronoq.client.client import Client
 from chronoq.client.context import FatalTaskError, Handler, TaskContext
+from chronoq.client.outage import Outage
 from chronoq.client.pacing import pacer
 from chronoq.client.prefetch import HandlerPace, prefetch_limit
 from chronoq.client.stream import WorkStream
+from chronoq.client.worker_stats import WorkerStats
 from chronoq.limits import MAX_STREAM_CREDITS
 from chronoq.models import AckOutcome, Lease, Task
 from chronoq.signals import on_stop_signals
 from chronoq.supervision import Loop, Supervisor, retry_delay
 
+__all__ = ["Worker", "WorkerStats"]
+
 log = logging.getLogger("chronoq.worker")
 
-#: Ack batches sent at once: a batch stuck on a slow node does not hold up the next ones.
-ACK_BATCHES_IN_FLIGHT = 4
-#: First pause before a failed ack batch is sent again; it doubles up to ``ACK_RETRY_MAX``.
-ACK_RETRY_INITIAL = 0.2
-ACK_RETRY_MAX = 2.0
-#: An ack is given up this long before its lease would expire (the node then re-runs it).
-ACK_GIVE_UP_MARGIN = 0.5
 #: Pause between claims that keep failing (the first retry goes at once, to another node).
 CLAIM_RETRY_DELAY = 0.5
 #: Seconds between looks for leases due a heartbeat (each is renewed at a third of its lease).
 HEARTBEAT_POLL = 0.25
 #: Longest pause before taking tasks again after an unexpected error.
 WORK_RETRY_MAX = 5.0
-#: Errors after which an ack is worth sending again: the node or its store did not answer,
-#: or a rate limit said "later".
-_TRANSIENT = (errors.Unavailable, errors.ResourceExhausted)
-
-
-@dataclass
-class WorkerStats:
-    claimed: int = 0
-    claimed_on_ack: int = 0  # of ``claimed``, those whose claim rode on an ack batch
-    succeeded: int = 0
-    failed: int = 0
-    released: int = 0
-    lost: int = 0  # lease lost or task cancelled while running
-    ack_retries: int = 0  # ack batches sent again after a failed attempt
-    acks_dropped: int = 0  # successes never acknowledged (their tasks will run again)
 
 
 @dataclass
@@ -95,34 +78,6 @@ class _Running:
     def lease_deadline(self) -> float:
         """Loop time by which the node may consider the lease expired."""
         return self.last_beat + self.lease_timeout
-
-
-@dataclass(frozen=True)
-class _Ack:
-    lease: Lease
-    give_up_at: float  # loop time
-
-
-class _Outage:
-    """Logs when calls of one kind start failing and when they work again, with the count of
-    failed attempts, instead of a line per failure."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.failures = 0
-
-    def failed(self, err: Exception) -> None:
-        if not self.failures:
-            if isinstance(err, errors.ChronoqError):
-                log.warning("%s failing, retrying: %s", self.what, err)
-            else:  # not an outage: a bug, which needs its traceback
-                log.error("%s failing, retrying: %r", self.what, err, exc_info=err)
-        self.failures += 1
-
-    def ended(self) -> None:
-        if self.failures:
-            log.warning("%s working again after %d failed attempts", self.what, self.failures)
-            self.failures = 0
 
 
 class Worker:
@@ -178,27 +133,24 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.claim_wait = claim_wait
         self.stop_grace = stop_grace.total_seconds()
-        self.ack_batch = ack_batch
         self.ack_delay = ack_delay.total_seconds()
         self.stats = WorkerStats()
         self._running: dict[str, _Running] = {}
         self._stopping = asyncio.Event()
         self._slot_free = asyncio.Event()
-        self._acks: asyncio.Queue[_Ack] = asyncio.Queue()
-        self._ack_senders: set[asyncio.Task[None]] = set()
-        self._ack_slots = asyncio.Semaphore(ACK_BATCHES_IN_FLIGHT)
+        self._acks = AckBatches(
+            self.stats, self._complete, self._batch_claim, batch=ack_batch, delay=self.ack_delay
+        )
         self.claim_on_ack = claim_on_ack
         self.stream = stream
         self._stream: WorkStream | None = None
         self._granted = 0  # credits the open stream's node holds (granted, not yet pushed)
-        self._stream_outage = _Outage("work stream")
+        self._stream_outage = Outage("work stream", log)
         self._unwanted: list[Task] = []  # pushed while stopping: released after the stream
         self._reserved = 0  # slots promised to claims in flight (running + reserved <= cap)
         self._riding = 0  # ack batches in flight that carry a claim
-        self._gathering = False  # the ack flusher holds acks it has not handed to a sender
-        self._claim_outage = _Outage("claims")
-        self._heartbeat_outage = _Outage("heartbeats")
-        self._ack_outage = _Outage("acks")
+        self._claim_outage = Outage("claims", log)
+        self._heartbeat_outage = Outage("heartbeats", log)
         self._supervisor = Supervisor()
 
     def stop(self) -> None:
@@ -220,7 +172,7 @@ class Worker:
             "worker-heartbeats", self._heartbeat_pass, interval=HEARTBEAT_POLL
         )
         acks: Loop = self._supervisor.every(
-            "worker-acks", self._ack_pass, interval=0, retry=ACK_RETRY_INITIAL
+            "worker-acks", self._acks.gather, interval=0, retry=ACK_RETRY_INITIAL
         )
         try:
             await self._work()
@@ -229,9 +181,7 @@ class Worker:
             await self._supervisor.stop([beats])
             await self._acks.join()  # every ack landed, was refused or was given up
             await self._supervisor.stop([acks])
-            for sender in list(self._ack_senders):
-                sender.cancel()
-            await asyncio.gather(*self._ack_senders, return_exceptions=True)
+            await self._acks.cancel_senders()
         return self.stats
 
     async def _work(self) -> None:
@@ -351,7 +301,7 @@ class Worker:
 
     def _ack_will_claim(self) -> bool:
         """An ack batch is about to claim (or is claiming) for the free slots."""
-        return self.claim_on_ack and (self._riding > 0 or self._gathering or not self._acks.empty())
+        return self.claim_on_ack and (self._riding > 0 or self._acks.waiting())
 
     async def _claim_loop(self) -> None:
         queues = list(self.handlers)
@@ -428,7 +378,7 @@ class Worker:
             )
             self._finish(ctx.id)
             self.stats.succeeded += 1
-            self._acks.put_nowait(_Ack(lease, deadline - ACK_GIVE_UP_MARGIN))
+            self._acks.add(lease, deadline)
 
     async def _handle(self, ctx: TaskContext) -> None:
         """Run the handler of a task that has its slot, timing the slot's use (a queue's
@@ -497,36 +447,8 @@ class Worker:
             running.job.cancel()
             log.info("task %s: stopping handler: %s", outcome.task_id, outcome.error)
 
-    async def _ack_pass(self) -> None:
-        """Gather successes into one batch and hand it to its own sender task, with a claim
-        for the slots free at that moment. A pass that fails puts its batch back (and its
-        sender slot), so the next pass sends it and ``run()`` never waits on a lost ack."""
-        batch = [await self._acks.get()]
-        acquired = False
-        try:
-            self._gathering = True
-            try:
-                if self.ack_delay:
-                    await asyncio.sleep(self.ack_delay)
-                while len(batch) < self.ack_batch and not self._acks.empty():
-                    batch.append(self._acks.get_nowait())
-                await self._ack_slots.acquire()
-                acquired = True
-            finally:
-                self._gathering = False
-            self._hand_off(batch)
-        except BaseException:
-            if acquired:
-                self._ack_slots.release()
-            # Back in the queue, but never past its give-up time: a stop waits for them.
-            for ack in self._still_worth_sending(batch, asyncio.get_running_loop().time()):
-                self._acks.put_nowait(ack)
-            for _ in batch:
-                self._acks.task_done()
-            raise
-
-    def _hand_off(self, batch: list[_Ack]) -> None:
-        """Start the sender of ``batch``, which holds one of the ack slots."""
+    def _batch_claim(self) -> int:
+        """How many tasks the next ack batch claims on its way (reserved here; 0: none)."""
         ask = 0
         if (
             self.claim_on_ack
@@ -542,11 +464,9 @@ class Worker:
             self._riding += 1
         else:
             self._slot_free.set()  # the claim loop was waiting for this batch
-        sender = asyncio.create_task(self._send_acks(batch, ask), name="chronoq-ack-batch")
-        self._ack_senders.add(sender)
-        sender.add_done_callback(self._ack_senders.discard)
+        return ask
 
-    async def _complete(self, acks: list[_Ack], ask: int) -> list[AckOutcome]:
+    async def _complete(self, acks: list[Ack], ask: int) -> list[AckOutcome]:
         """One attempt at completing ``acks``, claiming ``ask`` more on the way if asked;
         the slots reserved for the claim are given back whatever happens."""
         leases = [a.lease for a in acks]
@@ -568,54 +488,6 @@ class Worker:
             self._riding -= 1
             self._slot_free.set()  # the claim loop takes over if the claim came back short
         return outcomes
-
-    async def _send_acks(self, batch: list[_Ack], ask: int = 0) -> None:
-        """Complete a batch, sending it again while it fails, until each ack's give-up time.
-        Only the first attempt carries the claim of ``ask`` tasks."""
-        loop = asyncio.get_running_loop()
-        pause = ACK_RETRY_INITIAL
-        pending = batch
-        try:
-            while pending:
-                try:
-                    outcomes = await self._complete(pending, ask)
-                except errors.RemoteError as err:
-                    if not isinstance(err, _TRANSIENT):
-                        self.stats.acks_dropped += len(pending)
-                        log.warning("completing %d tasks refused: %s", len(pending), err)
-                        return
-                    failure: Exception = err
-                except Exception as err:  # noqa: BLE001 - a bug: the batch goes again
-                    failure = err
-                else:
-                    self._ack_outage.ended()
-                    for o in outcomes:
-                        if not o.ok:
-                            log.warning("completion of %s refused: %s", o.task_id, o.error)
-                    return
-                ask = 0
-                self._ack_outage.failed(failure)
-                pending = self._still_worth_sending(pending, loop.time() + pause)
-                if pending:
-                    self.stats.ack_retries += 1
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, ACK_RETRY_MAX)
-        finally:
-            self._ack_slots.release()
-            for _ in batch:
-                self._acks.task_done()
-
-    def _still_worth_sending(self, acks: list[_Ack], next_try: float) -> list[_Ack]:
-        """The acks whose leases outlive the next attempt; the others are given up."""
-        keep = [a for a in acks if a.give_up_at > next_try]
-        dropped = len(acks) - len(keep)
-        if dropped:
-            self.stats.acks_dropped += dropped
-            log.warning(
-                "gave up acknowledging %d tasks (their leases expire): they will run again",
-                dropped,
-            )
-        return keep
 
     async def _drain(self) -> None:
         """Release the held tasks at once, give in-flight handlers ``stop_grace`` to finish,
