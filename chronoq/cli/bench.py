@@ -116,10 +116,21 @@ def bench_throughput(
             min=0,
         ),
     ] = None,
+    store_shards: Annotated[
+        str | None,
+        _opt(
+            "STORE_SHARDS",
+            "Comma-separated store shard counts (1,2): a local stack per count, each shard "
+            "its own PostgreSQL; submit, fire and end-to-end rates, each server's share and "
+            "CPU per task, beside one server's raw ceiling (phases raw,shards unless "
+            "--phases says otherwise).",
+        ),
+    ] = None,
 ) -> None:
     """Measure submit, firing and claim throughput, and firing cost against pending-set size.
 
-    Example: chronoq bench throughput --tasks 50000 --workers 8 --json-out bench.json
+    Example: chronoq bench throughput --tasks 50000 --workers 8 --json-out bench.json;
+    chronoq bench throughput --store-shards 1,2
     """
     try:
         module = importlib.import_module("chronoq.bench.throughput")
@@ -148,10 +159,13 @@ def bench_throughput(
                     backlog_runs=backlog_runs,
                     protocol=protocol,
                     prefetch=prefetch,
+                    store_shards=store_shards,
                 )
             )
         except ValueError as exc:  # a malformed list option
             fail(str(exc), 2)
+        except module.BenchError as exc:  # a count out of bounds, a stack that did not start
+            fail(f"bench throughput: {exc}")
 
 
 @bench_app.command("failover")

@@ -260,6 +260,8 @@ class StoreShards:
         return [s.state() for s in self.servers]
 
     def _each(self, fn: Callable[[ShardServer], None], *, first_error: bool = True) -> None:
+        if not self.servers:  # one shard: no pool (it refuses zero threads)
+            return
         with ThreadPoolExecutor(max_workers=len(self.servers), thread_name_prefix="shard") as ex:
             futures = [ex.submit(fn, s) for s in self.servers]
         errors = [e for f in futures if (e := f.exception()) is not None]

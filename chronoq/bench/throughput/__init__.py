@@ -12,7 +12,9 @@ Phases, each on a fresh database (see ``benchmarks/README.md``), one module each
 5. lateness: tasks due at ``due_rate`` per second, node on the system clock, workers running;
 6. rss: the memory of a node process with each of ``pending_sizes`` tasks pending;
 7. backlog (on request): e2e and lateness again on top of ``backlog_sizes`` tasks due tomorrow,
-   beside the same runs on an empty table.
+   beside the same runs on an empty table;
+8. shards (on request, ``store_shards``): a local stack per store shard count, each shard its
+   own server: submit, fire and end-to-end rates, each server's share and CPU per task.
 
 ``results`` holds the figures and options, ``run`` the entry point, ``table`` the printed table,
 ``measure`` the store and process probes, ``workers``/``handler`` the benchmark's workers, and
@@ -22,8 +24,9 @@ printing ``READY <info>`` once it serves and one JSON line of its statistics whe
 
 from __future__ import annotations
 
+from chronoq.bench.raw import BenchError
 from chronoq.bench.throughput.results import Report
 from chronoq.bench.throughput.run import main
 from chronoq.bench.throughput.table import render
 
-__all__ = ["Report", "main", "render"]
+__all__ = ["BenchError", "Report", "main", "render"]

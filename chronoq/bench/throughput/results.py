@@ -15,11 +15,18 @@ from chronoq.bench.raw import (
     RawCeilings,
 )
 
-PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss", "backlog")
+PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss", "backlog", "shards")
 
 
-#: What runs unless ``phases`` says otherwise: all but the backlog phase (minutes of loading).
-DEFAULT_PHASES = PHASES[:-1]
+#: What runs unless ``phases`` says otherwise: all but the backlog phase (minutes of loading)
+#: and the shards phase (a local stack per shard count, on request: ``store_shards``).
+DEFAULT_PHASES = PHASES[:-2]
+#: What runs when ``store_shards`` is given and ``phases`` is not: the ceilings of one server,
+#: then a stack per shard count.
+SHARD_PHASES = ("raw", "shards")
+#: Nodes of each shard count's stack: node processes on an etcd for every count alike (one
+#: shard would otherwise run its node in the benchmark's process, and compare unfairly).
+SHARD_NODES = 2
 
 
 #: The backlog penalty allowed: throughput and lateness within this fraction of the empty case.
@@ -150,6 +157,49 @@ class BacklogRun:
 
 
 @dataclass
+class ShardServerRun:
+    """One store shard's server during a ``ShardRun``: the tasks it took and its CPU."""
+
+    name: str
+    tasks: int  # of the run's submitted tasks, the ones this shard holds
+    submit_cpu_s: float  # the server's CPU seconds while the tasks were submitted
+    e2e_cpu_s: float  # ... while the end-to-end tasks fired and ran
+
+
+@dataclass
+class ShardRun:
+    """``shards`` store shards, each its own PostgreSQL server on this machine, behind the
+    same nodes: submit, fire and end-to-end rates, and each server's share and CPU."""
+
+    shards: int
+    nodes: int
+    tasks: int
+    submit_per_s: float
+    fire_per_s: float
+    e2e_per_s: float
+    servers: list[ShardServerRun] = field(default_factory=list)
+
+    def share(self, server: ShardServerRun) -> float:
+        """The fraction of the submitted tasks that this server holds (ideally 1/N)."""
+        total = sum(s.tasks for s in self.servers)
+        return server.tasks / total if total else 0.0
+
+    def cpu_us_per_task(self, server: ShardServerRun, *, e2e: bool = False) -> float:
+        """The server's CPU per task of the whole run (all shards' tasks)."""
+        cpu = server.e2e_cpu_s if e2e else server.submit_cpu_s
+        return cpu * 1e6 / self.tasks if self.tasks else 0.0
+
+    def cpu_us_per_own_task(self, server: ShardServerRun, *, e2e: bool = False) -> float:
+        """The server's CPU per task it holds: what one more of its tasks costs it."""
+        cpu = server.e2e_cpu_s if e2e else server.submit_cpu_s
+        return cpu * 1e6 / server.tasks if server.tasks else 0.0
+
+    def total_cpu_us_per_task(self, *, e2e: bool = False) -> float:
+        """Every server's CPU per task, summed: N servers should cost what one did."""
+        return sum(self.cpu_us_per_task(s, e2e=e2e) for s in self.servers)
+
+
+@dataclass
 class Report:
     started_at: str
     machine: dict[str, Any]
@@ -162,6 +212,7 @@ class Report:
     lateness: LatenessRun | None = None
     rss: list[RssRun] = field(default_factory=list)
     backlog: list[BacklogRun] = field(default_factory=list)
+    shards: list[ShardRun] = field(default_factory=list)
 
     def best_end_to_end(self) -> EndToEndRun | None:
         return max(self.end_to_end, key=lambda r: r.tasks_per_s, default=None)
@@ -235,6 +286,8 @@ class Options:
     #: Measurements of each backlog size (and of the empty table) on its once-loaded table;
     #: the backlog phase compares their medians.
     backlog_runs: int = 1
+    #: Store shard counts of the shards phase, each its own local stack.
+    store_shards: tuple[int, ...] = (1, 2)
 
 
 @dataclass

@@ -34,14 +34,19 @@ from chronoq.bench.throughput.results import (
     MAX_BACKLOG_RUNS,
     PHASES,
     PROTOCOLS,
+    SHARD_PHASES,
     Context,
     Options,
     Report,
 )
 from chronoq.bench.throughput.rss import phase_rss
+from chronoq.bench.throughput.shards import phase_shards
 from chronoq.bench.throughput.submit import phase_submit
-from chronoq.bench.throughput.table import render
+from chronoq.bench.throughput.table import render, shard_arithmetic
+from chronoq.buckets import DEFAULT_PARTITIONS
 from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.embedded.shards import check_store_shards
+from chronoq.errors import ConfigError
 
 
 def main(
@@ -63,6 +68,7 @@ def main(
     rss_settle_seconds: float = 5.0,
     protocol: str = "stream",
     prefetch: int | None = None,
+    store_shards: str | None = None,
 ) -> None:
     """Run the throughput benchmark and print its table (and write JSON to ``json_out``).
 
@@ -93,7 +99,12 @@ def main(
             (long-polls only), for comparison.
         prefetch: Tasks each worker may hold beyond those it runs (``Worker(prefetch=)``);
             None: the worker's default, 0: none, for comparison.
+        store_shards: Comma-separated store shard counts (``"1,2"``) for the shards phase:
+            a local stack per count, each shard its own server. Given without ``phases``,
+            the phases are the raw ceilings of one server and the shards phase.
     """
+    if store_shards is not None and phases == ",".join(DEFAULT_PHASES):
+        phases = ",".join(SHARD_PHASES)
     with contextlib.ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cqbench-")))
         opts = options(
@@ -110,7 +121,8 @@ def main(
         if not 1 <= backlog_runs <= MAX_BACKLOG_RUNS:
             raise ValueError(f"backlog_runs must be 1 to {MAX_BACKLOG_RUNS}, not {backlog_runs}")
         opts = dataclasses.replace(
-            opts, protocol=protocol, prefetch=prefetch, backlog_runs=backlog_runs
+            opts, protocol=protocol, prefetch=prefetch, backlog_runs=backlog_runs,
+            store_shards=shard_counts(store_shards or "1,2"),
         )
         opts.logs.mkdir(parents=True, exist_ok=True)
         # Not a terminal (CI, a pipe): wide enough for the table, instead of rich's 80 columns.
@@ -129,6 +141,8 @@ def main(
             admin_dsn, postgres = dsn, None
         report = asyncio.run(run(opts, admin_dsn, console, postgres=postgres))
     console.print(render(report))
+    for line in shard_arithmetic(report.shards, report.raw, os.cpu_count()):
+        console.print(line)
     if json_out is not None:
         Path(json_out).write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
         console.print(f"JSON written to {json_out}")
@@ -147,6 +161,17 @@ def sizes(text: str, name: str) -> tuple[int, ...]:
     if not out or min(out) < 0:
         raise BenchError(f"{name}: give at least one non-negative count, got {text!r}")
     return tuple(out)
+
+
+def shard_counts(text: str) -> tuple[int, ...]:
+    """The shards phase's store shard counts (``"1,2"``), each one a local stack can run."""
+    counts = sizes(text, "store_shards")
+    for count in counts:
+        try:
+            check_store_shards(count, DEFAULT_PARTITIONS)
+        except ConfigError as exc:
+            raise BenchError(str(exc)) from None
+    return tuple(dict.fromkeys(counts))
 
 
 def choices(text: str, allowed: Sequence[str], name: str) -> tuple[str, ...]:
@@ -208,6 +233,7 @@ async def run(
     phases: dict[str, Callable[[Context], Any]] = {
         "raw": phase_raw, "submit": phase_submit, "fire": phase_fire, "e2e": phase_e2e,
         "lateness": phase_lateness, "rss": phase_rss, "backlog": phase_backlog,
+        "shards": phase_shards,
     }
     for i, name in enumerate(opts.phases, 1):
         console.rule(f"[{i}/{len(opts.phases)}] {name}")

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from chronoq.bench.raw import RawCeilings
 from chronoq.bench.throughput.results import (
     BACKLOG_TOLERANCE,
     SUBMIT_BATCH,
@@ -18,6 +19,7 @@ from chronoq.bench.throughput.results import (
     LatenessRun,
     Report,
     RssRun,
+    ShardRun,
     e2e_target,
 )
 
@@ -77,7 +79,72 @@ def render(report: Report) -> Table:
     lateness_rows(table, report.lateness)
     rss_rows(table, report.rss)
     backlog_rows(table, report.backlog)
+    shard_rows(table, report.shards, raw)
     return table
+
+
+def shard_rows(table: Table, runs: Sequence[ShardRun], raw: RawCeilings | None) -> None:
+    """Per shard count: its rates beside N times one server's raw ceiling, then each
+    server's share of the tasks and its CPU per task."""
+    for run in runs:
+        n = run.shards
+        label = f"{n} store shard{'s' if n > 1 else ''}, {run.nodes} nodes"
+        ceilings = (
+            (raw.insert_with(1), "insert"), (raw.fire_per_s, "fire_due"),
+            (raw.pipeline_per_s, "pipeline"),
+        ) if raw else ((0.0, ""),) * 3  # fmt: skip
+        figures = zip(("submit", "fire", "end to end"),
+                      (run.submit_per_s, run.fire_per_s, run.e2e_per_s), ceilings, strict=True)
+        for what, value, (ceiling, name) in figures:
+            table.add_row(
+                f"{label}: {what}", rate(value),
+                f"{n} x {name} {rate(ceiling)}" if ceiling else "-",
+                pct(value, ceiling * n), "",
+            )
+        for server in run.servers:
+            table.add_row(
+                f"  {server.name}: {run.share(server):.0%} of tasks (ideal {1 / n:.0%}), "
+                "server CPU/task",
+                f"submit {run.cpu_us_per_task(server):.1f} µs, "
+                f"e2e {run.cpu_us_per_task(server, e2e=True):.1f} µs",
+                "", "", "",
+            )
+
+
+def shard_arithmetic(
+    runs: Sequence[ShardRun], raw: RawCeilings | None, cpus: int | None
+) -> list[str]:
+    """What N servers of this size would carry, each on cores of its own, from what each
+    spent per task it held here (where the servers share the machine's cores)."""
+    lines: list[str] = []
+    for run in runs:
+        held = [s for s in run.servers if s.tasks]
+        if not held:
+            continue
+        n = len(run.servers)
+        for e2e, what, measured in ((False, "submit", run.submit_per_s),
+                                    (True, "end to end", run.e2e_per_s)):
+            own = [run.cpu_us_per_own_task(s, e2e=e2e) for s in held]
+            worst = max(own)
+            if worst <= 0:
+                continue
+            per_core = 1e6 / worst
+            shares = " + ".join(f"{run.cpu_us_per_task(s, e2e=e2e):.1f}" for s in run.servers)
+            lines.append(
+                f"{n} shard(s), {what}: servers' CPU per task {shares} = "
+                f"{run.total_cpu_us_per_task(e2e=e2e):.1f} µs; each server spends at most "
+                f"{worst:.1f} µs per task it holds, so one core per server carries "
+                f"{per_core:,.0f} tasks/s, and {n} such server(s) on cores of their own "
+                f"{n * per_core:,.0f} tasks/s (the busiest sets the pace; measured here, "
+                f"sharing {cpus or '?'} cores with nodes, clients and workers: {measured:,.0f}/s)"
+            )
+        if raw is not None:
+            lines.append(
+                f"{n} shard(s), ceilings: one server's raw insert {raw.insert_with(1):,.0f}/s "
+                f"and pipeline {raw.pipeline_per_s:,.0f}/s (same run) x {n} server(s) = "
+                f"{n * raw.insert_with(1):,.0f}/s and {n * raw.pipeline_per_s:,.0f}/s"
+            )
+    return lines
 
 
 def e2e_goal(e2e: EndToEndRun, pipeline: float) -> str:
