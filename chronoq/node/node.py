@@ -59,6 +59,7 @@ from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.shards import ShardStores, ShardWatch
 from chronoq.node.soon import SoonBroadcast
+from chronoq.node.work_stream import Openings
 from chronoq.partitionmap import PartitionMap
 from chronoq.shardmap import ShardMap, shard_name, single
 from chronoq.store import Store
@@ -186,6 +187,9 @@ class Node:
         self.notifier = ReadyNotifier()
         #: Applies what the node's store writes did: wakes claims, offers the wheel.
         self.dispatch = Dispatch(self.notifier, self.clock)
+        #: Worker streams not opened yet: one count for the interceptor and the servicer, so
+        #: the caps per node and per token hold across both.
+        self.openings = Openings()
         self.probe: ReadyProbe | None = None
         self.broadcast: ReadyBroadcast | None = None
         #: The shard map's writers and the move driver (None: a node without etcd).
@@ -211,6 +215,7 @@ class Node:
             tls_cert=s.tls_cert,
             tls_key=s.tls_key,
             tls_client_ca=s.tls_client_ca,
+            openings=self.openings,
         )
         quiet_pool_outages()  # an outage is reported by the loops, once
         self.store = await self._open_stores()
@@ -440,9 +445,7 @@ class Node:
                 await asyncio.wait_for(client.close(), 5)
             raise
         self.shard_stores.stores[shard_name(0)] = first
-        sharded = ShardedStore(
-            {shard_name(0): first}, self.current_map, refresh=view.refresh
-        )
+        sharded = ShardedStore({shard_name(0): first}, self.current_map, refresh=view.refresh)
         sharded.set_map(self.current_map())
         self.store = sharded
         await self.shard_stores.open_missing()
@@ -577,7 +580,13 @@ class Node:
             task_service, server
         )
         worker_service = WorkerService(
-            self.store, self.api_clock, s, self.notifier, self.metrics, dispatch=self.dispatch
+            self.store,
+            self.api_clock,
+            s,
+            self.notifier,
+            self.metrics,
+            dispatch=self.dispatch,
+            openings=self.openings,
         )
         if self.precise is not None and s.handoff:
             self.precise.handoff = worker_service.handoff
