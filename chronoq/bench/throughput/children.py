@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chronoq.bench.raw import BenchError
-from chronoq.bench.throughput.handler import noop, take_handler_starts
+from chronoq.bench.throughput.handler import noop, take_handler_legs, take_handler_starts
 from chronoq.bench.throughput.results import PROTOCOLS, worker_protocol
 from chronoq.client import Client, Worker
 from chronoq.config import NodeSettings
@@ -168,7 +168,10 @@ async def serve_worker(
         stats = await worker.run()
     finally:
         await client.close()
-    say(json.dumps({**dataclasses.asdict(stats), "start_lateness": take_handler_starts()}))
+    say(json.dumps({
+        **dataclasses.asdict(stats), "start_lateness": take_handler_starts(),
+        "start_legs": take_handler_legs(),
+    }))
 
 
 def child_main(argv: Sequence[str]) -> None:
