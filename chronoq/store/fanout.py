@@ -59,6 +59,32 @@ def fire_results(results: Iterable[FireResult]) -> FireResult:
     return out
 
 
+#: One READY task at the head of a shard's queue: (priority, run_at, bytes in an answer).
+Head = tuple[int, datetime, int]
+
+
+def claim_shares(
+    heads: Mapping[str, Sequence[Head]], want: int, max_bytes: int, *, started: bool = False
+) -> dict[str, tuple[int, int]]:
+    """How many tasks each shard's claim takes, and their bytes, so that together they are
+    the best ``want`` of all heads (priority, then run_at) within ``max_bytes`` (the first
+    always, unless the answer has ``started`` with others): the claims lease only what the
+    answer keeps. Ties go to the shard listed first."""
+    order = {shard: i for i, shard in enumerate(heads)}
+    merged = sorted(
+        ((-h[0], h[1], order[shard], h[2], shard) for shard, hs in heads.items() for h in hs)
+    )
+    shares: dict[str, tuple[int, int]] = {}
+    used = 0
+    for _p, _at, _o, cost, shard in merged[: max(0, want)]:
+        if (shares or started) and used + cost > max_bytes:
+            break
+        n, b = shares.get(shard, (0, 0))
+        shares[shard] = (n + 1, b + cost)
+        used += cost
+    return shares
+
+
 def summed(counts: Iterable[Mapping[K, int]]) -> dict[K, int]:
     """Counts added key by key."""
     total: Counter[K] = Counter()

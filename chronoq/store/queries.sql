@@ -401,6 +401,8 @@ SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2 FOR UPDATE
 -- overflow the lease, or fail the claim of everyone on the queue. The claim stops before its
 -- tasks' size passes $9 bytes (each task its variable-length columns, its worker id and $10
 -- for the rest; the first always comes), so no task is leased that its answer cannot carry.
+-- A negative $9 is a strict budget of -$9 bytes that not even the first task may pass: a
+-- store of shards splits one answer's budget among the shards' claims that way.
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
     lease_until = $5::timestamptz
@@ -426,7 +428,7 @@ WHERE t.id = ANY(ARRAY(
         -- (priority, run_at) are counted one by one
         WINDOW w AS (ORDER BY c.priority DESC, c.run_at ROWS UNBOUNDED PRECEDING)
     ) b
-    WHERE b.upto <= $9::bigint OR b.n = 1
+    WHERE b.upto <= abs($9::bigint) OR (b.n = 1 AND $9::bigint >= 0)
 )) AND t.state + 0 = 1
 RETURNING {{task_row}};
 
@@ -734,6 +736,23 @@ CROSS JOIN LATERAL (
     ) x
 ) r
 WHERE r.n > 0;
+
+-- name: ready_heads
+-- The first $3 READY tasks of the queues $2 of namespace $1 in claim order (priority DESC,
+-- run_at), unlocked: (priority, run_at, bytes), bytes as the claim counts them for worker
+-- $4 plus $5. A store of shards reads each shard's head and decides how many each claims, so
+-- no task is leased that the answer would not keep. At most $3 index entries per queue.
+SELECT h.priority, h.run_at, h.bytes
+FROM unnest($2::text[]) AS q(queue) CROSS JOIN LATERAL (
+    SELECT t.priority, t.run_at,
+           {{task_bytes}} + octet_length($4::text) + $5::integer AS bytes
+    FROM tasks t
+    WHERE t.namespace = $1 AND t.queue = q.queue AND t.state = 1
+    ORDER BY t.priority DESC, t.run_at
+    LIMIT $3
+) h
+ORDER BY h.priority DESC, h.run_at
+LIMIT $3;
 
 -- name: queue_counts
 -- One namespace's tasks by (state, queue), with the oldest run_at, from tasks_queue_states

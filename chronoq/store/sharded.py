@@ -102,6 +102,9 @@ DueSoon = tuple[str, int, datetime, str, str]
 REFRESH_S = 1.0
 #: Seconds between two warnings about the same down shard skipped by a fan-out.
 SKIP_WARN_S = 10.0
+#: Claimed (namespace, queues) remembered as ready on one shard alone (forgotten all at once
+#: past this).
+SOLE_ENTRIES = 4096
 
 R = TypeVar("R")
 K = TypeVar("K")
@@ -182,6 +185,8 @@ class ShardedStore:
         self._seen: ShardMap | None = None
         self._solo: Store | None = None
         self._warned: dict[str, float] = {}
+        #: (namespace, queues) whose last claim found ready tasks on one shard alone.
+        self._sole: dict[tuple[str, tuple[str, ...]], str] = {}
         self._routing()
 
     # ------------------------------------------------------------------ the map
@@ -840,27 +845,151 @@ class ShardedStore:
         """Claim up to ``want`` of the best tasks (priority, then run_at) over the shards,
         within ``budget[0]`` bytes (always one task in all); a down shard is skipped.
 
-        The shards holding ready tasks of the queues are found by a bounded count first;
-        when several do, each is asked for ``want`` at once and the tasks past the best
-        ``want`` (or past the bytes) are given back READY (no attempt spent; their attempt
-        number grows by one): the order one store keeps, at the price of those give-backs."""
-        keys = [(namespace, q) for q in queues]
-        caps = [want] * len(keys)
-        counts = await self._every(lambda s: s.ready_counts(keys, caps))
-        ready = [shard for shard, c in counts.items() if c]
-        if not ready:
-            return []
+        Each shard's head of the queues (at most ``want`` READY tasks, read without locks)
+        is merged first (``fanout.claim_shares``) into how many each shard claims: when one
+        shard holds the best, it claims alone, as one store does; when several do, each
+        claims its share under a strict share of the byte budget. Every task leased is in
+        the answer, so no attempt is spent on a task no worker gets. A shard whose head
+        changed in between (another claim took it) claims fewer: a claim is at most
+        ``want``; one that got nothing while heads were there claims on the best head's
+        shard alone."""
+        key = (namespace, tuple(queues))
+        sole = self._sole.get(key)
+        got: list[Task] = []
+        if sole is not None and sole in self._stores:
+            got, heads = await self._claim_sole(
+                namespace, queues, worker_id, want, now, budget, sole
+            )
+            if not heads:
+                return got
+            want -= len(got)
+            if want <= 0 or budget[0] <= 0:
+                return got
+        else:
+            heads = await self._every(lambda s: s.ready_heads(namespace, queues, want, worker_id))
+        shares = fanout.claim_shares(
+            {n: h for n, h in heads.items() if h}, want, max(1, budget[0]), started=bool(got)
+        )
+        if len(self._sole) >= SOLE_ENTRIES:
+            self._sole.clear()
+        ready = [n for n, h in heads.items() if h]
+        if len(ready) == 1 and not got and len(heads) == len(self._stores):
+            self._sole[key] = ready[0]
+        else:
+            self._sole.pop(key, None)
+        if not shares:
+            return got
+        lead = next(iter(shares))  # the shard of the best head (claim_shares keeps that order)
+        if len(shares) == 1 and not got:
+            more = await self._claim_one(namespace, queues, worker_id, want, now, budget[0], lead)
+        else:
+            more = await self._claim_shares(namespace, queues, worker_id, now, budget[0], shares)
+            if not more and not got:
+                more = await self._claim_one(
+                    namespace, queues, worker_id, want, now, budget[0], lead
+                )
+        for task in more:
+            budget[0] -= task_bytes(task)
+        got += more
+        got.sort(key=lambda t: (-t.priority, t.run_at))
+        return got
 
-        def claiming(s: Store) -> Awaitable[list[Task]]:
-            return s.claim(namespace, queues, worker_id, want, now, max_bytes=max(1, budget[0]))
+    async def _claim_sole(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        want: int,
+        now: datetime,
+        budget: list[int],
+        sole: str,
+    ) -> tuple[list[Task], dict[str, list[fanout.Head]]]:
+        """The last claim of these queues found ready tasks on ``sole`` alone: claim there
+        and read the other shards' heads at once (one round trip while that stays so).
+        Answers the tasks and the other shards' non-empty heads."""
+        others = [n for n in self._routing().shards if n != sole and n in self._stores]
 
+        async def heads_elsewhere() -> dict[str, list[fanout.Head]]:
+            answers = await asyncio.gather(
+                *(
+                    self._on(n, lambda s: s.ready_heads(namespace, queues, want, worker_id))
+                    for n in others
+                ),
+                return_exceptions=True,
+            )
+            out: dict[str, list[fanout.Head]] = {}
+            for name, answer in zip(others, answers, strict=True):
+                if isinstance(answer, StoreUnavailable):
+                    self._skipped(name, answer)
+                elif isinstance(answer, BaseException):
+                    raise answer
+                elif answer:
+                    out[name] = answer
+            return out
+
+        claimed, heads = await asyncio.gather(
+            self._claim_one(namespace, queues, worker_id, want, now, budget[0], sole),
+            heads_elsewhere(),
+            return_exceptions=True,
+        )
+        if isinstance(heads, BaseException):  # the claim stands; the next one reads again
+            log.warning("ready heads of %s not read beside a claim: %s", others, heads)
+            heads = {}
+        if isinstance(claimed, StoreUnavailable):
+            self._skipped(sole, claimed)
+            self._sole.pop((namespace, tuple(queues)), None)
+            claimed = []
+        elif isinstance(claimed, BaseException):
+            raise claimed
+        for task in claimed:
+            budget[0] -= task_bytes(task)
+        if heads or not claimed:
+            self._sole.pop((namespace, tuple(queues)), None)
+        return claimed, heads
+
+    async def _claim_one(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        want: int,
+        now: datetime,
+        max_bytes: int,
+        shard: str,
+    ) -> list[Task]:
+        """One shard's claim of up to ``want`` within ``max_bytes`` (the first always comes)."""
+        return await self._on(
+            shard,
+            lambda s: s.claim(namespace, queues, worker_id, want, now, max_bytes=max(1, max_bytes)),
+        )
+
+    async def _claim_shares(
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        worker_id: str,
+        now: datetime,
+        max_bytes: int,
+        shares: Mapping[str, tuple[int, int]],
+    ) -> list[Task]:
+        """Each shard claims its share concurrently, within its share of ``max_bytes`` (plus
+        an even part of what the shares leave), strictly: together never past ``max_bytes``."""
+        spare = max(0, max_bytes - sum(b for _n, b in shares.values())) // len(shares)
+
+        def claiming(n: int, b: int) -> Callable[[Store], Awaitable[list[Task]]]:
+            return lambda s: s.claim(
+                namespace, queues, worker_id, n, now, max_bytes=b + spare, strict_bytes=True
+            )
+
+        names = list(shares)
         answers = await asyncio.gather(
-            *(self._on(shard, claiming) for shard in ready), return_exceptions=True
+            *(self._on(shard, claiming(*shares[shard])) for shard in names),
+            return_exceptions=True,
         )
         got: list[Task] = []
         down: list[StoreUnavailable] = []
         failure: BaseException | None = None
-        for shard, answer in zip(ready, answers, strict=True):
+        for shard, answer in zip(names, answers, strict=True):
             if isinstance(answer, StoreUnavailable):
                 self._skipped(shard, answer)
                 down.append(answer)
@@ -868,28 +997,16 @@ class ShardedStore:
                 failure = answer
             else:
                 got += answer
-        if failure is not None:
+        if failure is not None:  # not an outage: what the others leased goes back READY
             await asyncio.gather(*(self._give_back(namespace, t) for t in got))
             raise failure
-        got.sort(key=lambda t: (-t.priority, t.run_at))
-        kept: list[Task] = []
-        extra: list[Task] = []
-        for task in got:
-            cost = task_bytes(task)
-            if len(kept) >= want or (kept and cost > budget[0]):
-                extra.append(task)
-                continue
-            kept.append(task)
-            budget[0] -= cost
-        if extra:
-            await asyncio.gather(*(self._give_back(namespace, t) for t in extra))
-        if down and len(down) == len(ready):
+        if len(down) == len(names):
             raise down[0]
-        return kept
+        return got
 
     async def _give_back(self, namespace: str, task: Task) -> None:
-        """A claimed task past the answer's byte budget goes back to READY (no attempt
-        spent); if that fails its lease runs out and the reaper retries it."""
+        """A task leased by a claim that then failed goes back to READY; if that fails its
+        lease runs out and the reaper retries it."""
         try:
             await self.release(namespace, Lease(task.id, task.attempt))
         except (StoreUnavailable, errors.StaleLease, errors.TaskNotFound) as exc:

@@ -354,13 +354,14 @@ class TaskStatements(Connected):
         *,
         limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
         max_bytes: int = MAX_ANSWER_BYTES,
+        strict_bytes: bool = False,
     ) -> list[Task]:
         """READY → RUNNING for up to ``max_tasks``; each gets attempt + 1 as its lease token.
 
         The claim stops before its tasks pass ``max_bytes`` in an answer (it always takes one,
-        if any is ready), so what it leases can be sent. Queues in ``limited`` have a
-        cluster-wide dispatch limit: tokens are taken from their bucket first, and the ones a
-        claim did not use are given back.
+        if any is ready, unless ``strict_bytes``), so what it leases can be sent. Queues in
+        ``limited`` have a cluster-wide dispatch limit: tokens are taken from their bucket
+        first, and the ones a claim did not use are given back.
         """
         async with self.connection() as conn:
             caps = []
@@ -374,8 +375,9 @@ class TaskStatements(Connected):
                 caps.append(cap)
             if not any(caps):
                 return []
+            budget = -max_bytes if strict_bytes else max_bytes  # negative: strict (claim)
             rows = await self._claim_rows(
-                conn, namespace, queues, max_tasks, worker_id, now, caps, max_bytes
+                conn, namespace, queues, max_tasks, worker_id, now, caps, budget
             )
             for queue, cap in zip(queues, caps, strict=True):
                 if (namespace, queue) in limited:
@@ -385,6 +387,19 @@ class TaskStatements(Connected):
         tasks = await converted(rows, task_of)
         tasks.sort(key=lambda t: (-t.priority, t.run_at))
         return tasks
+
+    async def ready_heads(
+        self, namespace: str, queues: Sequence[str], most: int, worker_id: str
+    ) -> list[tuple[int, datetime, int]]:
+        """The first ``most`` READY tasks of ``queues`` in claim order, read without locks:
+        (priority, run_at, bytes in a claim's answer for ``worker_id``)."""
+        if not queues or most < 1:
+            return []
+        async with self.connection() as conn:
+            rows = await conn.fetch(
+                q("ready_heads"), namespace, list(queues), most, worker_id, TASK_FIXED_BYTES
+            )
+        return [(r["priority"], r["run_at"], r["bytes"]) for r in rows]
 
     async def _claim_rows(
         self,

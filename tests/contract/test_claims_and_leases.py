@@ -88,6 +88,38 @@ async def test_a_claim_takes_higher_priority_first(store_shape: TaskStore, now: 
     assert len(await store_shape.claim("default", ["w"], "w", 9, now)) == len(low)
 
 
+async def test_a_claim_spends_an_attempt_only_on_the_tasks_it_hands_out(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    """A claim over ready tasks on every partition (both shards of a store of shards) leases
+    only what it answers: its tasks are at attempt 1, every other one is READY at attempt 0,
+    not leased and given back behind the worker's back."""
+    tasks = [t for prio in (0, 5, 9) for t in await ready(store_shape, now, 16, priority=prio)]
+    assert {t.partition < PARTITIONS // 2 for t in tasks} == {True, False}  # both halves
+    best = sorted(t.id for t in tasks if t.priority == 9)
+    for i, n in enumerate((6, 6, 4)):
+        got = await store_shape.claim("default", ["w"], f"w{i}", n, now)
+        assert len(got) == n and all(t.attempt == 1 and t.priority == 9 for t in got)
+    claimed = {t.id for t in await all_in(store_shape, TaskState.RUNNING)}
+    rest = await all_in(store_shape, TaskState.READY)
+    assert len(rest) == len(tasks) - 16
+    assert {t.attempt for t in rest} == {0} and all(t.worker_id is None for t in rest)
+    assert sorted(claimed) == best
+
+
+async def all_in(store: TaskStore, state: TaskState) -> list[Task]:
+    """Every task of ``default`` in ``state`` (a bounded walk of the listing)."""
+    out: list[Task] = []
+    token = ""
+    for _ in range(100):
+        page = await store.list_tasks("default", state=state, page_size=100, page_token=token)
+        out += page.tasks
+        token = page.next_token
+        if not token:
+            break
+    return out
+
+
 async def test_a_heartbeat_extends_only_a_current_lease(
     store_shape: TaskStore, now: datetime
 ) -> None:

@@ -78,3 +78,21 @@ def test_queue_counts_merge_with_their_bounds() -> None:
 def test_due_soon_keeps_the_earliest() -> None:
     e = [("b", 1, T0 + timedelta(seconds=2), "n", "q"), ("a", 2, T0, "n", "q")]
     assert [x[0] for x in fanout.earliest([e[:1], e[1:]], 1)] == ["a"]
+
+
+def test_claim_shares_take_the_best_heads_of_every_shard_within_the_bytes() -> None:
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    at = [t0 + timedelta(seconds=i) for i in range(6)]
+    heads = {
+        "shard-0": [(9, at[1], 100), (5, at[0], 100), (0, at[0], 100)],
+        "shard-1": [(9, at[0], 100), (5, at[2], 100)],
+    }
+    # The best four: both 9s, then the 5s by run_at; each shard claims its part.
+    assert fanout.claim_shares(heads, 4, 10_000) == {"shard-1": (2, 200), "shard-0": (2, 200)}
+    assert fanout.claim_shares(heads, 1, 10_000) == {"shard-1": (1, 100)}
+    # Bytes: the best always comes (alone), the others only while they fit.
+    assert fanout.claim_shares(heads, 4, 250) == {"shard-1": (1, 100), "shard-0": (1, 100)}
+    assert fanout.claim_shares(heads, 4, 10) == {"shard-1": (1, 100)}
+    # An answer already holding tasks: not even the first past the bytes left.
+    assert fanout.claim_shares(heads, 4, 10, started=True) == {}
+    assert fanout.claim_shares({"shard-0": [], "shard-1": []}, 4, 10_000) == {}
