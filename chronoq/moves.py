@@ -20,6 +20,7 @@ import enum
 import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -32,6 +33,8 @@ MAX_RECORD_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 400
 
 _MOVE_ID = re.compile(r"m[0-9a-f]{12}")
+#: A record's partition lists besides ``partitions`` (stored as ranges, empty as "").
+_LISTS = ("cut", "group", "returned")
 
 
 class Phase(enum.StrEnum):
@@ -97,6 +100,34 @@ def recovery(phase: Phase) -> Recovery:
     return Recovery.ROLL_BACK
 
 
+def cut_over_groups(
+    partitions: Sequence[int],
+    listed: int,
+    seconds: float,
+    freeze_budget: float,
+    *,
+    listed_partitions: int | None = None,
+    share: float = 0.5,
+) -> list[tuple[int, ...]]:
+    """The groups a move cuts over one after another, each frozen step within the budget.
+
+    A frozen step is one listing of its group's rows plus the few changes since the last
+    round, so its length is about the group's rows over the last round's rate (``listed``
+    rows of ``listed_partitions`` partitions in ``seconds``). Groups aim at ``share`` of
+    the budget (the changes, the fences and the make-live come on top); at least one
+    partition each (a single partition larger than the budget is frozen longer).
+    """
+    parts = tuple(partitions)
+    if not parts:
+        return []
+    counted = listed_partitions if listed_partitions else len(parts)
+    if listed <= 0 or seconds <= 0:
+        return [parts]
+    per_partition = seconds / counted  # seconds of listing per partition
+    size = max(1, int(share * freeze_budget / per_partition)) if per_partition > 0 else len(parts)
+    return [parts[i : i + size] for i in range(0, len(parts), size)]
+
+
 def new_move_id() -> str:
     """A fresh move id: ``m`` and 12 hex digits."""
     return "m" + secrets.token_hex(6)
@@ -128,6 +159,12 @@ class MoveRecord:
     requested_at: float = 0.0  # unix seconds
     updated_at: float = 0.0
     committed_at: float = 0.0
+    #: Partitions committed to the target so far (the cut-over goes a group at a time).
+    cut: tuple[int, ...] = ()
+    #: The group being cut over now (frozen on the source at most this long).
+    group: tuple[int, ...] = ()
+    #: Partitions rolled back to the source while the ones cut before go forward.
+    returned: tuple[int, ...] = ()
 
     @classmethod
     def requested(cls, move: Move, base_version: int, now: float) -> MoveRecord:
@@ -146,6 +183,12 @@ class MoveRecord:
         return Move(self.partitions, self.source, self.target)
 
     @property
+    def remaining(self) -> tuple[int, ...]:
+        """The partitions not cut over yet."""
+        done = set(self.cut) | set(self.returned)
+        return tuple(p for p in self.partitions if p not in done)
+
+    @property
     def final(self) -> bool:
         return self.phase in FINAL
 
@@ -157,7 +200,8 @@ class MoveRecord:
 
     def to_json(self) -> str:
         doc = asdict(self)
-        doc["partitions"] = format_partitions(self.partitions)
+        for name in ("partitions", *_LISTS):
+            doc[name] = format_partitions(getattr(self, name))
         doc["phase"] = self.phase.value
         return json.dumps(doc, separators=(",", ":"))
 
@@ -179,10 +223,14 @@ class MoveRecord:
                 k: int(doc.get(k, 0))
                 for k in ("base_version", "next_version", "rows_copied", "rounds", "token")
             }
+            lists = {
+                k: tuple(_parse(str(doc[k]), 1 << 16, MAX_RECORD_BYTES)) if doc.get(k) else ()
+                for k in _LISTS
+            }
             floats = {
                 k: float(doc.get(k, 0.0)) for k in ("requested_at", "updated_at", "committed_at")
             }
-            return cls(
+            record = cls(
                 check_move_id(doc["id"]),
                 partitions,
                 doc["source"],
@@ -190,8 +238,11 @@ class MoveRecord:
                 Phase(doc["phase"]),
                 driver=str(doc.get("driver", ""))[:128],
                 error=str(doc.get("error", ""))[:MAX_ERROR_CHARS],
-                **ints,
+                **ints,  # type: ignore[arg-type]
                 **floats,  # type: ignore[arg-type]
+            )
+            return replace(
+                record, cut=lists["cut"], group=lists["group"], returned=lists["returned"]
             )
         except MoveRecordInvalid:
             raise

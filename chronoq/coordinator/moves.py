@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,9 +37,11 @@ from chronoq.moves import (
     MoveRecordInvalid,
     Phase,
     Recovery,
+    cut_over_groups,
     recovery,
 )
-from chronoq.shardmap import ShardMap, ShardMapConflict, ShardMapInvalid
+from chronoq.shardmap import Move, ShardMap, ShardMapConflict, ShardMapInvalid, format_partitions
+from chronoq.store.mover import FreezeOverrun
 
 log = logging.getLogger("chronoq.moves")
 
@@ -176,6 +179,8 @@ class MoveDriver:
         self._mono = monotonic
         self._sleep = sleep
         self._mine: dict[str, int] = {}  # move id -> token of the keys this node holds
+        #: (group, seconds frozen) of the last cut-overs this node drove (newest last).
+        self.frozen: deque[tuple[tuple[int, ...], float]] = deque(maxlen=256)
         self.wake = asyncio.Event()
 
     # ------------------------------------------------------------------ the loop
@@ -276,14 +281,7 @@ class MoveDriver:
                 )
                 if changed <= self.small_round:
                     break
-            current, _ = await self._book.read_map()
-            current.moved(rec.move)
-            rec, rev = await self._write(
-                rec, Phase.CUT_OVER, token, next_version=current.version + 1
-            )
-            started = self._mono()
-            await mover.cut_over(rec.next_version)
-            return await self._commit(rec, rev, token, started)
+            return await self._cut_over(rec, rev, token, mover)
         except MoveLost:
             raise
         except (ChronoqError, OSError) as exc:
@@ -293,26 +291,86 @@ class MoveDriver:
             latest = await self._book.get(rec.id)
             if latest is not None and latest.record.phase in AFTER_COMMIT:
                 return latest.record, latest.mod_revision
+            if latest is not None:  # it says which groups were committed meanwhile
+                rec, rev = latest.record, latest.mod_revision
             return await self._roll_back(
                 rec, rev, token, f"failed in phase {rec.phase.value}: {reason}"
             )
 
-    async def _commit(
-        self, rec: MoveRecord, rev: int, token: int, started: float
+    async def _cut_over(
+        self, rec: MoveRecord, rev: int, token: int, mover: PartitionMover
     ) -> tuple[MoveRecord, int]:
-        """The commit point; retried while etcd does not answer, up to the freeze limit."""
+        """Cut the move over a group at a time, each group sized from the last catch-up
+        round's rows/s so that its frozen step fits ``freeze_budget``; each group is its own
+        commit (map v+1 with the group moved). A group that overruns its freeze is split in
+        two and tried again (the source is live again meanwhile)."""
+        last = getattr(mover, "last_round", None)
+        pending = (
+            cut_over_groups(
+                rec.remaining,
+                int(last.listed),
+                float(last.seconds),
+                self.freeze_budget,
+                listed_partitions=len(rec.remaining),
+            )
+            if last is not None
+            else [rec.remaining]
+        )
+        if len(pending) > 1 and last is not None:
+            log.info(
+                "move %s: cutting over in %d groups of up to %d partitions (last round %d rows "
+                "in %.2f s)",
+                rec.id, len(pending), max(map(len, pending)), last.listed, last.seconds,
+            )  # fmt: skip
+        while pending:
+            group = pending.pop(0)
+            current, _ = await self._book.read_map()
+            current.moved(Move(group, rec.source, rec.target))
+            rec, rev = await self._write(
+                rec, Phase.CUT_OVER, token, next_version=current.version + 1, group=group
+            )
+            part = mover if group == rec.partitions else _group_of(mover, group)
+            started = self._mono()
+            try:
+                frozen = await part.cut_over(rec.next_version)
+            except FreezeOverrun as exc:
+                if len(group) == 1:
+                    raise
+                half = len(group) // 2
+                pending[:0] = [group[:half], group[half:]]
+                log.warning("move %s: %s; splitting the group", rec.id, exc.message)
+                rec, rev = await self._write(rec, Phase.CATCH_UP, token, group=())
+                continue
+            seconds = getattr(frozen, "frozen_seconds", None)
+            if isinstance(seconds, float):
+                self.frozen.append((group, seconds))
+            rec, rev = await self._commit(rec, rev, token, started, final=not pending)
+        return rec, rev
+
+    async def _commit(
+        self, rec: MoveRecord, rev: int, token: int, started: float, *, final: bool = True
+    ) -> tuple[MoveRecord, int]:
+        """The commit point of ``rec.group`` (the whole move, or one group of it; the last
+        group's makes the record ``committed``); retried while etcd does not answer, up to
+        the freeze limit."""
         limit = started + FREEZE_LIMIT_BUDGETS * self.freeze_budget
+        group = rec.group or rec.remaining
+        cut = tuple(sorted({*rec.cut, *group}))
         committed = rec.at(
-            Phase.COMMITTED,
+            Phase.COMMITTED if final else Phase.CATCH_UP,
             self._now(),
             driver=self.node_id,
             token=token,
             committed_at=self._now(),
+            cut=cut,
+            group=(),
         )
         while True:
             try:
                 latest = await self._book.get(rec.id)
-                if latest is not None and latest.record.phase in AFTER_COMMIT:
+                if latest is not None and (
+                    latest.record.phase in AFTER_COMMIT or set(group) <= set(latest.record.cut)
+                ):
                     return latest.record, latest.mod_revision  # an answer lost on the way
                 current, map_rev = await self._book.read_map()
                 if current.version + 1 != rec.next_version:
@@ -320,11 +378,15 @@ class MoveDriver:
                         f"the shard map changed during the cut-over (now version "
                         f"{current.version}): run the move again"
                     )
-                new_map = current.moved(rec.move)
+                new_map = current.moved(Move(group, rec.source, rec.target))
                 if latest is None or latest.mod_revision != rev:
                     raise MoveLost(f"move {rec.id}: its record changed under the commit")
                 if await self._book.commit(committed, rev, new_map, map_rev, token):
-                    log.info("move %s committed: map version %d", rec.id, new_map.version)
+                    log.info(
+                        "move %s committed %s partitions %s: map version %d",
+                        rec.id, "its last" if final else "the", format_partitions(group),
+                        new_map.version,
+                    )  # fmt: skip
                     stored = await self._book.get(rec.id)
                     return committed, stored.mod_revision if stored is not None else rev
             except CoordinatorUnavailable as exc:
@@ -339,11 +401,31 @@ class MoveDriver:
     async def _roll_back(
         self, rec: MoveRecord, rev: int, token: int, reason: str
     ) -> tuple[MoveRecord, int]:
+        """Undo what is not committed. Groups committed before go forward: the rest goes
+        back to the source, and the record then finishes as a move of the committed ones."""
         rec, _ = await self._write(rec, Phase.ROLLING_BACK, token, error=reason)
         mover = await self._mover(rec, token)
-        await mover.rollback()
-        log.warning("move %s rolled back: %s", rec.id, reason)
-        return await self._write(rec, Phase.ROLLED_BACK, token)
+        if not rec.cut:
+            await mover.rollback()
+            log.warning("move %s rolled back: %s", rec.id, reason)
+            return await self._write(rec, Phase.ROLLED_BACK, token)
+        back = rec.remaining
+        if back:
+            await _group_of(mover, back).rollback()
+        log.warning(
+            "move %s: partitions %s rolled back (%s); %s committed before go forward",
+            rec.id, format_partitions(back) or "none", reason, format_partitions(rec.cut),
+        )  # fmt: skip
+        current, _ = await self._book.read_map()
+        return await self._write(
+            rec,
+            Phase.COMMITTED,
+            token,
+            returned=tuple(sorted({*rec.returned, *back})),
+            group=(),
+            next_version=current.version,  # the last group's commit, or a later map
+            committed_at=rec.committed_at or self._now(),
+        )
 
     async def _finish(self, rec: MoveRecord, rev: int, token: int) -> tuple[MoveRecord, int]:
         """Clean the source once every member routes by the new map and the longest
@@ -365,12 +447,25 @@ class MoveDriver:
                 await self._sleep(0.2)
             rec, rev = await self._write(rec, Phase.CLEAN_UP, token)
         mover = await self._mover(rec, token)
+        if rec.returned:  # partly rolled back: clean up only what was committed
+            mover = _group_of(mover, rec.cut, owns_index=True)
         await mover.clean_up()
         return await self._write(rec, Phase.DONE, token)
 
     def behind(self, version: int) -> list[str]:
         """Live members that have not reported routing by ``version`` yet."""
         return [n for n, v in self._book.map_versions().items() if v is None or v < version]
+
+
+def _group_of(
+    mover: PartitionMover, partitions: tuple[int, ...], *, owns_index: bool = False
+) -> PartitionMover:
+    """The mover of some of a move's partitions (``PartitionMove.group``)."""
+    group = getattr(mover, "group", None)
+    if group is None:
+        return mover  # a mover that moves all or nothing (the unit tests' fake)
+    part: PartitionMover = group(partitions, owns_index=owns_index)
+    return part
 
 
 # ---------------------------------------------------------------------- etcd

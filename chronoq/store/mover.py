@@ -150,10 +150,12 @@ class _Tracked:
     kind: int
 
 
-_TRACKED = (_Tracked("tasks", 0), _Tracked("schedules", 1))
+#: The routes to tasks made before routing (``chronoq.store.legacy``) are tracked like tasks:
+#: there can be one per such task, too many to copy whole in the frozen last round.
+_TRACKED = (_Tracked("tasks", 0), _Tracked("schedules", 1), _Tracked("legacy_routes", 2))
 #: Tables keyed by partition whose rows of the moving partitions are copied whole each round
-#: (one row per partition or a few): the fences, and the legacy routes where they exist.
-_REPLACED = ("partition_fences", "legacy_routes")
+#: (one row per partition or a few): the fences.
+_REPLACED = ("partition_fences",)
 
 
 def index_name(move_id: str) -> str:
@@ -261,6 +263,7 @@ class PartitionMove:
         batch_rows: int = BATCH_ROWS,
         phase_timeout: float = PHASE_TIMEOUT,
         holdings: Holdings | None = None,
+        index_partitions: Sequence[int] | None = None,
     ) -> None:
         if source is target:
             raise InvalidArgument("target", "a move needs two different shards")
@@ -294,13 +297,50 @@ class PartitionMove:
         self.batch_rows = max(1, batch_rows)
         self.phase_timeout = phase_timeout
         self.index = index_name(move_id)
+        # The whole move's partitions, when this mover is one group of it (``group``): the
+        # move index covers them all.
+        whole = sorted(set(index_partitions)) if index_partitions is not None else moving
+        if not set(moving) <= set(whole):
+            raise InvalidArgument("partitions", "a group's partitions are some of its move's")
+        self.index_partitions: tuple[int, ...] = tuple(whole)
         # One literal for the index's predicate and every query over the moving rows: the
-        # planner proves a partial index usable by matching the expression.
-        self._moving = f"partition = ANY('{{{','.join(map(str, moving))}}}'::smallint[])"
+        # planner proves a partial index usable by matching the expression (a group adds
+        # its own partitions as a second condition, which keeps the match).
+        self._index_predicate = f"partition = ANY('{{{','.join(map(str, whole))}}}'::smallint[])"
+        self._moving = self._index_predicate
+        if tuple(whole) != self.partitions:
+            self._moving += f" AND partition = ANY('{{{','.join(map(str, moving))}}}'::smallint[])"
         self.last_round: Round | None = None
         self._given_holdings = holdings
+        self._owns_index = False
 
         self._layout: _Layout | None = None
+
+    @property
+    def is_group(self) -> bool:
+        """Whether this mover is a part of a larger move (it leaves the move index alone)."""
+        return self.index_partitions != self.partitions
+
+    def group(self, partitions: Sequence[int], *, owns_index: bool = False) -> PartitionMove:
+        """The same move restricted to ``partitions`` (some of its own): the driver cuts a
+        large move over a group at a time, each frozen step sized to fit the budget.
+        ``owns_index``: this group's rollback or clean-up is the move's last step, and drops
+        the move index (otherwise the rest of the move still reads through it)."""
+        part = PartitionMove(
+            self.source,
+            self.target,
+            partitions,
+            self.move_id,
+            self.token,
+            freeze_budget=self.freeze_budget,
+            buffer_bytes=self.buffer_bytes,
+            batch_rows=self.batch_rows,
+            phase_timeout=self.phase_timeout,
+            holdings=self._given_holdings,
+            index_partitions=self.index_partitions,
+        )
+        part._owns_index = owns_index
+        return part
 
     @property
     def _holdings_ops(self) -> Holdings:
@@ -813,11 +853,13 @@ class PartitionMove:
             if valid is not True:
                 await s.execute(
                     f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {self.index} ON tasks (partition, id)"
-                    f" WHERE {self._moving}",
+                    f" WHERE {self._index_predicate}",
                     timeout=self.phase_timeout,
                 )
 
     async def _drop_index(self) -> None:
+        if self.is_group and not self._owns_index:
+            return  # the rest of the move still reads through it
         async with self.source.connection() as s:
             await s.execute(
                 f"DROP INDEX CONCURRENTLY IF EXISTS {self.index}", timeout=self.phase_timeout
@@ -892,7 +934,8 @@ TRUNCATE chronoq_move_seen, chronoq_move_gone, chronoq_move_changed, chronoq_mov
 """
 _DROP_TEMP = (
     "DROP TABLE IF EXISTS chronoq_move_seen, chronoq_move_gone, chronoq_move_changed,"
-    " chronoq_move_stage_tasks, chronoq_move_stage_schedules"
+    " chronoq_move_stage_tasks, chronoq_move_stage_schedules,"
+    " chronoq_move_stage_legacy_routes"
 )
 
 

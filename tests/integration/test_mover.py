@@ -403,3 +403,68 @@ async def test_a_clean_up_before_the_cut_over_is_refused(shards: tuple[Store, St
     with pytest.raises(MoveRefused, match="cut over"):
         await move.clean_up()
     assert len(await rows(source, "tasks", MOVED)) > 0
+
+
+async def test_a_move_cut_over_a_group_at_a_time_keeps_the_rest_live_on_the_source(
+    shards: tuple[Store, Store],
+) -> None:
+    """The driver's groups: each group frozen and made live on its own (with its own map
+    version), the others still live on the source meanwhile; the move index serves every
+    group (its predicate is the whole move's) and goes with the last step."""
+    source, target = shards
+    await load(source)
+    move = mover(source, target)
+    await move.prepare()
+    await move.copy()
+    await move.catch_up()
+    first, second = move.group((MOVING[0],)), move.group((MOVING[1],))
+    assert first.is_group and not move.is_group
+    await first.cut_over(2)
+    a, b = await HOLDINGS.held(source), await HOLDINGS.held(target)
+    assert (a[MOVING[0]].state, b[MOVING[0]].state, b[MOVING[0]].since_version) == (FROZEN, LIVE, 2)
+    assert (a[MOVING[1]].state, b[MOVING[1]].state) == (LIVE, INCOMING)  # not this group's
+    # A plan of the group's frozen round reads through the move index.
+    async with source.connection() as c:
+        plan = "\n".join(
+            r[0]
+            for r in await c.fetch(
+                "EXPLAIN SELECT partition, id, xmin FROM tasks WHERE " + first._moving
+            )
+        )
+    assert move.index in plan, plan
+    await second.cut_over(3)
+    await never_live_on_both(source, target)
+    await same_on_both(source, target)
+    # The rest rolled back alone would leave the index for the committed group's clean-up;
+    # here both groups are cut, and the whole move cleans up and drops the index.
+    await move.clean_up()
+    assert await rows(source, "tasks", MOVED) == []
+    async with source.connection() as c:
+        assert await c.fetchval("SELECT to_regclass($1)", move.index) is None
+
+
+async def test_the_rest_of_a_move_rolled_back_after_a_group_was_cut_leaves_that_group_alone(
+    shards: tuple[Store, Store],
+) -> None:
+    source, target = shards
+    await load(source)
+    move = mover(source, target)
+    await move.prepare()
+    await move.copy()
+    await move.catch_up()
+    await move.group((MOVING[0],)).cut_over(2)
+    kept = await rows(target, "tasks", f"partition = {MOVING[0]}")
+    await move.group((MOVING[1],)).rollback()
+    a, b = await HOLDINGS.held(source), await HOLDINGS.held(target)
+    assert (a[MOVING[0]].state, b[MOVING[0]].state) == (FROZEN, LIVE)  # the cut group stays
+    assert a[MOVING[1]].state == LIVE and b[MOVING[1]].state == GONE  # the rest went back
+    assert await rows(target, "tasks", f"partition = {MOVING[1]}") == []
+    assert await rows(target, "tasks", f"partition = {MOVING[0]}") == kept
+    async with source.connection() as c:
+        assert await c.fetchval("SELECT to_regclass($1)", move.index) is not None
+    deleted = await move.group((MOVING[0],), owns_index=True).clean_up()
+    assert deleted >= len(kept)
+    assert await rows(source, "tasks", f"partition = {MOVING[0]}") == []
+    assert await rows(source, "tasks", f"partition = {MOVING[1]}") != []
+    async with source.connection() as c:
+        assert await c.fetchval("SELECT to_regclass($1)", move.index) is None

@@ -153,6 +153,7 @@ class Script:
     rounds: list[int] = dataclasses.field(default_factory=list)
     cut_versions: list[int] = dataclasses.field(default_factory=list)
     on_cut: Any = None
+    groups: list[tuple[tuple[int, ...], bool]] = dataclasses.field(default_factory=list)
 
 
 class Stores:
@@ -375,3 +376,122 @@ def test_recovery_rolls_back_before_the_commit_and_goes_forward_after() -> None:
         assert recovery(phase) is Recovery.FINISH
     for phase in (Phase.DONE, Phase.ROLLED_BACK):
         assert recovery(phase) is Recovery.NOTHING
+
+
+# ---------------------------------------------------------------------- cut-over in groups
+
+
+@dataclasses.dataclass(frozen=True)
+class LastRound:
+    listed: int
+    seconds: float
+
+
+class GroupedMover(FakeMover):
+    """A mover whose last round listed ``listed`` rows in ``seconds`` and that hands out
+    groups of itself, each cut over on its own."""
+
+    def __init__(self, *args: Any, listed: int, seconds: float, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.last_round = LastRound(listed, seconds)
+        self.partitions: tuple[int, ...] = ()
+        self.owns_index = False
+
+    def group(self, partitions: tuple[int, ...], *, owns_index: bool = False) -> GroupedMover:
+        part = GroupedMover(
+            self.book, self.move_id, self.token, self.script,
+            listed=self.last_round.listed, seconds=self.last_round.seconds,
+        )  # fmt: skip
+        part.partitions, part.owns_index = partitions, owns_index
+        self.script.groups.append((partitions, owns_index))
+        return part
+
+
+def grouped_setup(
+    listed: int, seconds: float, **driver: Any
+) -> tuple[FakeBook, Script, MoveDriver, MoveRecord, Clock]:
+    book, script, drv, rec, clock = setup(**driver)
+
+    def make(_s: Any, _t: Any, parts: tuple[int, ...], move_id: str, token: int) -> FakeMover:
+        return GroupedMover(book, move_id, token, script, listed=listed, seconds=seconds)
+
+    drv._make_move = make
+    return book, script, drv, rec, clock
+
+
+def test_groups_are_sized_from_the_last_rounds_rate_to_fit_the_budget() -> None:
+    from chronoq.moves import cut_over_groups
+
+    # 64 partitions listed in 3.2 s: 0.05 s each; half a 1 s budget is 10 partitions.
+    groups = cut_over_groups(range(64), 1_280_000, 3.2, 1.0)
+    assert [len(g) for g in groups] == [10] * 6 + [4]
+    assert [p for g in groups for p in g] == list(range(64))
+    # A fast round, or nothing listed: one group.
+    assert cut_over_groups(range(64), 10_000, 0.05, 1.0) == [tuple(range(64))]
+    assert cut_over_groups(range(8), 0, 0.0, 1.0) == [tuple(range(8))]
+    # A partition alone larger than the budget is still cut over (alone).
+    assert cut_over_groups(range(3), 3_000_000, 30.0, 1.0) == [(0,), (1,), (2,)]
+
+
+async def test_a_move_larger_than_the_freeze_budget_cuts_over_and_commits_a_group_at_a_time() -> (
+    None
+):
+    # 8 partitions listed in 4 s: 0.5 s each, so groups of one partition for a 1 s budget.
+    book, script, drv, _rec, _clock = grouped_setup(80_000, 4.0)
+    book.versions = {"n1": 10, "n2": 10}
+    done = await drv.step()
+    assert done is not None and done.phase is Phase.DONE
+    assert [n for n, _p, _t in script.calls].count("cut_over") == 8
+    assert [g for g, _o in script.groups if len(g) == 1] == [(p,) for p in range(8)]
+    # Each group is its own commit: map v+1 with that group moved, the record's ``cut``
+    # growing; the last one makes the record committed.
+    assert script.cut_versions == list(range(3, 11))
+    assert book.commits == 8 and book.map.version == 10
+    assert book.map.held_by("shard-1") == tuple(range(8))
+    assert done.cut == tuple(range(8)) and done.group == () and done.returned == ()
+    assert book.log.count("commit map v10 + record committed") == 1
+    assert book.log.count("commit map v3 + record catch_up") == 1
+
+
+async def test_a_driver_lost_after_some_groups_rolls_back_the_rest_and_finishes_the_cut() -> None:
+    book, script, drv, rec, clock = grouped_setup(80_000, 4.0)
+    # A dead driver committed partitions 0-2 (map v3..v5) and was cutting over 3.
+    book.map = book.map.moved(Move((0, 1, 2), "shard-0", "shard-1"))
+    book.map = ShardMap.from_json(
+        json.dumps({**json.loads(book.map.to_json()), "version": 5}).encode()
+    )
+    left = rec.at(
+        Phase.CUT_OVER, clock.t, driver="n0", token=2, next_version=6, cut=(0, 1, 2),
+        group=(3,), committed_at=clock.t - 60,
+    )  # fmt: skip
+    book.records_[rec.id] = (left, 9, book.records_[rec.id][2])
+    book.versions = {"n1": 5}
+    done = await drv.step()
+    assert done is not None and done.phase is Phase.DONE
+    assert [n for n, _p, _t in script.calls] == ["rollback", "clean_up"]
+    # The rollback covered only what was not committed; the clean-up only what was, and it
+    # drops the move index (the move's last step).
+    assert script.groups == [((3, 4, 5, 6, 7), False), ((0, 1, 2), True)]
+    assert done.cut == (0, 1, 2) and done.returned == (3, 4, 5, 6, 7)
+    assert book.map.held_by("shard-1") == (0, 1, 2) and book.map.version == 5  # not undone
+    assert book.commits == 0
+
+
+async def test_a_group_that_overruns_its_freeze_is_split_and_tried_again() -> None:
+    from chronoq.store.mover import FreezeOverrun
+
+    book, script, drv, _rec, _clock = grouped_setup(8_000, 0.01)  # one group of 8
+    book.versions = {"n1": 4, "n2": 4}
+    overruns = [1]
+
+    def overrun() -> None:
+        if overruns:
+            overruns.pop()
+            raise FreezeOverrun("the frozen last round took over 5.0 s")
+
+    script.on_cut = overrun
+    done = await drv.step()
+    assert done is not None and done.phase is Phase.DONE
+    assert [g for g, _o in script.groups] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert script.cut_versions == [3, 3, 4]  # the whole, then its two halves
+    assert book.map.version == 4 and book.map.held_by("shard-1") == tuple(range(8))
