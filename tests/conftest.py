@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from chronoq.embedded.ha import PatroniCluster, PatroniUnavailable
 from chronoq.embedded.postgres import EmbeddedPostgres
 
 
@@ -95,6 +96,46 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def ha(tmp_path_factory: pytest.TempPathFactory, etcd: Any) -> Iterator[PatroniCluster]:
+    """A replicated PostgreSQL: 3 members under Patroni on the session's etcd, started on
+    first use (the cold start, ~15-40 s, is paid once per session).
+
+    Skips, saying why, where Patroni cannot be installed (no package registry, no system
+    Python or no useradd).
+    """
+    cluster = PatroniCluster(
+        tmp_path_factory.mktemp("ha"), etcd.endpoints, members=3, etcd_auth=etcd.patroni_auth()
+    )
+    try:
+        cluster.start(timeout=180)
+    except PatroniUnavailable as exc:
+        pytest.skip(f"Patroni cannot run here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def ha_template(ha: PatroniCluster) -> str:
+    """A database on the replicated PostgreSQL with every migration applied (by the nodes'
+    role, through the DSN nodes are given), copied for each test that wants one."""
+    from chronoq.store import Store
+
+    name = "chronoq_template"
+    dsn = ha.ensure_database(name)
+
+    async def migrate() -> None:
+        # holds=(): the template holds no partition yet, so each test's database adopts
+        # the partitions of its own first Store (as a fresh deployment does).
+        store = await Store.connect(dsn, min_size=1, max_size=1, holds=())
+        await store.close()
+
+    asyncio.run(migrate())
+    return name
 
 
 @pytest.fixture

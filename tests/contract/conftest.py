@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from chronoq.embedded.ha import PatroniCluster
 from chronoq.shardmap import ShardMap
 from chronoq.store import Store
 from chronoq.store.port import ScheduleAdmin, ScheduleOwner, TaskStore
@@ -56,6 +57,8 @@ class Shape:
 
     prepare: Callable[[pytest.FixtureRequest], Any]
     open: Callable[[Any], AbstractAsyncContextManager[Opened]]
+    #: Marks of each contract on this shape (a longer timeout for a slow first setup).
+    marks: tuple[pytest.MarkDecorator, ...] = ()
 
 
 @contextlib.asynccontextmanager
@@ -115,15 +118,32 @@ async def _open_two(dsns: tuple[str, str]) -> AsyncIterator[Opened]:
         yield Opened(sharded, ShardedSchedules(sharded))
 
 
+def _prepare_patroni(request: pytest.FixtureRequest) -> str:
+    """A fresh copy of the migrated template on the session's Patroni cluster, created on
+    the primary (the standbys replay it); its DSN is the one nodes are given: every member,
+    ``target_session_attrs=read-write``, and the store's check that it reached the primary."""
+    cluster: PatroniCluster = request.getfixturevalue("ha")
+    template: str = request.getfixturevalue("ha_template")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = cluster.ensure_database(name, template=template)
+    request.addfinalizer(lambda: cluster.drop_database(name))
+    return dsn
+
+
 #: Every shape of the store the contracts run against, each built on real servers (no
-#: fakes). One that joins later: "patroni", one shard whose database is a Patroni cluster
-#: (the tests/ha fixtures).
+#: fakes).
 SHAPES: dict[str, Shape] = {
     # Today's store: one fresh copy of the migrated template on the session PostgreSQL.
     "single": Shape(prepare=lambda request: request.getfixturevalue("dsn"), open=_open_single),
     # Two fresh databases of the session PostgreSQL as shard-0 and shard-1 behind one port,
     # the partitions split evenly between them by a shard map.
     "two-shards": Shape(prepare=_prepare_two, open=_open_two),
+    # One shard whose database is a 3-member Patroni cluster on the session's etcd (the
+    # tests/conftest.py ``ha`` fixture, started once, on the first test of this shape).
+    # Its first test pays the cold start, hence the longer timeout.
+    "patroni": Shape(
+        prepare=_prepare_patroni, open=_open_single, marks=(pytest.mark.timeout(240),)
+    ),
 }
 
 
@@ -131,7 +151,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every contract runs once per shape (read at collection, so a shape registered by
     any module imported before it counts); ``-k single`` picks one."""
     if "shape" in metafunc.fixturenames:
-        metafunc.parametrize("shape", sorted(SHAPES), indirect=True)
+        shapes = [pytest.param(name, marks=SHAPES[name].marks) for name in sorted(SHAPES)]
+        metafunc.parametrize("shape", shapes, indirect=True)
 
 
 @pytest.fixture

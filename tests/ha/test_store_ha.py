@@ -2,8 +2,9 @@
 store failover: no acknowledged submit is lost, firing resumes, fencing holds across the
 primary change, and a commit the standby never confirmed is not taken for an acknowledgement.
 
-Skipped, saying why, where Patroni cannot be installed (no package registry, no system Python
-or no useradd). The cold start (~15-40 s) is paid once for the module.
+The cluster is the session's ``ha`` (tests/conftest.py), which the store contracts'
+"patroni" shape shares: skipped, saying why, where Patroni cannot be installed (no package
+registry, no system Python or no useradd).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import pytest
 from chronoq.client import Client, NewTask
 from chronoq.config import NodeSettings
 from chronoq.embedded import processes
-from chronoq.embedded.ha import PatroniCluster, PatroniUnavailable
+from chronoq.embedded.ha import PatroniCluster
 from chronoq.errors import StoreUnavailable
 from chronoq.models import TaskSpec, TaskState
 from chronoq.node import Node
@@ -39,21 +40,6 @@ from chronoq.store.connection import NotPrimary
 pytestmark = pytest.mark.timeout(240)
 
 PARTITIONS = 16
-
-
-@pytest.fixture(scope="module")
-def ha(tmp_path_factory: pytest.TempPathFactory, etcd: Any) -> Iterator[PatroniCluster]:
-    cluster = PatroniCluster(
-        tmp_path_factory.mktemp("ha"), etcd.endpoints, members=3, etcd_auth=etcd.patroni_auth()
-    )
-    try:
-        cluster.start(timeout=180)
-    except PatroniUnavailable as exc:
-        pytest.skip(f"Patroni cannot run here: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
