@@ -354,15 +354,14 @@ def _prunable(stored: Sequence[Stored]) -> list[MoveRecord]:
 def make_mover(
     freeze_budget: float,
 ) -> Callable[[Any, Any, tuple[int, ...], str, int], PartitionMover]:
-    """The factory of the shards' side of a move (``chronoq.store.mover.PartitionMove``)."""
-    from chronoq.store.mover import PartitionMove
+    """The factory of the shards' side of a move (``chronoq.store.mover.PartitionMove``),
+    which first builds the routes to tasks made before routing (``chronoq.store.legacy``)."""
+    from chronoq.store.legacy import RoutesFirst
 
     def make(
         source: Any, target: Any, partitions: tuple[int, ...], move_id: str, token: int
     ) -> PartitionMover:
-        return PartitionMove(
-            source, target, partitions, move_id, token, freeze_budget=freeze_budget
-        )
+        return RoutesFirst(source, target, partitions, move_id, token, freeze_budget=freeze_budget)
 
     return make
 

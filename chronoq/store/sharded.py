@@ -13,6 +13,7 @@ Routing, by port:
   concurrently. Specs are checked for what a shard would refuse (NUL in text) before any
   shard writes; a shard that fails after others committed raises ``BatchPartlyAccepted``
   (UNAVAILABLE, "outcome unknown"): the SDK, which keys every task, repeats the whole batch.
+  A key of a task made before routing is answered by that task (``chronoq.store.legacy``).
 - **by queue**: a claim counts (bounded) which shards hold ready tasks of its queues, asks
   each of those for ``max_tasks`` at once, keeps the best ``max_tasks`` by priority and
   run_at within the byte budget, and gives the rest back READY (no attempt spent): the
@@ -55,6 +56,7 @@ import contextlib
 import logging
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -87,7 +89,7 @@ from chronoq.models import (
 from chronoq.ratelimit import schedule_rate
 from chronoq.routing import id_partition, key_partition, submit_partitions
 from chronoq.shardmap import ShardMap
-from chronoq.store import fanout
+from chronoq.store import fanout, legacy
 from chronoq.store.connection import Listener
 from chronoq.store.rows import Accepted, Fence, FireResult, parse_task_id
 from chronoq.store.schedules import Charge, Materialized, Schedules
@@ -187,6 +189,8 @@ class ShardedStore:
         self._warned: dict[str, float] = {}
         #: (namespace, queues) whose last claim found ready tasks on one shard alone.
         self._sole: dict[tuple[str, tuple[str, ...]], str] = {}
+        #: Per shard, where the retention of its legacy routes goes on (``legacy.sweep``).
+        self._route_sweeps: dict[str, uuid.UUID] = {}
         self._routing()
 
     # ------------------------------------------------------------------ the map
@@ -535,9 +539,10 @@ class ShardedStore:
         self, partitions: Sequence[int], states: Sequence[TaskState], before: datetime, batch: int
     ) -> int:
         """Shard after shard, so that one call deletes at most ``batch`` rows in all."""
+        m = self._routing()
+        await legacy.sweep(self._stores, m.shard_of, partitions, self._route_sweeps)
         if (solo := self._fast()) is not None:
             return await solo.purge_finished(partitions, states, before, batch)
-        m = self._routing()
         groups = fanout.grouped(list(partitions), m.shard_of)
         left, total = batch, 0
 
@@ -755,11 +760,25 @@ class ShardedStore:
                 await self._refreshed()
         if not specs:
             return []
+
+        async def old(route: legacy.Route) -> SubmitOutcome | None:
+            task = await self._old_task(route)
+            return None if task is None else SubmitOutcome(task, False)
+
         return await self._placed(
             specs,
-            lambda s, mine, parts: s.submit(mine, now, partitions=parts),
+            lambda s, mine, parts: legacy.submit_routed(
+                s, mine, parts, lambda m, p: s.submit(m, now, partitions=p), old
+            ),
             lambda o: (o.task.id, o.created),
         )
+
+    async def _old_task(self, route: legacy.Route) -> Task | None:
+        """The task made before routing that an entry names (None: it is gone)."""
+        try:
+            return await self.get(str(route.id), route.namespace)
+        except errors.TaskNotFound:
+            return None
 
     async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
         if (solo := self._fast()) is not None:
@@ -770,8 +789,18 @@ class ShardedStore:
         if not specs:
             return Accepted()
 
-        async def ids(s: Store, mine: list[TaskSpec], parts: list[int]) -> list[tuple[str, bool]]:
+        async def submit(
+            s: Store, mine: list[TaskSpec], parts: list[int]
+        ) -> list[tuple[str, bool]]:
             return list(await s.submit_ids(mine, now, partitions=parts))
+
+        async def old(route: legacy.Route) -> tuple[str, bool] | None:
+            return None if await self._old_task(route) is None else (str(route.id), False)
+
+        def ids(
+            s: Store, mine: list[TaskSpec], parts: list[int]
+        ) -> Awaitable[list[tuple[str, bool]]]:
+            return legacy.submit_routed(s, mine, parts, lambda m, p: submit(s, m, p), old)
 
         answer = await self._placed(specs, ids, lambda pair: pair)
         return Accepted.of(specs, answer, now)
