@@ -221,6 +221,26 @@ class BatchPartlyAccepted(StoreUnavailable):
         )
 
 
+class RequeuePartlyDone(StoreUnavailable):
+    """A requeue of dead tasks on several store shards was committed on some of them only
+    (each shard's part is all or none). ``requeued``: the ids requeued (READY now); the others
+    were not, or their shard did not answer. Repeat the requeue with the others only: a
+    requeued task is no longer DEAD and would refuse the whole request."""
+
+    def __init__(
+        self, requeued: tuple[str, ...], total: int, shards: tuple[str, ...], why: str
+    ) -> None:
+        self.requeued = requeued
+        self.total = total
+        self.shards = shards
+        shown_ids = ", ".join(requeued[:4]) + (", ..." if len(requeued) > 4 else "")
+        super().__init__(
+            f"{len(requeued)} of {total} tasks requeued ({shown_ids}); store "
+            f"{', '.join(shards)} failed ({why}): the rest were not requeued or their outcome "
+            "is unknown; requeue only those not READY now"
+        )
+
+
 class ConfigError(ChronoqError):
     """A setting is invalid."""
 

@@ -14,15 +14,16 @@ Routing, by port:
   shard writes; a shard that fails after others committed raises ``BatchPartlyAccepted``
   (UNAVAILABLE, "outcome unknown"): the SDK, which keys every task, repeats the whole batch.
   A key of a task made before routing is answered by that task (``chronoq.store.legacy``).
-- **by queue**: a claim counts (bounded) which shards hold ready tasks of its queues, asks
-  each of those for ``max_tasks`` at once, keeps the best ``max_tasks`` by priority and
-  run_at within the byte budget, and gives the rest back READY (no attempt spent): the
-  order of one store, paid for by those give-backs while several shards hold ready tasks
-  of the same queues (a claim bounded by a priority floor would avoid them). Queue limits and
-  their token buckets live on the map's first shard (``shard-0``, never removed and never a
-  partition's move): one statement counts a namespace's limits against its cap, and every
-  claim of a limited queue takes its tokens there, then claims on any shard and gives back
-  what it did not use.
+- **by queue**: a claim reads each shard's head of its queues first (at most ``max_tasks``
+  READY tasks, unlocked), merges them into how many each shard claims (the best by
+  priority and run_at within the byte budget), and each shard claims that many under a
+  strict share of the budget: no task is leased that the answer does not keep, so no
+  attempt is spent on a task no worker gets. While one shard alone held ready tasks of the
+  queues at the last claim, it is claimed at once, the others' heads read beside it. Queue
+  limits and their token buckets live on the map's first shard (``shard-0``, never removed
+  and never a partition's move): one statement counts a namespace's limits against its
+  cap, and every claim of a limited queue takes its tokens there, then claims on any shard
+  and gives back what it did not use.
 - **admin**: listings keyset by id over every shard (each shard's page after the token,
   merged, cut where the first shard's page ended); counts summed; fences concatenated.
 - **notices**: announced on one shard (the first that answers), listened to on every shard.
@@ -66,8 +67,11 @@ from typing import Any, TypeVar
 from chronoq import errors
 from chronoq.errors import (
     BatchPartlyAccepted,
+    ChronoqError,
     InvalidArgument,
     NamespaceCapReached,
+    PartitionMoved,
+    RequeuePartlyDone,
     ScheduleQuotaExceeded,
     ShardUnavailable,
     StoreUnavailable,
@@ -111,13 +115,6 @@ SOLE_ENTRIES = 4096
 R = TypeVar("R")
 K = TypeVar("K")
 
-
-class _NeverRaised(StoreUnavailable):
-    """Stands for ``PartitionMoved`` until the errors module has it."""
-
-
-#: A shard that no longer holds a partition at the caller's map version (store-side fencing).
-PartitionMoved: type[StoreUnavailable] = getattr(errors, "PartitionMoved", _NeverRaised)
 
 
 def task_bytes(task: Task) -> int:
@@ -210,8 +207,7 @@ class ShardedStore:
         """Route by ``shard_map`` from now on (``current_map`` should answer it too): each
         store passes its version with the fenced writes."""
         for store in self._stores.values():
-            # Part of the store since the map's fencing (a no-op on a store without it).
-            store.map_version = shard_map.version  # type: ignore[attr-defined, unused-ignore]
+            store.map_version = shard_map.version
         self._seen = None
         self._routing(shard_map)
 
@@ -353,12 +349,17 @@ class ShardedStore:
             raise down[0]
         return out
 
-    async def _by_id(self, task_id: str, call: Callable[[Store], Awaitable[R]]) -> R:
-        """``call`` on the shard of one task (refreshed and routed again once if moved)."""
+    async def _by_id(
+        self, task_id: str, call: Callable[[Store], Awaitable[R]], *, retry: bool = True
+    ) -> R:
+        """``call`` on the shard of one task (refreshed and routed again once if moved,
+        unless the caller did that already: ``retry`` False)."""
         p = id_partition(parse_task_id(task_id), self._routing().partitions)
         try:
             return await self._on(self._routing().shard_of(p), call)
         except PartitionMoved:
+            if not retry:
+                raise
             await self._refreshed()
             return await self._on(self._routing().shard_of(p), call)
 
@@ -399,11 +400,13 @@ class ShardedStore:
     async def fire_due(
         self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000, node_id: str = ""
     ) -> FireResult:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.fire_due(owned, now, batch=batch, node_id=node_id)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         ps = list(owned)
         answers = await self._routed(
             ps,
@@ -412,6 +415,7 @@ class ShardedStore:
                 {ps[i]: owned[ps[i]] for i in pos}, now, batch=batch, node_id=node_id
             ),
             skip_down=True,
+            retry=not retried,
         )
         return fanout.fire_results(r for _pos, r in answers)
 
@@ -425,6 +429,7 @@ class ShardedStore:
         leases: Mapping[str, str] | None = None,
         budgets: Mapping[str, tuple[int, int]] | None = None,
     ) -> FireResult:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.fire_listed(
@@ -432,6 +437,7 @@ class ShardedStore:
                 )
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         ids = list(task_ids)
 
         def fire(s: Store, pos: list[int]) -> Awaitable[FireResult]:
@@ -443,15 +449,19 @@ class ShardedStore:
                 held, now, mine, node_id=node_id, leases=handed or None, budgets=budgets
             )
 
-        answers = await self._routed(ids, self._id_partition, fire, skip_down=True)
+        answers = await self._routed(
+            ids, self._id_partition, fire, skip_down=True, retry=not retried
+        )
         return fanout.fire_results(r for _pos, r in answers)
 
     async def advance_watermarks(self, owned: Mapping[int, int], bucket: int) -> set[int]:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.advance_watermarks(owned, bucket)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         ps = list(owned)
         out: set[int] = set()
         for _pos, moved in await self._routed(
@@ -459,6 +469,7 @@ class ShardedStore:
             int,
             lambda s, pos: s.advance_watermarks({ps[i]: owned[ps[i]] for i in pos}, bucket),
             skip_down=True,
+            retry=not retried,
         ):
             out |= moved
         return out
@@ -471,11 +482,13 @@ class ShardedStore:
         batch: int = 1000,
         rng: random.Random | None = None,
     ) -> list[Task]:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.reap_expired(owned, now, batch=batch, rng=rng)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         ps = list(owned)
         answers = await self._routed(
             ps,
@@ -484,6 +497,7 @@ class ShardedStore:
                 {ps[i]: owned[ps[i]] for i in pos}, now, batch=batch, rng=rng
             ),
             skip_down=True,
+            retry=not retried,
         )
         return [t for _pos, tasks in answers for t in tasks]
 
@@ -569,42 +583,59 @@ class ShardedStore:
         return await self._by_id(task_id, lambda s: s.get(task_id, namespace))
 
     async def cancel(self, task_id: str, namespace: str, now: datetime) -> Task:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.cancel(task_id, namespace, now)
             except PartitionMoved:
                 await self._refreshed()
-        return await self._by_id(task_id, lambda s: s.cancel(task_id, namespace, now))
+                retried = True
+        return await self._by_id(
+            task_id, lambda s: s.cancel(task_id, namespace, now), retry=not retried
+        )
 
     async def _by_leases(
-        self, leases: Sequence[Lease], call: Callable[[Store, list[Lease]], Awaitable[list[R]]]
+        self,
+        leases: Sequence[Lease],
+        call: Callable[[Store, list[Lease]], Awaitable[list[R]]],
+        *,
+        retry: bool = True,
     ) -> list[R]:
         answers = await self._routed(
             [lease.task_id for lease in leases],
             self._id_partition,
             lambda s, pos: call(s, [leases[i] for i in pos]),
+            retry=retry,
         )
         return fanout.in_order(len(leases), answers)
 
     async def heartbeat(
         self, namespace: str, leases: Sequence[Lease], now: datetime
     ) -> list[HeartbeatOutcome]:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.heartbeat(namespace, leases, now)
             except PartitionMoved:
                 await self._refreshed()
-        return await self._by_leases(leases, lambda s, ls: s.heartbeat(namespace, ls, now))
+                retried = True
+        return await self._by_leases(
+            leases, lambda s, ls: s.heartbeat(namespace, ls, now), retry=not retried
+        )
 
     async def complete(
         self, namespace: str, leases: Sequence[Lease], now: datetime
     ) -> list[AckOutcome]:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.complete(namespace, leases, now)
             except PartitionMoved:
                 await self._refreshed()
-        return await self._by_leases(leases, lambda s, ls: s.complete(namespace, ls, now))
+                retried = True
+        return await self._by_leases(
+            leases, lambda s, ls: s.complete(namespace, ls, now), retry=not retried
+        )
 
     async def fail(
         self,
@@ -622,64 +653,98 @@ class ShardedStore:
                 namespace, lease, error, now, fatal=fatal, retry_after=retry_after, rng=rng
             )
 
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await call(solo)
             except PartitionMoved:
                 await self._refreshed()
-        return await self._by_id(lease.task_id, call)
+                retried = True
+        return await self._by_id(lease.task_id, call, retry=not retried)
 
     async def release(self, namespace: str, lease: Lease) -> Task:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.release(namespace, lease)
             except PartitionMoved:
                 await self._refreshed()
-        return await self._by_id(lease.task_id, lambda s: s.release(namespace, lease))
+                retried = True
+        return await self._by_id(
+            lease.task_id, lambda s: s.release(namespace, lease), retry=not retried
+        )
 
     async def requeue(self, namespace: str, ids: Sequence[str], now: datetime) -> list[Task]:
-        """All or none per shard; over several shards every id is read first, so a request
-        naming one task that is not dead requeues nothing (a race with a concurrent change
-        of one of them can still leave the other shards' part requeued)."""
+        """All or none per shard (one transaction each). Over several shards every id is
+        read first, so a request naming one task that is not dead requeues nothing; then
+        each shard requeues its part concurrently. A shard that fails after others
+        committed (an outage, or a race that changed one of its tasks) raises
+        ``RequeuePartlyDone`` naming the ids requeued; the rest were not, or their outcome is
+        unknown (their shard did not answer)."""
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.requeue(namespace, ids, now)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         if not ids:
             raise InvalidArgument("ids", "name at least one dead task")
-        parts = [self._id_partition(i) for i in ids]
-        if len({self._routing().shard_of(p) for p in parts}) > 1:
-            for task_id in ids:
-                try:
-                    task = await self.get(task_id, namespace)
-                except errors.TaskNotFound:
-                    task = None
-                if task is None or task.state is not TaskState.DEAD:
-                    raise InvalidArgument(
-                        "ids",
-                        f"task {task_id} is not DEAD (or does not exist); nothing was requeued",
-                    )
-        answers = await self._routed(
-            list(ids),
-            self._id_partition,
-            lambda s, pos: s.requeue(namespace, [ids[i] for i in pos], now),
+        m = self._routing()
+        groups = fanout.grouped([self._id_partition(i) for i in ids], m.shard_of)
+
+        async def requeue_part(mine: list[str]) -> list[Task]:
+            answers = await self._routed(
+                mine,
+                self._id_partition,
+                lambda s, pos: s.requeue(namespace, [mine[i] for i in pos], now),
+                retry=not retried,
+            )
+            return [t for _pos, tasks in answers for t in tasks]
+
+        if len(groups) == 1:
+            return await requeue_part(list(ids))
+        for task_id in ids:
+            try:
+                task = await self.get(task_id, namespace)
+            except errors.TaskNotFound:
+                task = None
+            if task is None or task.state is not TaskState.DEAD:
+                raise InvalidArgument(
+                    "ids", f"task {task_id} is not DEAD (or does not exist); nothing was requeued"
+                )
+        names = list(groups)
+        results = await asyncio.gather(
+            *(requeue_part([ids[i] for i in groups[n]]) for n in names), return_exceptions=True
         )
-        return [t for _pos, tasks in answers for t in tasks]
+        done = [t for r in results if not isinstance(r, BaseException) for t in r]
+        failed = [
+            (n, r) for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)
+        ]
+        if not failed:
+            return done
+        if not done or not all(isinstance(r, ChronoqError) for _n, r in failed):
+            raise failed[0][1]
+        raise RequeuePartlyDone(
+            tuple(t.id for t in done), len(ids), tuple(n for n, _r in failed), str(failed[0][1])
+        ) from failed[0][1]
 
     async def release_handed(
         self, leases: Mapping[str, str], fired_at: datetime, now: datetime
     ) -> Counter[tuple[str, str]]:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.release_handed(leases, fired_at, now)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         ids = list(leases)
         answers = await self._routed(
             ids,
             self._id_partition,
             lambda s, pos: s.release_handed({ids[i]: leases[ids[i]] for i in pos}, fired_at, now),
+            retry=not retried,
         )
         out: Counter[tuple[str, str]] = Counter()
         for _pos, given in answers:
@@ -693,9 +758,12 @@ class ShardedStore:
         specs: Sequence[TaskSpec],
         call: Callable[[Store, list[TaskSpec], list[int]], Awaitable[list[R]]],
         id_of: Callable[[R], tuple[str, bool]],
+        *,
+        retry: bool = True,
     ) -> list[R]:
         """One transaction per shard, concurrently, each spec placed here first; per spec
-        its answer, in order. A shard failing after others committed: BatchPartlyAccepted."""
+        its answer, in order. A shard failing after others committed: BatchPartlyAccepted.
+        A group refused as moved is routed again once (``retry`` False: the caller did)."""
         _check_storable(specs)
         m = self._routing()
         parts = submit_partitions([(s.namespace, s.idempotency_key) for s in specs], m.partitions)
@@ -711,7 +779,7 @@ class ShardedStore:
             await asyncio.gather(*(run(n, groups[n]) for n in names), return_exceptions=True)
         )
         moved = [i for i, a in enumerate(answers) if isinstance(a, PartitionMoved)]
-        if moved:
+        if moved and retry:
             await self._refreshed()
             m = self._routing()
             for i in moved:  # each refused group again, to its partitions' shards now
@@ -753,11 +821,13 @@ class ShardedStore:
         )
 
     async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.submit(specs, now)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         if not specs:
             return []
 
@@ -771,6 +841,7 @@ class ShardedStore:
                 s, mine, parts, lambda m, p: s.submit(m, now, partitions=p), old
             ),
             lambda o: (o.task.id, o.created),
+            retry=not retried,
         )
 
     async def _old_task(self, route: legacy.Route) -> Task | None:
@@ -781,11 +852,13 @@ class ShardedStore:
             return None
 
     async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
+        retried = False
         if (solo := self._fast()) is not None:
             try:
                 return await solo.submit_ids(specs, now)
             except PartitionMoved:
                 await self._refreshed()
+                retried = True
         if not specs:
             return Accepted()
 
@@ -802,7 +875,7 @@ class ShardedStore:
         ) -> Awaitable[list[tuple[str, bool]]]:
             return legacy.submit_routed(s, mine, parts, lambda m, p: submit(s, m, p), old)
 
-        answer = await self._placed(specs, ids, lambda pair: pair)
+        answer = await self._placed(specs, ids, lambda pair: pair, retry=not retried)
         return Accepted.of(specs, answer, now)
 
     # ------------------------------------------------------------------ by queue

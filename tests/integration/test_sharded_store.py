@@ -7,11 +7,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
-from chronoq.errors import BatchPartlyAccepted, ShardUnavailable
-from chronoq.models import TaskSpec, TaskState
+from chronoq.errors import BatchPartlyAccepted, RequeuePartlyDone, ShardUnavailable
+from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.store.sharded import ShardedStore
 from tests.conftest import create_test_database
 from tests.contract.conftest import PARTITIONS, TWO_SHARDS, connect_shard, open_two
@@ -102,3 +103,32 @@ async def test_a_batch_that_reached_one_shard_says_so_and_a_repeat_completes_it(
             assert o.created
     assert await sharded.count_by_state() == {TaskState.READY: 30}
     await sharded.stores["shard-1"].close()
+
+
+async def test_a_requeue_that_reached_one_shard_names_what_it_requeued(
+    sharded: ShardedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard's part of a requeue is all or none; a shard lost after the others
+    committed leaves an answer naming the ids requeued, and those alone are READY."""
+    await sharded.submit(
+        [TaskSpec(queue="q", run_at=NOW, max_attempts=1) for _ in range(20)], NOW
+    )
+    claimed = await sharded.claim("default", ["q"], "w", 20, NOW)
+    for task in claimed:
+        await sharded.fail("default", Lease(task.id, task.attempt), "boom", NOW)
+    dead = [t.id for t in claimed]
+    assert {on_shard_0(t.partition) for t in claimed} == {True, False}
+    lost = sharded.stores["shard-1"]
+    requeue = lost.requeue
+
+    async def lost_midway(*args: Any, **kwargs: Any) -> Any:
+        await lost.close()  # the shard goes away once every id was read as DEAD
+        return await requeue(*args, **kwargs)
+
+    monkeypatch.setattr(lost, "requeue", lost_midway)
+    with pytest.raises(RequeuePartlyDone, match="store shard-1") as partly:
+        await sharded.requeue("default", dead, NOW)
+    on_0 = {t.id for t in claimed if on_shard_0(t.partition)}
+    assert set(partly.value.requeued) == on_0 and partly.value.total == len(dead)
+    for task_id in on_0:
+        assert (await sharded.get(task_id, "default")).state is TaskState.READY

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from chronoq.errors import PartitionMoved
 from chronoq.routing import new_task_ids
 from chronoq.shardmap import ShardMap
 from chronoq.store import sharded
@@ -19,11 +20,8 @@ P = 4
 
 
 def moved(partitions: tuple[int, ...]) -> Exception:
-    """The store's refusal of a partition it no longer holds (its fields by position)."""
-    try:
-        return sharded.PartitionMoved(partitions)
-    except TypeError:
-        return sharded.PartitionMoved(partitions, 2)  # type: ignore[call-arg, unused-ignore]
+    """The store's refusal of a partition it no longer holds."""
+    return PartitionMoved(partitions, 2)
 
 
 class FakeShard:
@@ -75,9 +73,25 @@ async def test_refused_again_the_error_goes_to_the_caller(task_id: str) -> None:
     store = ShardedStore(
         {"shard-0": still, "shard-1": FakeShard("shard-1")}, lambda: m, refresh=refresh
     )  # type: ignore[dict-item]
-    with pytest.raises(sharded.PartitionMoved):
+    with pytest.raises(PartitionMoved):
         await store.cancel(task_id, "default", NOW)
     assert (still.calls, refreshed) == (2, 1)
+
+
+async def test_one_shard_holding_everything_is_retried_once_too(task_id: str) -> None:
+    """The passthrough to the one store retries once as well, not once more on the way."""
+    only = FakeShard("shard-0", moved=True)
+    refreshed = 0
+
+    async def refresh() -> None:
+        nonlocal refreshed
+        refreshed += 1
+
+    m = ShardMap(1, ("shard-0",), ("shard-0",) * P)
+    store = ShardedStore({"shard-0": only}, lambda: m, refresh=refresh)  # type: ignore[dict-item]
+    with pytest.raises(PartitionMoved):
+        await store.cancel(task_id, "default", NOW)
+    assert (only.calls, refreshed) == (2, 1)
 
 
 async def test_a_refresh_that_hangs_is_bounded(
@@ -94,7 +108,7 @@ async def test_a_refresh_that_hangs_is_bounded(
         lambda: m,
         refresh=hangs,
     )  # type: ignore[dict-item]
-    with pytest.raises(sharded.PartitionMoved):
+    with pytest.raises(PartitionMoved):
         await asyncio.wait_for(store.cancel(task_id, "default", NOW), 5)
 
 

@@ -22,9 +22,18 @@ BUILDERS = {"node.py", "shard_admin.py"}
 CONCRETE = {"Store", "Schedules"}
 #: Public calls of the PostgreSQL store that are its own, not the port's: how it is built
 #: (``connect``, ``migrate``), its raw connections (``Schedules``, tools and tests use
-#: them), a helper of its fail statement, and the token calls a store of shards makes on the
-#: shard holding queue limits for a claim on another shard.
-OWN = {"connect", "migrate", "connection", "after_failure", "take_tokens", "return_tokens"}
+#: them), a helper of its fail statement, the token calls a store of shards makes on the
+#: shard holding queue limits for a claim on another shard, and the read of a shard's ready
+#: heads that decides how many each shard's claim takes.
+OWN = {
+    "connect",
+    "migrate",
+    "connection",
+    "after_failure",
+    "take_tokens",
+    "return_tokens",
+    "ready_heads",
+}
 
 
 def _concrete_imports(path: Path) -> list[str]:
