@@ -78,10 +78,16 @@ WHERE s.id = n.id AND s.partition = n.was
 """
 _FINISHED = "UPDATE legacy_build SET rehomed = rehomed + $1, finished_at = now()"
 _ANY = "SELECT EXISTS (SELECT 1 FROM legacy_routes)"
+# One index lookup per key (LATERAL ... LIMIT 1): a join would hash the whole table, whose
+# cost grows with the routes rather than with the batch.
 _PROBE = """
 SELECT o.n, r.id, r.row_partition
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS o(namespace, key, n)
-JOIN legacy_routes r ON r.namespace = o.namespace AND r.kind = 0 AND r.key = o.key
+CROSS JOIN LATERAL (
+    SELECT id, row_partition FROM legacy_routes
+    WHERE namespace = o.namespace AND kind = 0 AND key = o.key
+    LIMIT 1
+) r
 """
 _DROP = "DELETE FROM legacy_routes WHERE id = ANY($1::uuid[])"
 _SWEEP = """
