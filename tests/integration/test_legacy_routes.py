@@ -16,6 +16,7 @@ import pytest
 from chronoq.buckets import bucket_of, partition_of
 from chronoq.ids import time_ordered_ids
 from chronoq.models import ScheduleSpec, TaskSpec, TaskState
+from chronoq.node.shard_admin import make_mover
 from chronoq.recurrence import Cron
 from chronoq.routing import key_partition
 from chronoq.shardmap import ShardMap
@@ -251,6 +252,8 @@ async def test_the_build_runs_once_and_only_on_the_shard_that_holds_every_partit
     again = await build(source)
     assert again.skipped == "built already" and again.routes == 60
     assert (await build(target)).skipped  # holds nothing: nothing to build there
+    # The move driver's mover is the one that builds them first.
+    assert isinstance(make_mover(1.0)(source, target, (1,), "m-legacy-2", 7), RoutesFirst)
 
 
 async def test_routes_of_purged_tasks_go_and_their_key_makes_a_new_task(
