@@ -128,6 +128,28 @@ class ClaimStore(ByQueue, ByTaskId, Protocol):
     """What claims ask of the store: claims and limits by queue, releases by task id."""
 
 
+class LimitedQueues:
+    """The queues with a dispatch limit as last read from the store (again after
+    ``LIMITS_REFRESH``): one per node, read by its claims and by the hand-off, which hands no
+    task of a limited queue to a stream (its claims take tokens from the limit)."""
+
+    def __init__(self) -> None:
+        self._keys: set[tuple[str, str]] = set()
+        self._read = float("-inf")
+
+    def known(self) -> set[tuple[str, str]] | None:
+        """The keys as last read, None before the first read."""
+        return None if self._read == float("-inf") else self._keys
+
+    async def current(self, store: ByQueue) -> set[tuple[str, str]]:
+        """The keys, read again when the last read is older than ``LIMITS_REFRESH``."""
+        now = asyncio.get_running_loop().time()
+        if now - self._read > LIMITS_REFRESH.total_seconds():
+            self._keys = set(await store.queue_limits())
+            self._read = now
+        return self._keys
+
+
 class Claims:
     """READY → RUNNING for workers, at once or after waiting for tasks to become ready."""
 
@@ -140,6 +162,7 @@ class Claims:
         lanes: FairLanes,
         *,
         dispatch: Callable[[Effects], None] | None = None,
+        limited: LimitedQueues | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -149,8 +172,8 @@ class Claims:
         self._dispatch = dispatch or Dispatch(notifier, clock).apply
         self.slots = slots
         self.lanes = lanes
-        self._limited: set[tuple[str, str]] = set()
-        self._limits_read = float("-inf")
+        #: The node's queues with a dispatch limit (shared with its hand-off).
+        self.limited = limited if limited is not None else LimitedQueues()
         self._releasing: set[asyncio.Task[None]] = set()
         self.released = 0  # tasks given back because their caller had gone
 
@@ -219,7 +242,7 @@ class Claims:
         async with self.lanes.lane(namespace):
             if unless_quiet and self._notifier.quiet(namespace, queues):
                 return []
-            limited = await self._limited_queues()
+            limited = await self.limited.current(self._store)
             job = asyncio.ensure_future(
                 self._store.claim(
                     namespace,
@@ -257,14 +280,7 @@ class Claims:
 
     def limited_keys(self) -> set[tuple[str, str]] | None:
         """The queues with a dispatch limit as last read, None before the first read."""
-        return None if self._limits_read == float("-inf") else self._limited
-
-    async def _limited_queues(self) -> set[tuple[str, str]]:
-        now = asyncio.get_running_loop().time()
-        if now - self._limits_read > LIMITS_REFRESH.total_seconds():
-            self._limited = set(await self._store.queue_limits())
-            self._limits_read = now
-        return self._limited
+        return self.limited.known()
 
     def give_back(self, namespace: str, tasks: list[Task]) -> None:
         """Release ``tasks`` claimed for a caller that will not get them (its call failed

@@ -17,7 +17,6 @@ from chronoq.coordinator.protocols import ClusterView, Ownership
 from chronoq.errors import ChronoqError, InvalidArgument, ShardUnavailable, StoreUnavailable
 from chronoq.limits import MAX_STATUS_BUCKETS
 from chronoq.moves import MoveRecord
-from chronoq.node.firing import Firer
 from chronoq.node.shard_admin import ShardAdmin, ShardAdminRefused
 from chronoq.node.status import translated
 from chronoq.partitionmap import PartitionMap
@@ -45,7 +44,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         clock: Clock,
         settings: NodeSettings,
         ownership: Ownership,
-        firer: Firer,
+        figures: Callable[[], dict[str, float]],
         *,
         partitions: PartitionMap,
         shards: ShardAdmin | None = None,
@@ -59,7 +58,8 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         self._clock = clock
         self._settings = settings
         self._ownership = ownership
-        self._firer = firer
+        #: This node's own firing figures (the owner engine's).
+        self._figures = figures
 
     @translated
     async def Status(
@@ -251,7 +251,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         return cluster_pb2.DrainResponse(node_id=self._settings.node_id, released=sorted(released))
 
     def _local_stats(self) -> dict[str, float]:
-        return node_stats(self._firer)
+        return self._figures()
 
 
 def move_status(record: MoveRecord) -> cluster_pb2.MoveStatus:
@@ -267,12 +267,3 @@ def move_status(record: MoveRecord) -> cluster_pb2.MoveStatus:
         driver=record.driver,
         error=record.error,
     )
-
-
-def node_stats(firer: Firer) -> dict[str, float]:
-    """The figures a node publishes about itself (status, the lab)."""
-    return {
-        "lateness_p50_ms": firer.lateness.percentile(50) * 1000,
-        "lateness_p99_ms": firer.lateness.percentile(99) * 1000,
-        "fired": float(firer.stats.fired),
-    }

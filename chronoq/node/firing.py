@@ -48,6 +48,31 @@ class FiringStats:
     quarantined: int = 0  # due tasks no statement could fire, set aside as DEAD
 
 
+class FiringAccount:
+    """What the owner's fire statements did, the tick's and the timing wheel's alike: one
+    count, one lateness window and the metrics, which both halves of the owner write to."""
+
+    def __init__(self, *, node_id: str = "", metrics: NodeMetrics | None = None) -> None:
+        self.node_id = node_id
+        self._metrics = metrics
+        self.stats = FiringStats()
+        self.lateness = LatenessWindow()
+
+    def add(self, result: FireResult) -> None:
+        """Count one fire statement's result."""
+        self.stats.statements += 1
+        self.stats.fired += result.fired
+        self.stats.skipped += result.skipped
+        self.stats.quarantined += len(result.quarantined)
+        self.lateness.add(result.lateness)
+        tracing.fired(result.traced, self.node_id)  # no-op unless tracing is on
+        if self._metrics is not None:
+            self._metrics.fired.inc(result.fired)
+            self._metrics.skipped.inc(result.skipped)
+            for seconds in result.lateness:
+                self._metrics.lateness.observe(seconds)
+
+
 class Firer:
     """Fires due buckets of the partitions that ``ownership`` says are ours."""
 
@@ -64,6 +89,7 @@ class Firer:
         node_id: str = "",
         metrics: NodeMetrics | None = None,
         catch_all: float | None = None,
+        account: FiringAccount | None = None,
     ) -> None:
         self.node_id = node_id
         self._metrics = metrics
@@ -81,10 +107,20 @@ class Firer:
         self._catch_all = catch_all
         self._quiet = False  # the last tick fired nothing late and left nothing behind
         self._watermarks: dict[int, int] = {}  # partition → bucket we last advanced it to
-        self.stats = FiringStats()
-        self.lateness = LatenessWindow()
+        #: Shared with the timing wheel (the owner's): its statements count as the tick's.
+        self.account = (
+            account if account is not None else FiringAccount(node_id=node_id, metrics=metrics)
+        )
         self._wake = asyncio.Event()
         self.last_ok = time.monotonic()  # when the last tick reached the store
+
+    @property
+    def stats(self) -> FiringStats:
+        return self.account.stats
+
+    @property
+    def lateness(self) -> LatenessWindow:
+        return self.account.lateness
 
     def poke(self) -> None:
         """Run the next tick now (the clock jumped, or ownership changed)."""
@@ -141,7 +177,6 @@ class Firer:
                 result = await self._store.fire_due(
                     pending, now, batch=per_partition, node_id=self.node_id
                 )
-            self.stats.statements += 1
             self._account(result, total)
             if result.ready_by_queue:
                 self._on_effects(result.effects)
@@ -157,23 +192,8 @@ class Firer:
             self._metrics.rows_per_tick.observe(total.fired + total.skipped)
         return total
 
-    def record(self, result: FireResult) -> None:
-        """Count a statement fired outside the tick (the timing wheel's) as the tick's own:
-        stats, lateness and metrics (its effects are the caller's to apply)."""
-        self.stats.statements += 1
-        self._account(result, FireResult())
-
     def _account(self, result: FireResult, total: FireResult) -> None:
-        self.stats.fired += result.fired
-        self.stats.skipped += result.skipped
-        self.stats.quarantined += len(result.quarantined)
-        self.lateness.add(result.lateness)
-        tracing.fired(result.traced, self.node_id)  # no-op unless tracing is on
-        if self._metrics is not None:
-            self._metrics.fired.inc(result.fired)
-            self._metrics.skipped.inc(result.skipped)
-            for seconds in result.lateness:
-                self._metrics.lateness.observe(seconds)
+        self.account.add(result)
         total.fired += result.fired
         total.skipped += result.skipped
         total.ready_by_queue.update(result.ready_by_queue)

@@ -8,7 +8,6 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -36,10 +35,12 @@ from chronoq.coordinator.shards import ShardMapView
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
 from chronoq.node.auth_interceptor import api_security
+from chronoq.node.claims import LimitedQueues
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
-from chronoq.node.cluster_service import ClusterService, node_stats
-from chronoq.node.dispatch import Dispatch
+from chronoq.node.cluster_service import ClusterService
+from chronoq.node.engine import Owner
 from chronoq.node.firing import Firer
+from chronoq.node.handoff import HandOff
 from chronoq.node.housekeeping import (
     DepthPoller,
     HealthWatch,
@@ -50,7 +51,6 @@ from chronoq.node.housekeeping import (
 from chronoq.node.malformed import MalformedRequests
 from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics, scrape_token
-from chronoq.node.precise import PreciseFirer
 from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.reaper import Reaper
 from chronoq.node.schedule_service import ScheduleService
@@ -58,7 +58,6 @@ from chronoq.node.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.shards import ShardStores, ShardWatch
-from chronoq.node.soon import SoonBroadcast
 from chronoq.node.work_stream import Openings
 from chronoq.partitionmap import PartitionMap
 from chronoq.shardmap import ShardMap, shard_name, single
@@ -166,9 +165,8 @@ class Node:
         self.shard_watch: ShardWatch | None = None
         self._shards_wanted = asyncio.Event()  # the map names a shard without a store
         self.ownership: Ownership | None = None
-        self.firer: Firer | None = None
-        self.precise: PreciseFirer | None = None  # the timing wheel (None: wheel_horizon 0)
-        self.soon: SoonBroadcast | None = None
+        #: The owner engine: tick, timing wheel, near-future notices and the dispatcher.
+        self.owner: Owner | None = None
         self.reaper: Reaper | None = None
         self.schedules: Schedules | ShardedSchedules | None = None
         # The metrics token is read now: a bad token file stops the node before it starts.
@@ -185,8 +183,10 @@ class Node:
         #: occurrences its schedules make here (None: no quota).
         self.quotas = submit_quotas(settings)
         self.notifier = ReadyNotifier()
-        #: Applies what the node's store writes did: wakes claims, offers the wheel.
-        self.dispatch = Dispatch(self.notifier, self.clock)
+        #: The queues with a dispatch limit, read by the claims and the hand-off.
+        self.limited = LimitedQueues()
+        #: This node's worker streams, which the wheel may lease fired tasks to.
+        self.handoff = HandOff(self.limited.known)
         #: Worker streams not opened yet: one count for the interceptor and the servicer, so
         #: the caps per node and per token hold across both.
         self.openings = Openings()
@@ -201,6 +201,11 @@ class Node:
         self.supervisor = Supervisor(loop_policy)
         self._loops: list[Loop] = []
         self.port = settings.port
+
+    @property
+    def firer(self) -> Firer | None:
+        """The owner engine's tick (None before start), as benchmarks read its figures."""
+        return self.owner.tick if self.owner is not None else None
 
     @property
     def address(self) -> str:
@@ -240,37 +245,23 @@ class Node:
         self._server = server
         self.ownership = self._ownership_factory(self, self.store)
         self.shard_admin = self._attach_shard_admin()
-        self.firer = Firer(
+        owner = self.owner = Owner(
             self.store,
             self.ownership,
             self.clock,
-            tick=s.tick.total_seconds(),
-            batch=s.fire_batch,
-            rounds=s.fire_rounds,
-            on_effects=self.dispatch.apply,
-            node_id=s.node_id,
+            s,
+            partitions=self.partition_map,
+            notifier=self.notifier,
+            handoff=self.handoff if s.handoff else None,
             metrics=self.metrics,
-            catch_all=s.catch_all.total_seconds() if s.wheel_horizon > timedelta(0) else None,
         )
-        if s.wheel_horizon > timedelta(0):
-            self.precise = PreciseFirer(
-                self.store,
-                self.ownership,
-                self.clock,
-                self.firer,
-                partitions=self.partition_map,
-                horizon=s.wheel_horizon,
-                capacity=s.wheel_capacity,
-                node_id=s.node_id,
-                on_effects=self.dispatch.apply,
-            )
         self.reaper = Reaper(
             self.store,
             self.ownership,
             self.clock,
             interval=s.reap_interval.total_seconds(),
             batch=s.reap_batch,
-            on_effects=self.dispatch.apply,
+            on_effects=owner.dispatch.apply,
             metrics=self.metrics,
         )
         self.retention = Retention(
@@ -308,7 +299,6 @@ class Node:
                 *(clock_check.problems() if clock_check is not None else []),
             ],
         )
-        firer, precise = self.firer, self.precise
         grace = (
             s.store_grace.total_seconds()
             if s.store_grace is not None
@@ -320,9 +310,8 @@ class Node:
         self.store_watch = StoreWatch(
             self.store,
             self.ownership,
-            # Any owner statement that reached the store proves it answers: the tick's, or
-            # the wheel's loads (the tick may be long when the wheel fires).
-            lambda: max(firer.last_ok, precise.last_ok if precise is not None else 0.0),
+            # Any owner statement that reached the store proves it answers.
+            owner.last_ok,
             grace=grace,
             # Looking is a clock comparison (no I/O while the store answers): look often, so
             # a cut-off node hands off at grace + a fraction of it, not grace + a second.
@@ -349,9 +338,6 @@ class Node:
         if s.ready_notices:
             self.broadcast = ReadyBroadcast(self.notifier, self.store, s.node_id)
             self.notifier.on_notify = self.broadcast.publish
-            if self.precise is not None and s.cluster is not None:
-                self.soon = SoonBroadcast(self.store, s.node_id, self.precise.told)
-        self.dispatch.attach(self.precise, self.soon)
         if clock_check is not None:
             with contextlib.suppress(ChronoqError):  # no store: the loop measures later
                 await clock_check.first_reading()
@@ -367,7 +353,6 @@ class Node:
         self._loops = [
             part.start(self.supervisor)
             for part in (
-                self.firer,
                 self.reaper,
                 self.pump,
                 self.retention,
@@ -380,8 +365,7 @@ class Node:
             self._loops.append(clock_check.start(self.supervisor))
         self._loops += self._shard_loops()
         self._loops += self._shard_watch_loops()
-        if self.precise is not None:
-            self._loops += self.precise.start(self.supervisor)
+        self._loops += owner.start(self.supervisor)
         # Long polls still end at their deadline without it: latency, not health, is at stake.
         probe, broadcast = self.probe, self.broadcast
         self._loops.append(
@@ -402,13 +386,6 @@ class Node:
             self._loops.append(
                 self.supervisor.every(
                     "ready-listen", broadcast.keep_listening, interval=1.0, critical=False
-                )
-            )
-        if self.soon is not None:
-            # Not critical: without these notices owners find near-future tasks by loading.
-            self._loops.append(
-                self.supervisor.every(
-                    "soon-listen", self.soon.keep_listening, interval=1.0, critical=False
                 )
             )
         self._start_metrics()
@@ -535,7 +512,7 @@ class Node:
         """What this node publishes with its member stats: firing figures, when it last
         reached the store (and each shard), the shard map version it routes by."""
         out: dict[str, float] = {
-            **(node_stats(self.firer) if self.firer is not None else {}),
+            **(self.owner.figures() if self.owner is not None else {}),
             "store_ok_at": self.store_ok_at(),
             "map_version": float(self.current_map().version),
         }
@@ -565,7 +542,8 @@ class Node:
         return [self.shard_admin.start(self.supervisor)] if self.shard_admin is not None else []
 
     def _add_services(self, server: grpc.aio.Server) -> None:
-        assert self.store is not None and self.ownership is not None and self.firer is not None
+        assert self.store is not None and self.ownership is not None and self.owner is not None
+        owner = self.owner
         s = self.settings
         task_service = TaskService(
             self.store,
@@ -573,7 +551,7 @@ class Node:
             s,
             self.notifier,
             self.metrics,
-            dispatch=self.dispatch,
+            dispatch=owner.dispatch,
             quotas=self.quotas,
         )
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
@@ -585,11 +563,11 @@ class Node:
             s,
             self.notifier,
             self.metrics,
-            dispatch=self.dispatch,
+            dispatch=owner.dispatch,
             openings=self.openings,
+            handoff=self.handoff,
+            limited=self.limited,
         )
-        if self.precise is not None and s.handoff:
-            self.precise.handoff = worker_service.handoff
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             worker_service, server
         )
@@ -600,7 +578,7 @@ class Node:
                 self.api_clock,
                 s,
                 self.ownership,
-                self.firer,
+                owner.figures,
                 partitions=self.partition_map,
                 shards=self.shard_admin,
                 shard_stores=(
@@ -650,20 +628,13 @@ class Node:
             await self._health.set(name, status)
 
     def partitions_changed(self, partitions: set[int]) -> None:
-        """Ownership moved: forget cached watermarks and what the timing wheel holds of
-        them, and fire at once (backfill included)."""
-        if self.precise is not None:
-            self.precise.forget(partitions)
-        if self.firer is not None:
-            self.firer.forget(partitions)
-            self.firer.poke()
+        """Ownership moved: the owner engine forgets what it knew of them and fires at once."""
+        if self.owner is not None:
+            self.owner.moved(partitions)
 
     def store_ok_at(self) -> float:
         """When (epoch seconds) an owner statement of this node last reached the store."""
-        last = max(
-            self.firer.last_ok if self.firer is not None else 0.0,
-            self.precise.last_ok if self.precise is not None else 0.0,
-        )
+        last = self.owner.last_ok() if self.owner is not None else 0.0
         return time.time() - (time.monotonic() - last)
 
     def _store_reachable_elsewhere(self, grace: float) -> Callable[[], bool]:
@@ -700,10 +671,8 @@ class Node:
 
     def clock_jumped(self) -> None:
         """The (virtual) clock jumped: fire what became due, read the wheel's window again."""
-        if self.precise is not None:
-            self.precise.poke()
-        if self.firer is not None:
-            self.firer.poke()
+        if self.owner is not None:
+            self.owner.clock_jumped()
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop firing first (no owner write after this returns), then the server, then the pool."""
@@ -729,8 +698,8 @@ class Node:
             await self.shard_admin.close()
         if self.broadcast is not None:
             await self.broadcast.close()
-        if self.soon is not None:
-            await self.soon.close()
+        if self.owner is not None:
+            await self.owner.close()
         if self.store is not None:
             await self.store.close()
             self.store = None

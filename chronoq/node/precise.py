@@ -31,7 +31,7 @@ from chronoq.coordinator.protocols import Ownership
 from chronoq.effects import Effects, Scheduled, made_ready
 from chronoq.errors import ChronoqError
 from chronoq.gathering import RATE_WINDOW, DueRate, gather_for
-from chronoq.node.firing import Firer
+from chronoq.node.firing import FiringAccount
 from chronoq.node.handoff import HandOff, Plan
 from chronoq.partitionmap import PartitionMap
 from chronoq.routing import id_partition
@@ -92,7 +92,7 @@ class PreciseFirer:
         store: WheelStore,
         ownership: Ownership,
         clock: Clock,
-        firer: Firer,
+        account: FiringAccount,
         *,
         partitions: PartitionMap,
         horizon: timedelta,
@@ -107,13 +107,14 @@ class PreciseFirer:
         self._on_effects = on_effects
         self._ownership = ownership
         self._clock = clock
-        self._firer = firer
+        #: The owner's count of fire statements, shared with the tick.
+        self._account = account
         self._partitions = partitions
         self.horizon = horizon
         self.load_every = min(horizon.total_seconds() / LOADS_PER_HORIZON, MAX_LOAD_EVERY)
         self.node_id = node_id
         #: Worker streams of this node that fired tasks may go to directly (see handoff).
-        self.handoff = handoff
+        self._handoff = handoff
         self.wheel = TimingWheel(capacity)
         self.stats = PreciseStats()
         self._loaded_until: datetime | None = None  # the wheel holds what is due before this
@@ -326,7 +327,7 @@ class PreciseFirer:
             if not mine:
                 return
             fences = {d.partition: owned[d.partition] for d in mine}
-            plan = self.handoff.plan(mine) if self.handoff is not None else None
+            plan = self._handoff.plan(mine) if self._handoff is not None else None
             statement = asyncio.ensure_future(
                 self._store.fire_listed(
                     fences,
@@ -349,6 +350,6 @@ class PreciseFirer:
             self.stats.handed_off += plan.settle(result.leased)
         self.stats.statements += 1
         self.stats.fired += result.fired
-        self._firer.record(result)
+        self._account.add(result)
         if result.ready_by_queue:
             self._on_effects(result.effects)

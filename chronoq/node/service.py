@@ -55,7 +55,7 @@ from chronoq.limits import (
     failure_message,
 )
 from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
-from chronoq.node.claims import Claims, FairLanes, claim_lanes
+from chronoq.node.claims import Claims, FairLanes, LimitedQueues, claim_lanes
 from chronoq.node.dispatch import Dispatch
 from chronoq.node.handoff import HandOff
 from chronoq.node.metrics import NodeMetrics
@@ -299,7 +299,16 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
 
 
 class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, *args: Any, openings: Openings | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        openings: Openings | None = None,
+        handoff: HandOff | None = None,
+        limited: LimitedQueues | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``handoff`` and ``limited``: the node's, shared with its owner engine (default:
+        this servicer's own)."""
         super().__init__(*args, **kwargs)
         self._rng = random.Random()
         settings = self._settings
@@ -310,9 +319,10 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             LongPollSlots(settings.long_polls_per_namespace, settings.long_polls_per_node),
             FairLanes(claim_lanes(settings.pool_size)),
             dispatch=self._dispatch.apply,
+            limited=limited,
         )
         #: The streams fired tasks are handed to (see ``chronoq.node.handoff``).
-        self.handoff = HandOff(self.claims.limited_keys)
+        self.handoff = handoff if handoff is not None else HandOff(self.claims.limited_keys)
         #: Streams that have not sent their open message yet (capped, with a deadline): the
         #: node's one ``Openings``, shared with its auth interceptor.
         self.openings = Openings() if openings is None else openings

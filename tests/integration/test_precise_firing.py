@@ -57,7 +57,7 @@ async def _eventually(condition: Callable[[], bool], within: float = 20.0) -> No
 
 
 async def _after_first_tick(node: Node) -> tuple[Firer, PreciseFirer]:
-    firer, precise = node.firer, node.precise
+    firer, precise = node.firer, node.owner.wheel
     assert firer is not None and precise is not None
     await _eventually(lambda: firer.stats.ticks > 0)  # the first tick runs at start
     return firer, precise
@@ -126,7 +126,7 @@ async def test_a_stale_owner_fires_nothing_from_its_wheel(
         store,
         old,
         clock,
-        firer,
+        firer.account,
         partitions=old.partitions,
         horizon=timedelta(seconds=2),
         capacity=100,
@@ -156,19 +156,19 @@ async def test_the_wheel_drops_what_it_holds_when_ownership_moves(
     wide = timedelta(seconds=20)
     first = await make_node(cluster=settings, node_id="n0", tick=LONG_TICK, wheel_horizon=wide)
     await settled([first])
-    assert first.precise is not None
+    assert first.owner.wheel is not None
     async with Client(first.address) as client:
         for _ in range(40):
             await client.submit("o", delay=timedelta(seconds=40))  # beyond the horizon
         subs = [await client.submit("o", delay=timedelta(seconds=8)) for _ in range(40)]
-    held = {s.task.id for s in subs} & set(first.precise.wheel._entries)
+    held = {s.task.id for s in subs} & set(first.owner.wheel.wheel._entries)
     assert held, "near-future submits should be in the owner's wheel"
     second = await make_node(cluster=settings, node_id="n1", tick=LONG_TICK, wheel_horizon=wide)
     owners = await settled([first, second])
     lost = {p for p, n in owners.items() if n == "n1"}
     assert lost
-    assert not first.precise.wheel.partitions() & lost  # dropped when they moved
-    assert first.precise.wheel.partitions() <= set(first.ownership.owned())  # type: ignore[union-attr]
+    assert not first.owner.wheel.wheel.partitions() & lost  # dropped when they moved
+    assert first.owner.wheel.wheel.partitions() <= set(first.ownership.owned())  # type: ignore[union-attr]
     for s in subs:  # every one fires once, by whichever node owns it now
         await _until_ready(store, s.task.id)
     fired_by = {(await store.get(s.task.id, "default")).fired_by for s in subs}
@@ -183,7 +183,7 @@ async def test_a_near_future_submit_on_another_node_reaches_the_owner_s_wheel(
     owners = await settled(nodes)
     for n in nodes:
         await _after_first_tick(n)
-        soon = n.soon
+        soon = n.owner.soon
         assert soon is not None
         await _eventually(lambda: soon.listening)  # noqa: B023 - awaited right here
     async with Client(nodes[0].address) as client:
@@ -192,11 +192,11 @@ async def test_a_near_future_submit_on_another_node_reaches_the_owner_s_wheel(
     assert remote, "some tasks should belong to the other node"
     for s in subs:
         await _until_ready(store, s.task.id)
-    assert nodes[1].soon is not None and nodes[1].soon.heard >= 1
-    assert nodes[1].precise is not None and nodes[1].precise.stats.offered >= 1
+    assert nodes[1].owner.soon is not None and nodes[1].owner.soon.heard >= 1
+    assert nodes[1].owner.wheel is not None and nodes[1].owner.wheel.stats.offered >= 1
     # Every one fired by a wheel (a tick's fires are not counted there). Partitions may move
     # as the loads change; the wheel of the new owner then reads them again.
-    assert sum(n.precise.stats.fired for n in nodes if n.precise is not None) == len(subs)
+    assert sum(n.owner.wheel.stats.fired for n in nodes if n.owner.wheel is not None) == len(subs)
 
 
 def partition_of_task(task_id: str, partitions: int = 16) -> int:

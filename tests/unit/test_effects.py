@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import chronoq.node
 from chronoq.clock import ManualClock
@@ -23,7 +23,6 @@ from chronoq.models import SubmitOutcome, Task, TaskSpec, TaskState
 from chronoq.node.dispatch import Dispatch
 from chronoq.node.readiness import ReadyNotifier
 from chronoq.store import FireResult
-from chronoq.wheel import Due
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -93,49 +92,38 @@ async def test_the_dispatcher_wakes_one_waiter_per_ready_task() -> None:
         assert [a.woken, b.woken] == [True, False]
 
 
-class _Wheel:
+class _Owner:
     def __init__(self) -> None:
         self.offered: list[tuple[list[Any], datetime]] = []
 
-    def offer(self, scheduled: Any, now: datetime) -> list[Due]:
-        entries = list(scheduled)
-        self.offered.append((entries, now))
-        return [Due(e[0], 1, 0) for e in entries if e[0].startswith("theirs")]
+    def offer(self, scheduled: Any, now: datetime) -> None:
+        self.offered.append((list(scheduled), now))
 
 
-class _Soon:
-    def __init__(self) -> None:
-        self.published: list[Due] = []
-
-    def publish(self, due: Any) -> None:
-        self.published.extend(due)
-
-
-def test_the_dispatcher_offers_scheduled_tasks_and_tells_owners_of_the_rest() -> None:
+def test_the_dispatcher_wakes_first_then_offers_scheduled_tasks_to_the_owner() -> None:
     notifier = ReadyNotifier()
     told: list[dict[tuple[str, str], int]] = []
     notifier.on_notify = lambda counts: told.append(dict(counts))
     clock = ManualClock(NOW)
-    dispatch = Dispatch(notifier, clock)
     scheduled = (("mine", NOW, ("ns", "q")), ("theirs", NOW, ("ns", "q")))
-    dispatch.apply(Effects(scheduled=scheduled))  # no wheel: the tick fires them
-    wheel, soon = _Wheel(), _Soon()
-    dispatch.attach(cast(Any, wheel), cast(Any, soon))
+    Dispatch(notifier, clock).apply(Effects(scheduled=scheduled))  # no owner: the tick fires them
+    owner = _Owner()
+    dispatch = Dispatch(notifier, clock, owner)
     dispatch.apply(Effects(ready=Counter({("ns", "q"): 1}), scheduled=scheduled))
     assert told == [{("ns", "q"): 1}]  # nobody waits here: the other nodes hear of it
-    assert wheel.offered == [(list(scheduled), NOW)]  # the clock's now, unless given
-    assert [d.task_id for d in soon.published] == ["theirs"]
+    assert owner.offered == [(list(scheduled), NOW)]  # the clock's now, unless given
     later = NOW + timedelta(seconds=5)
     dispatch.apply(Effects(scheduled=scheduled[:1]), later)
-    assert wheel.offered[-1][1] == later
+    assert owner.offered[-1][1] == later
 
 
 def test_only_the_dispatcher_wakes_claims_or_offers_the_wheel() -> None:
     """A wake-up derived by hand beside the dispatcher would drift from it (or double it)."""
     node = Path(chronoq.node.__file__).parent
-    allowed = {"dispatch.py", "readiness.py"}  # the dispatcher, and the notifier itself
+    # The dispatcher, the notifier itself, and the owner engine, where its offers end.
+    allowed = {"dispatch.py", "readiness.py", "engine.py"}
     calls = []
-    for path in sorted(node.glob("*.py")):
+    for path in sorted(node.rglob("*.py")):
         if path.name in allowed:
             continue
         for n in ast.walk(ast.parse(path.read_text())):

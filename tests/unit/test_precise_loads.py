@@ -68,7 +68,7 @@ def _precise(store: FakeStore, ownership: FakeOwnership, clock: ManualClock) -> 
         cast(Store, store),
         cast(Any, ownership),
         clock,
-        firer,
+        firer.account,
         partitions=PartitionMap(PARTITIONS),
         horizon=timedelta(seconds=2),
         capacity=100,
