@@ -518,7 +518,7 @@ class EtcdMoveBook:
                 success=[tx.put(key, b"", lease=lease)],
                 failure=[],
             )
-        return int(resp.header.revision) if ok else None
+        return _put_revision(resp) if ok else None
 
     async def held(self, move_id: str) -> bool:
         with translated("read a move key"):
@@ -543,7 +543,7 @@ class EtcdMoveBook:
             )
         if not ok:
             raise MoveLost(f"move {record.id}: this node no longer holds its key")
-        return int(resp.header.revision)
+        return _put_revision(resp)
 
     async def read_map(self) -> tuple[ShardMap, int]:
         with translated("read the shard map"):
@@ -579,6 +579,11 @@ class EtcdMoveBook:
 
     def map_versions(self) -> Mapping[str, int | None]:
         return self._map_versions()
+
+
+def _put_revision(responses: Any) -> int:
+    """The revision of a transaction's first put (aetcd answers a list of responses)."""
+    return int(responses[0].response_put.header.revision)
 
 
 def member_map_versions(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ def make_cluster(
     started: list[LocalCluster] = []
     databases: list[str] = []
 
-    def make(**spec: Any) -> LocalCluster:
+    def make(*, store_shards: Sequence[str] = (), **spec: Any) -> LocalCluster:
         db = f"c_{uuid.uuid4().hex[:12]}"
         dsn = create_test_database(postgres, db, template_db)
         databases.append(db)
@@ -44,6 +44,7 @@ def make_cluster(
             postgres=postgres,
             etcd=etcd,
             dsn=dsn,
+            store_shards=store_shards,
         )
         started.append(cluster)
         cluster.start()

@@ -1,0 +1,311 @@
+"""Online moves through live node processes: partitions move between two real PostgreSQL
+store shards (MovePartitions, Rebalance after AddShard) while keyed tasks are submitted
+through the SDK, fired and worked. Every submitted task ends on exactly one shard, once,
+none lost, none early, every extra run a retry; the moved partitions fire on their new
+shard (their owner's fence is there); the source keeps none of their rows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from chronoq.client import Client, Worker
+from chronoq.client.context import TaskContext
+from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.errors import ChronoqError
+from chronoq.local.cluster import LocalCluster
+from chronoq.models import TaskState
+from chronoq.routing import id_partition, key_partition
+from tests.cluster.conftest import ClusterFactory
+
+pytestmark = pytest.mark.timeout(300)
+
+P = 16
+QUEUE = "moving"
+
+
+@pytest.fixture
+def second_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """shard-1's own PostgreSQL server (killed by PID in the interruption tests)."""
+    server = EmbeddedPostgres(tmp_path / "pg-shard-1", durable=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Run:
+    """One execution a worker saw: the task, its attempt, when it started, its run_at."""
+
+    task: str
+    attempt: int
+    started: datetime
+    run_at: datetime
+
+
+@dataclass
+class Workload:
+    """Keyed submits through the SDK (retried with the same key on an error) and a worker
+    that records every execution, independent of the store."""
+
+    addresses: Sequence[str]
+    namespace: str = "default"
+    submitted: dict[str, tuple[str, datetime]] = field(default_factory=dict)  # key -> id
+    submitted_at: dict[str, float] = field(default_factory=dict)  # key -> monotonic
+    errors: list[str] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # no more submits
+    finish: asyncio.Event = field(default_factory=asyncio.Event)  # the worker stops
+
+    async def submit(self, rate: float = 40.0, spread: float = 2.0) -> None:
+        client = Client(",".join(self.addresses), timeout=10)
+        rng = random.Random(7)
+        try:
+            i = 0
+            while not self.stop.is_set():
+                key = f"k-{i}"
+                i += 1
+                run_at = datetime.now(UTC) + timedelta(seconds=rng.uniform(0.2, spread))
+                for _ in range(30):  # a refusal during a cut-over is repeated, same key
+                    try:
+                        out = await client.submit(QUEUE, idempotency_key=key, run_at=run_at)
+                    except ChronoqError as exc:
+                        self.errors.append(f"{key}: {type(exc).__name__}: {exc.message}")
+                        await asyncio.sleep(0.2)
+                        continue
+                    self.submitted[key] = (out.task.id, out.task.run_at)
+                    self.submitted_at[key] = time.monotonic()
+                    break
+                else:
+                    raise AssertionError(f"{key} not accepted in 30 tries: {self.errors[-3:]}")
+                await asyncio.sleep(1 / rate)
+        finally:
+            await client.close()
+
+    async def work(self) -> None:
+        client = Client(",".join(self.addresses), timeout=10)
+
+        async def handle(ctx: TaskContext) -> None:
+            self.runs.append(Run(ctx.id, ctx.attempt, datetime.now(UTC), ctx.task.run_at))
+
+        worker = Worker(client, {QUEUE: handle}, concurrency=20)
+        running = asyncio.create_task(worker.run())
+        try:
+            await self.finish.wait()
+        finally:
+            worker.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(running, 30)
+            await client.close()
+
+    def done(self) -> set[str]:
+        return {r.task for r in self.runs}
+
+
+async def _all_ran(workload: Workload) -> bool:
+    done = workload.done()
+    return all(i in done for i, _ in workload.submitted.values())
+
+
+@contextlib.asynccontextmanager
+async def running(workload: Workload) -> AsyncIterator[Workload]:
+    """Submits run inside the block; the worker until every accepted task ran (bounded)."""
+    submits = asyncio.create_task(workload.submit())
+    work = asyncio.create_task(workload.work())
+    try:
+        yield workload
+        workload.stop.set()
+        await asyncio.wait_for(submits, 60)
+        await until(lambda: _all_ran(workload), 90, "every accepted task ran")
+        await asyncio.sleep(1)  # an extra run, if any, is seen
+    finally:
+        workload.stop.set()
+        workload.finish.set()
+        for t in (submits, work):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 40)
+
+
+async def until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
+        await asyncio.sleep(0.25)
+
+
+async def move_finished(admin: Client, move_id: str) -> Any:
+    """The move's final status, or None while it runs."""
+    status = await admin.status()
+    assert status.shard_map is not None
+    for m in status.shard_map.moves:
+        if m.id == move_id and m.phase in ("done", "rolled_back"):
+            return m
+    return None
+
+
+async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        return list(await conn.fetch(query, *args, timeout=30))
+    finally:
+        await conn.close()
+
+
+async def check_every_task_once(
+    workload: Workload, shards: dict[str, str], placement: dict[int, str]
+) -> None:
+    """Every accepted task is on exactly one shard (its partition's), ran at least once and
+    never before its run_at; every extra run is a later attempt (a retry)."""
+    ids = [uuid.UUID(i) for i, _ in workload.submitted.values()]
+    found: dict[uuid.UUID, list[tuple[str, int]]] = {i: [] for i in ids}
+    for name, dsn in shards.items():
+        for r in await fetch(dsn, "SELECT id, state FROM tasks WHERE id = ANY($1::uuid[])", ids):
+            found[r["id"]].append((name, r["state"]))
+    twice = {str(i): where for i, where in found.items() if len(where) > 1}
+    lost = [str(i) for i, where in found.items() if not where]
+    assert not twice, f"tasks on two shards: {list(twice.items())[:5]}"
+    assert not lost, f"accepted tasks on no shard: {lost[:5]}"
+    misplaced = [
+        (str(i), w[0][0]) for i, w in found.items() if w[0][0] != placement[id_partition(i, P)]
+    ]
+    assert not misplaced, f"tasks on a shard the map does not give them: {misplaced[:5]}"
+    not_done = [(str(i), w[0][1]) for i, w in found.items() if w[0][1] != TaskState.SUCCEEDED]
+    assert not not_done, f"tasks not succeeded: {not_done[:5]}"
+    runs: dict[str, list[Run]] = {}
+    for r in workload.runs:
+        runs.setdefault(r.task, []).append(r)
+    never = [str(i) for i in ids if str(i) not in runs]
+    assert not never, f"succeeded tasks no worker ran: {never[:5]}"
+    early = [(r.task, r.started - r.run_at) for r in workload.runs if r.started < r.run_at]
+    assert not early, f"tasks run before their run_at: {early[:5]}"
+    unexplained = [t for t, rs in runs.items() if len({r.attempt for r in rs}) != len(rs)]
+    assert not unexplained, f"one attempt run twice: {unexplained[:5]}"
+
+
+async def check_source_clean(source: str, moved: Sequence[int]) -> None:
+    parts = list(moved)
+    for table in ("tasks", "schedules", "partition_fences"):
+        left = await fetch(
+            source,
+            f"SELECT count(*) AS n FROM {table} WHERE partition = ANY($1::smallint[])",
+            parts,
+        )
+        assert left[0]["n"] == 0, f"{table} rows of moved partitions left on the source"
+    held = await fetch(
+        source,
+        "SELECT partition, state FROM shard_partitions WHERE partition = ANY($1::smallint[])",
+        parts,
+    )
+    assert {r["partition"]: r["state"] for r in held} == dict.fromkeys(parts, 3)  # gone
+
+
+async def check_owners_fenced_on(target: str, admin: Client, moved: Sequence[int]) -> None:
+    """The moved partitions' owners hold their fences on the target with their own tokens
+    (the fence rows moved with the partitions, and the owners fire with them there)."""
+    status = await admin.status()
+    owners = {o.partition: o for o in status.ownership}
+    fences = {
+        r["partition"]: r
+        for r in await fetch(
+            target,
+            "SELECT partition, token FROM partition_fences WHERE partition = ANY($1::smallint[])",
+            list(moved),
+        )
+    }
+    for p in moved:
+        assert p in fences, f"no fence of partition {p} on the target"
+        assert fences[p]["token"] == owners[p].fencing_token, (p, fences[p], owners[p])
+        assert owners[p].shard == "shard-1"
+
+
+def keys_fired_after(workload: Workload, since: float, moved: Sequence[int]) -> list[str]:
+    """Tasks of the moved partitions submitted after ``since`` (monotonic) that ran."""
+    done = workload.done()
+    return [
+        key
+        for key, at in workload.submitted_at.items()
+        if at > since
+        and key_partition(workload.namespace, key, P) in moved
+        and workload.submitted[key][0] in done
+    ]
+
+
+async def test_partitions_move_between_shards_while_tasks_are_submitted_fired_and_worked(
+    make_cluster: ClusterFactory, second_server: EmbeddedPostgres
+) -> None:
+    shard1 = second_server.create_database(f"s1_{uuid.uuid4().hex[:8]}")
+    cluster: LocalCluster = make_cluster(nodes=2, partitions=P, store_shards=[shard1])
+    shards = {"shard-0": cluster.dsn, "shard-1": shard1}
+    admin = Client(",".join(cluster.addresses), timeout=30)
+    workload = Workload(cluster.addresses)
+    moved = (0, 1, 2, 3)
+    try:
+        status = await admin.status()
+        assert status.shard_map is not None and status.shard_map.version == 1
+        async with running(workload):
+            await asyncio.sleep(3)
+            (asked,) = await admin.move_partitions("0-3", "shard-1")
+            final = await until(lambda: move_finished(admin, asked.id), 120, "the move")
+            finished_at = time.monotonic()
+            assert final.phase == "done", final.error
+            await asyncio.sleep(4)  # submits into the moved partitions, now on shard-1
+        status = await admin.status()
+        assert status.shard_map is not None and status.shard_map.version >= 2
+        placement = {o.partition: o.shard for o in status.ownership}
+        assert [p for p, s in placement.items() if s == "shard-1"] == [*moved, *range(8, 16)]
+        await check_every_task_once(workload, shards, placement)
+        fired_there = keys_fired_after(workload, finished_at, moved)
+        assert fired_there, "no task of a moved partition fired on its new shard"
+        await check_owners_fenced_on(shard1, admin, moved)
+        await check_source_clean(cluster.dsn, moved)
+        assert len(workload.submitted) > 200
+    finally:
+        await admin.close()
+
+
+async def test_rebalance_after_add_shard_spreads_the_partitions_over_two_shards(
+    make_cluster: ClusterFactory, postgres: EmbeddedPostgres
+) -> None:
+    cluster: LocalCluster = make_cluster(nodes=2, partitions=P)
+    name = f"r1_{uuid.uuid4().hex[:8]}"
+    empty = postgres.create_database(name)  # same server: the nodes' password reaches it
+    admin = Client(",".join(cluster.addresses), timeout=60)
+    workload = Workload(cluster.addresses)
+    try:
+        async with running(workload):
+            await asyncio.sleep(2)
+            added = await admin.add_shard(empty)
+            assert added.shard == "shard-1"
+            moves = await admin.rebalance()
+            assert [(m.partitions, m.source, m.target) for m in moves] == [
+                ("8-15", "shard-0", "shard-1")
+            ]
+            final = await until(lambda: move_finished(admin, moves[0].id), 120, "the rebalance")
+            assert final.phase == "done", final.error
+            await asyncio.sleep(3)
+        status = await admin.status()
+        assert status.shard_map is not None
+        placement = {o.partition: o.shard for o in status.ownership}
+        assert placement == {p: ("shard-0" if p < 8 else "shard-1") for p in range(P)}
+        await check_every_task_once(workload, {"shard-0": cluster.dsn, "shard-1": empty}, placement)
+        await check_source_clean(cluster.dsn, range(8, 16))
+    finally:
+        await admin.close()
+        with contextlib.suppress(Exception):
+            postgres.drop_database(name)
