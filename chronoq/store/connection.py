@@ -176,6 +176,10 @@ class Connected:
             max(ms_of(self.limits.min_lease_timeout), ms_of(self.limits.max_lease_timeout)),
         )
 
+    def _q(self, name: str) -> str:
+        """The named write statement, checking this shard's holdings at ``map_version``."""
+        return q(name, self.map_version)
+
     @classmethod
     async def connect(
         cls,

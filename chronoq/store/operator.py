@@ -37,7 +37,7 @@ class OperatorStatements(Connected):
         parsed = [parse_task_id(i) for i in ids]
         async with self.connection() as conn, conn.transaction():
             rows = await conn.fetch(
-                q("requeue_dead"), parsed, namespace, now, bucket_of(now, self.bucket_seconds)
+                self._q("requeue_dead"), parsed, namespace, now, bucket_of(now, self.bucket_seconds)
             )
             if len(rows) != len(set(parsed)):
                 done = {str(r["id"]) for r in rows}
@@ -100,7 +100,7 @@ class OperatorStatements(Connected):
             return 0
         async with self.connection() as conn:
             status = await conn.execute(
-                q("purge_finished"), list(partitions), [int(s) for s in states], before, batch
+                self._q("purge_finished"), list(partitions), [int(s) for s in states], before, batch
             )
         return int(status.split()[-1])
 

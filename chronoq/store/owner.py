@@ -82,17 +82,24 @@ class OwnerStatements(Connected):
             try:
                 rows = list(
                     await conn.fetch(
-                        q("fire_due"), parts, tokens, bucket, now, batch, node_id, horizon_ms
+                        self._q("fire_due"), parts, tokens, bucket, now, batch, node_id, horizon_ms
                     )
                 )
             except POISON:
-                due = await conn.fetch(q("due_task_ids"), parts, tokens, bucket, now, batch)
+                due = await conn.fetch(self._q("due_task_ids"), parts, tokens, bucket, now, batch)
                 result.unfinished.update(r["partition"] for r in due if r["more"])
                 rows = []
 
                 async def fire(ids: Sequence[Any]) -> None:
                     fired = await conn.fetch(
-                        q("fire_ids"), parts, tokens, bucket, now, list(ids), node_id, horizon_ms
+                        self._q("fire_ids"),
+                        parts,
+                        tokens,
+                        bucket,
+                        now,
+                        list(ids),
+                        node_id,
+                        horizon_ms,
                     )
                     rows.extend(fired)
 
@@ -176,7 +183,8 @@ class OwnerStatements(Connected):
             ]
         async with self.connection() as conn:
             try:
-                rows = await conn.fetch(q("fire_ids_leasing" if leases else "fire_ids"), *args)
+                statement = self._q("fire_ids_leasing" if leases else "fire_ids")
+                rows = await conn.fetch(statement, *args)
             except POISON as exc:
                 log.debug("listed fire failed on a row's data (the tick isolates it): %s", exc)
                 return result
@@ -193,7 +201,7 @@ class OwnerStatements(Connected):
             return Counter()
         async with self.connection() as conn:
             rows = await conn.fetch(
-                q("release_handed"),
+                self._q("release_handed"),
                 [parse_task_id(t) for t in leases],
                 list(leases.values()),
                 fired_at,
@@ -214,7 +222,9 @@ class OwnerStatements(Connected):
         reason. Fenced like that statement, and only from the state it expected."""
         why = reason(exc)
         fences = (list(owned), list(owned.values()))
-        rows = await conn.fetch(q("quarantine_tasks"), *fences, [task_id], now, int(expected), why)
+        rows = await conn.fetch(
+            self._q("quarantine_tasks"), *fences, [task_id], now, int(expected), why
+        )
         tasks = [task_of(r) for r in rows]
         for task in tasks:
             log.warning("quarantined task %s (%s/%s): %s", task.id, task.namespace, task.queue, why)
@@ -249,12 +259,15 @@ class OwnerStatements(Connected):
         done: list[Task] = []
         async with self.connection() as conn, conn.transaction():
             fences = (list(owned), list(owned.values()))
-            rows = await conn.fetch(q("expired_leases"), *fences, now, batch, ms_of(self.horizon))
+            rows = await conn.fetch(
+                self._q("expired_leases"), *fences, now, batch, ms_of(self.horizon)
+            )
 
             async def retry(chunk: Sequence[Any]) -> None:
                 async with conn.transaction():  # a savepoint: a failed try leaves nothing
                     cols = self._retry_columns(chunk, now, rng)
-                    tasks = [task_of(r) for r in await conn.fetch(q("retry_running"), *cols, now)]
+                    retried = await conn.fetch(self._q("retry_running"), *cols, now)
+                    tasks = [task_of(r) for r in retried]
                 done.extend(tasks)
 
             async def poisoned(row: Any, exc: BaseException) -> None:

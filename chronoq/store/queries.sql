@@ -19,12 +19,15 @@
 -- fragment: owned_fences
 -- The fencing clause of every owner statement: the caller's partitions ($1) whose stored
 -- token is still the caller's ($2), share-locked for the statement, so a new owner's token
--- bump waits for it and a stale token matches nothing. Used as {{owned_fences}}.
+-- bump waits for it and a stale token matches nothing. Used as {{owned_fences}}. This store
+-- shard must hold every one of them live at the caller's map version (chronoq_hold,
+-- migration 0011), else the statement fails whole (PartitionMoved).
 WITH fence AS (
     SELECT f.partition, f.watermark
     FROM partition_fences f
     JOIN unnest($1::smallint[], $2::bigint[]) AS o(partition, token)
       ON o.partition = f.partition AND o.token = f.token
+    WHERE (SELECT chronoq_hold($1::smallint[], {{map_version}}))
     FOR SHARE OF f
 )
 
@@ -111,6 +114,8 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
      AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
           idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
           misfire_policy, misfire_grace_ms, content_type, trace_context)
+-- every partition of the rows held live here at the caller's map version, else nothing
+WHERE (SELECT chronoq_hold($4::smallint[], {{map_version}}))
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 
 -- name: insert_task_ids
@@ -301,7 +306,7 @@ SET state = 1, lease_until = NULL, worker_id = NULL,
     retry_base = least(t.retry_base, 2147483646) + 1
 FROM unnest($1::uuid[], $2::text[]) AS h(id, worker_id)
 WHERE t.id = h.id AND t.state + 0 = 2 AND t.worker_id = h.worker_id AND t.fired_at = $3
-  AND t.lease_until > $4
+  AND t.lease_until > $4 AND (SELECT chronoq_hold_ids($1::uuid[], {{map_version}}))
 RETURNING t.namespace, t.queue;
 
 -- name: due_soon
@@ -387,10 +392,15 @@ SET state = u.state, run_at = u.run_at, bucket = u.bucket, last_error = u.error,
 FROM unnest($1::uuid[], $2::integer[], $3::smallint[], $4::timestamptz[], $5::bigint[],
             $6::text[]) AS u(id, attempt, state, run_at, bucket, error)
 WHERE t.id = u.id AND t.state + 0 = 2 AND t.attempt = u.attempt
+  AND (SELECT chronoq_hold_ids($1::uuid[], {{map_version}}))
 RETURNING {{task_row}};
 
 -- name: lock_running
-SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2 FOR UPDATE;
+-- Checks the partition's holding first (its shared lock before the row's: a freeze waiting
+-- for this transaction never waits on a row lock of one queued behind it).
+SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2
+  AND (SELECT chronoq_hold_ids(ARRAY[$1::uuid], {{map_version}}))
+FOR UPDATE;
 
 -- name: claim
 -- Per queue (with its own cap, from a dispatch limit), the ready index is walked in
@@ -402,7 +412,9 @@ SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2 FOR UPDATE
 -- tasks' size passes $9 bytes (each task its variable-length columns, its worker id and $10
 -- for the rest; the first always comes), so no task is leased that its answer cannot carry.
 -- A negative $9 is a strict budget of -$9 bytes that not even the first task may pass: a
--- store of shards splits one answer's budget among the shards' claims that way.
+-- store of shards splits one answer's budget among the shards' claims that way. Only rows of
+-- partitions this shard holds live at the caller's map version are claimed (chronoq_live).
+WITH live AS MATERIALIZED (SELECT chronoq_live({{map_version}}) AS parts)
 UPDATE tasks t
 SET state = 2, attempt = t.attempt + 1, worker_id = $4,
     lease_until = $5::timestamptz
@@ -417,6 +429,8 @@ WHERE t.id = ANY(ARRAY(
                        {{task_bytes}} + octet_length($4::text) + $10::integer AS bytes
                 FROM tasks t
                 WHERE t.namespace = $1 AND t.queue = q.queue AND t.state = 1
+                  AND ((SELECT parts FROM live) IS NULL
+                       OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
                 ORDER BY t.priority DESC, t.run_at
                 LIMIT q.cap
                 FOR UPDATE SKIP LOCKED
@@ -435,10 +449,12 @@ RETURNING {{task_row}};
 -- name: quarantine_unclaimable
 -- READY tasks of the named queues that no claim can take because their attempt counter is
 -- at its end (the next lease token does not fit in an integer): DEAD, with the reason ($4).
+WITH live AS MATERIALIZED (SELECT chronoq_live({{map_version}}) AS parts)
 UPDATE tasks t
 SET state = 4, finished_at = $3, last_error = $4
 WHERE t.namespace = $1 AND t.queue = ANY($2::text[]) AND t.state = 1
   AND t.attempt >= 2147483647
+  AND ((SELECT parts FROM live) IS NULL OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
 RETURNING t.id;
 
 -- name: heartbeat
@@ -448,6 +464,7 @@ SET lease_until = $4::timestamptz
     + least(greatest(t.lease_timeout_ms, $5::bigint), $6::bigint) * interval '1 ms'
 FROM unnest($2::uuid[], $3::integer[]) AS l(id, token)
 WHERE t.id = l.id AND t.namespace || '' = $1 AND t.state + 0 = 2 AND t.attempt = l.token
+  AND (SELECT chronoq_hold_ids($2::uuid[], {{map_version}}))
 RETURNING t.id;
 
 -- name: complete
@@ -455,6 +472,7 @@ UPDATE tasks t
 SET state = 3, finished_at = $4, lease_until = NULL
 FROM unnest($2::uuid[], $3::integer[]) AS l(id, token)
 WHERE t.id = l.id AND t.namespace || '' = $1 AND t.state + 0 = 2 AND t.attempt = l.token
+  AND (SELECT chronoq_hold_ids($2::uuid[], {{map_version}}))
 RETURNING t.id;
 
 -- name: completed_by
@@ -471,6 +489,7 @@ UPDATE tasks t
 SET state = 1, lease_until = NULL, worker_id = NULL,
     retry_base = least(t.retry_base, 2147483646) + 1
 WHERE t.id = $1 AND t.namespace = $2 AND t.state + 0 = 2 AND t.attempt = $3
+  AND (SELECT chronoq_hold_ids(ARRAY[$1::uuid], {{map_version}}))
 RETURNING {{task_row}};
 
 -- name: cancel
@@ -478,6 +497,7 @@ RETURNING {{task_row}};
 UPDATE tasks t
 SET state = 5, finished_at = $3, lease_until = NULL
 WHERE t.id = $1 AND t.namespace = $2 AND t.state + 0 IN (0, 1, 2, 4)
+  AND (SELECT chronoq_hold_ids(ARRAY[$1::uuid], {{map_version}}))
 RETURNING {{task_row}};
 
 -- name: requeue_dead
@@ -488,6 +508,7 @@ SET state = 1, run_at = $3, bucket = $4, fired_at = $3, finished_at = NULL,
     retry_base = t.attempt, lease_until = NULL, worker_id = NULL
 WHERE t.id = ANY($1::uuid[]) AND t.namespace || '' = $2
   AND (t.state = 4 OR t.state NOT BETWEEN 0 AND 6)
+  AND (SELECT chronoq_hold_ids($1::uuid[], {{map_version}}))
 RETURNING {{task_row}};
 
 -- fragment: bytes_bounded_page
@@ -554,7 +575,8 @@ WITH usage AS (
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
            $20::float8
     FROM usage
-    WHERE ($19::bigint IS NULL OR usage.schedules < $19::bigint)
+    WHERE (SELECT chronoq_hold(ARRAY[$4::smallint], {{map_version}}))
+      AND ($19::bigint IS NULL OR usage.schedules < $19::bigint)
       AND ($21::float8 IS NULL OR usage.reserved + $20::float8 <= $21::float8 * (1 + 1e-9))
     ON CONFLICT (namespace, name) DO NOTHING
     RETURNING *
@@ -592,6 +614,8 @@ WHERE s.namespace = $1 AND s.name > $2 ORDER BY s.name LIMIT $3;
 
 -- name: pause_schedule
 UPDATE schedules s SET paused = true WHERE s.namespace = $1 AND s.name = $2
+  AND (SELECT chronoq_hold(ARRAY(SELECT o.partition FROM schedules o
+                                 WHERE o.namespace = $1 AND o.name = $2), {{map_version}}))
 RETURNING {{schedule_row}};
 
 -- name: resume_schedule
@@ -599,6 +623,8 @@ RETURNING {{schedule_row}};
 -- submit quota ($4, tasks/s; NULL: none), as insert_schedule.
 UPDATE schedules s SET paused = false, paused_reason = NULL, next_fire_at = $3
 WHERE s.namespace = $1 AND s.name = $2 AND s.paused
+  AND (SELECT chronoq_hold(ARRAY(SELECT o.partition FROM schedules o
+                                 WHERE o.namespace = $1 AND o.name = $2), {{map_version}}))
   AND ($4::float8 IS NULL
        OR s.max_rate + (SELECT coalesce(sum(o.max_rate), 0) FROM schedules o
                         WHERE o.namespace = $1 AND NOT o.paused) <= $4::float8 * (1 + 1e-9))
@@ -609,14 +635,20 @@ RETURNING {{schedule_row}};
 SELECT coalesce(sum(max_rate), 0)::float8 FROM schedules WHERE namespace = $1 AND NOT paused;
 
 -- name: delete_schedule
-DELETE FROM schedules s WHERE s.namespace = $1 AND s.name = $2 RETURNING {{schedule_row}};
+DELETE FROM schedules s WHERE s.namespace = $1 AND s.name = $2
+  AND (SELECT chronoq_hold(ARRAY(SELECT o.partition FROM schedules o
+                                 WHERE o.namespace = $1 AND o.name = $2), {{map_version}}))
+RETURNING {{schedule_row}};
 
 -- name: delete_unfired_occurrences
 -- A paused or deleted schedule's occurrences ($2: their idempotency keys) that never fired:
 -- SCHEDULED, never claimed (a retry waiting its backoff has fired and stays).
 DELETE FROM tasks
 WHERE namespace = $1 AND idempotency_key = ANY($2::text[])
-  AND state = 0 AND attempt = 0 AND fired_at IS NULL;
+  AND state = 0 AND attempt = 0 AND fired_at IS NULL
+  AND (SELECT chronoq_hold(ARRAY(SELECT o.partition FROM tasks o
+                                 WHERE o.namespace = $1 AND o.idempotency_key = ANY($2::text[])),
+                           {{map_version}}));
 
 -- name: due_schedules
 -- Active schedules of the caller's partitions whose next occurrence is within the
@@ -684,7 +716,7 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
     WHERE partition = ANY($1::smallint[]) AND state = ANY($2::smallint[]) AND finished_at < $3
     ORDER BY finished_at
     LIMIT $4
-));
+)) AND (SELECT chronoq_hold($1::smallint[], {{map_version}}));
 
 -- name: set_queue_limit
 -- A new queue's limit only while the namespace has fewer than $6 (counted by this statement);

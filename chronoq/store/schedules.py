@@ -152,6 +152,10 @@ class Schedules:
         self.store = store
         self.lookahead = lookahead
 
+    def _q(self, name: str) -> str:
+        """The named write statement, checking the store's holdings at its map version."""
+        return q(name, self.store.map_version)
+
     async def create(
         self,
         spec: ScheduleSpec,
@@ -188,7 +192,7 @@ class Schedules:
         rate = schedule_rate(spec.rule)
         async with self.store.connection() as conn:
             row = await conn.fetchrow(
-                q("insert_schedule"),
+                self._q("insert_schedule"),
                 schedule_id,
                 spec.namespace,
                 spec.name,
@@ -239,7 +243,7 @@ class Schedules:
     async def pause(self, namespace: str, name: str, now: datetime) -> Schedule:
         """Pause, and remove the occurrences made ahead that have not fired."""
         async with self.store.connection() as conn, conn.transaction():
-            row = await conn.fetchrow(q("pause_schedule"), namespace, name)
+            row = await conn.fetchrow(self._q("pause_schedule"), namespace, name)
             if row is None:
                 raise ScheduleNotFound(name, namespace)
             await self._remove_unfired(conn, row, now)
@@ -259,7 +263,11 @@ class Schedules:
         reserved = 0.0
         async with self.store.connection() as conn:
             row = await conn.fetchrow(
-                q("resume_schedule"), namespace, name, next_fire(current.spec.rule, now), quota
+                self._q("resume_schedule"),
+                namespace,
+                name,
+                next_fire(current.spec.rule, now),
+                quota,
             )
             if row is None and quota is not None:
                 reserved = await conn.fetchval(q("schedule_usage"), namespace)
@@ -273,7 +281,7 @@ class Schedules:
     async def delete(self, namespace: str, name: str, now: datetime) -> None:
         """Delete, and remove the occurrences made ahead that have not fired."""
         async with self.store.connection() as conn, conn.transaction():
-            row = await conn.fetchrow(q("delete_schedule"), namespace, name)
+            row = await conn.fetchrow(self._q("delete_schedule"), namespace, name)
             if row is None:
                 raise ScheduleNotFound(name, namespace)
             await self._remove_unfired(conn, row, now)
@@ -298,7 +306,7 @@ class Schedules:
         if not times:
             return 0
         keys = [occurrence_key(str(row["id"]), at) for at in times]
-        status = await conn.execute(q("delete_unfired_occurrences"), row["namespace"], keys)
+        status = await conn.execute(self._q("delete_unfired_occurrences"), row["namespace"], keys)
         return int(status.split()[-1])
 
     async def materialize(
@@ -334,12 +342,12 @@ class Schedules:
             try:
                 async with conn.transaction():  # a row that cannot even be read fails this only
                     rows = await conn.fetch(
-                        q("due_schedules"), *fences, now + lookahead, batch, list(spent)
+                        self._q("due_schedules"), *fences, now + lookahead, batch, list(spent)
                     )
                 due_rows = [(r["id"], r) for r in rows]
             except POISON:
                 ids = await conn.fetch(
-                    q("due_schedule_ids"), *fences, now + lookahead, batch, list(spent)
+                    self._q("due_schedule_ids"), *fences, now + lookahead, batch, list(spent)
                 )
                 due_rows = [(r["id"], None) for r in ids]
             shares = _Shares(charge, [row for _id, row in due_rows if row is not None])
@@ -366,7 +374,7 @@ class Schedules:
 
             async def poisoned(item: tuple[Any, Any], exc: BaseException) -> None:
                 why = reason(exc)
-                paused = await conn.fetch(q("quarantine_schedule"), *fences, item[0], why)
+                paused = await conn.fetch(self._q("quarantine_schedule"), *fences, item[0], why)
                 if paused:
                     log.warning("paused schedule %s: %s", item[0], why)
                     done.quarantined.append((str(item[0]), why))
@@ -396,7 +404,7 @@ class Schedules:
         specs = [self._task_spec(row, at) for at in plan.create]
         if specs:
             _ids, cols = self.store._insert_columns(specs, now, [row["partition"]] * len(specs))
-            await conn.fetch(q("insert_task_ids"), *cols, now)
+            await conn.fetch(self._q("insert_task_ids"), *cols, now)
         await conn.execute(
             q("advance_schedule"),
             row["id"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 _SECTION = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
@@ -26,12 +26,13 @@ def queries() -> dict[str, str]:
         (fragments if kind == "fragment" else named)[name] = sql
     # A fragment may use fragments defined before it (one level: the page bound uses the
     # task's size).
+    def expand(m: re.Match[str]) -> str:
+        # {{map_version}} stays for q() to fill in (a value, not a fragment).
+        return m.group(0) if m.group(1) == _MAP_VERSION else fragments[m.group(1)]
+
     for name, sql in fragments.items():
-        fragments[name] = _INCLUDE.sub(lambda m: fragments[m.group(1)], sql)
-    return {
-        name: _named(name, _INCLUDE.sub(lambda m: fragments[m.group(1)], sql))
-        for name, sql in named.items()
-    }
+        fragments[name] = _INCLUDE.sub(expand, sql)
+    return {name: _named(name, _INCLUDE.sub(expand, sql)) for name, sql in named.items()}
 
 
 def _named(name: str, sql: str) -> str:
@@ -41,9 +42,17 @@ def _named(name: str, sql: str) -> str:
     return f"{first} /* chronoq {name} */ {rest}"
 
 
-def q(name: str) -> str:
-    """The SQL text of the named query."""
-    return queries()[name]
+_MAP_VERSION = "map_version"
+_MAP_VERSION_MARK = "{{" + _MAP_VERSION + "}}"
+
+
+@lru_cache(maxsize=4096)
+def q(name: str, map_version: int = 1) -> str:
+    """The SQL text of the named query; a write of partitions checks that this shard holds
+    them live at ``map_version`` (the shard map version the caller routes by), written into
+    the text as a number: it changes once per move, and a parameter would renumber every
+    statement. A new version is one more prepared statement per connection."""
+    return queries()[name].replace(_MAP_VERSION_MARK, str(int(map_version)))
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -256,7 +256,7 @@ class TaskStatements(Connected):
         ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
             inserted = {
-                r["id"]: r for r in await _insert_chunked(conn, q("insert_tasks"), cols, now)
+                r["id"]: r for r in await _insert_chunked(conn, self._q("insert_tasks"), cols, now)
             }
             existing: dict[tuple[str, str], Any] = {}
             for ns, keys in _conflicting_keys(ids, specs, inserted).items():
@@ -277,7 +277,7 @@ class TaskStatements(Connected):
             return Accepted()
         ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
-            rows = await _insert_chunked(conn, q("insert_task_ids"), cols, now)
+            rows = await _insert_chunked(conn, self._q("insert_task_ids"), cols, now)
             inserted = {r["id"]: r["id"] for r in rows}
             existing: dict[tuple[str, str], uuid.UUID] = {}
             for ns, keys in _conflicting_keys(ids, specs, inserted).items():
@@ -297,7 +297,7 @@ class TaskStatements(Connected):
         """SCHEDULED, READY, RUNNING or DEAD → CANCELLED (for a dead letter: discarded, no
         longer listed as dead). A running worker learns it by heartbeat."""
         async with self.connection() as conn:
-            row = await conn.fetchrow(q("cancel"), parse_task_id(task_id), namespace, now)
+            row = await conn.fetchrow(self._q("cancel"), parse_task_id(task_id), namespace, now)
         if row is not None:
             return task_of(row)
         current = await self.get(task_id, namespace)
@@ -427,10 +427,12 @@ class TaskStatements(Connected):
             TASK_FIXED_BYTES,
         )
         try:
-            return list(await conn.fetch(q("claim"), *args))
+            return list(await conn.fetch(self._q("claim"), *args))
         except POISON as exc:
             why = reason(f"its attempt counter is at its end, no claim can take it: {exc}")
-            dead = await conn.fetch(q("quarantine_unclaimable"), namespace, list(queues), now, why)
+            dead = await conn.fetch(
+                self._q("quarantine_unclaimable"), namespace, list(queues), now, why
+            )
             if not dead:
                 raise
             log.warning(
@@ -439,7 +441,7 @@ class TaskStatements(Connected):
                 namespace,
                 ", ".join(str(r["id"]) for r in dead),
             )
-            return list(await conn.fetch(q("claim"), *args))
+            return list(await conn.fetch(self._q("claim"), *args))
 
     async def heartbeat(
         self, namespace: str, leases: Sequence[Lease], now: datetime
@@ -450,7 +452,7 @@ class TaskStatements(Connected):
             ok = {
                 str(r["id"])
                 for r in await conn.fetch(
-                    q("heartbeat"), namespace, ids, tokens, now, *self.lease_bounds_ms
+                    self._q("heartbeat"), namespace, ids, tokens, now, *self.lease_bounds_ms
                 )
             }
             misses = await _explain_misses(conn, namespace, leases, ok)
@@ -482,7 +484,8 @@ class TaskStatements(Connected):
         ids, tokens = _lease_columns(leases)
         async with self.connection() as conn:
             ok = {
-                str(r["id"]) for r in await conn.fetch(q("complete"), namespace, ids, tokens, now)
+                str(r["id"])
+                for r in await conn.fetch(self._q("complete"), namespace, ids, tokens, now)
             }
             # Read after the update, so a repeat that raced the first ack sees its commit.
             ok |= await _completed_by(conn, namespace, leases, ok)
@@ -510,14 +513,14 @@ class TaskStatements(Connected):
         """RUNNING → SCHEDULED after a backoff (READY if due now), or DEAD if out of attempts."""
         task_id = parse_task_id(lease.task_id)
         async with self.connection() as conn, conn.transaction():
-            row = await conn.fetchrow(q("lock_running"), task_id, namespace)
+            row = await conn.fetchrow(self._q("lock_running"), task_id, namespace)
             _check_lease(row, lease, namespace)
             assert row is not None
             state, run_at = self.after_failure(
                 row, now, fatal=fatal, retry_after=retry_after, rng=rng
             )
             rows = await conn.fetch(
-                q("retry_running"),
+                self._q("retry_running"),
                 [task_id],
                 [lease.lease_token],
                 [int(state)],
@@ -532,7 +535,7 @@ class TaskStatements(Connected):
         """RUNNING → READY without using up an attempt (a worker stopping gracefully)."""
         async with self.connection() as conn:
             row = await conn.fetchrow(
-                q("release"), parse_task_id(lease.task_id), namespace, lease.lease_token
+                self._q("release"), parse_task_id(lease.task_id), namespace, lease.lease_token
             )
             if row is None:
                 current = await conn.fetchrow(

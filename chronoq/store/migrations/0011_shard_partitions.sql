@@ -10,7 +10,7 @@ CREATE TABLE shard_partitions (
     CHECK (state BETWEEN 0 AND 3)
 );
 
--- Every write of a partition calls one of these two functions once (an InitPlan) before it
+-- Every write of a partition calls one of these functions once (an InitPlan) before it
 -- writes a row. Each takes a shared transaction-level advisory lock (class 0x63687271,
 -- "chrq"; one of 8 stripes, by backend) and then reads shard_partitions in a snapshot of its
 -- own (a volatile PL/pgSQL function takes one per statement): the freeze of a move takes the
@@ -29,7 +29,7 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
     SELECT array_agg(w.p ORDER BY w.p) INTO refused
-    FROM (SELECT DISTINCT u.p FROM unnest(parts) AS u(p)) w
+    FROM (SELECT DISTINCT u.p FROM unnest(parts) AS u(p) WHERE u.p IS NOT NULL) w
     WHERE NOT EXISTS (
         SELECT 1 FROM shard_partitions h
         WHERE h.partition = w.p AND h.state = 0 AND h.since_version <= map_version
@@ -44,21 +44,37 @@ BEGIN
 END
 $$;
 
--- The partitions live here since a version <= map_version, for the writes that find their
--- rows by queue (claims): NULL when every partition below `partitions` is live (the common
--- case: the caller's filter is then a constant).
-CREATE FUNCTION chronoq_live(map_version bigint, partitions integer) RETURNS smallint[]
+-- The partitions of the listed task ids, for the writes that name their tasks by id: read
+-- off a version 8 id (bytes 9-10, chronoq.routing), else the stored row's (an id minted
+-- before routing; an id with no row here names no partition and writes nothing).
+CREATE FUNCTION chronoq_hold_ids(ids uuid[], map_version bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
-DECLARE
-    live smallint[];
+BEGIN
+    RETURN chronoq_hold(ARRAY(
+        SELECT CASE WHEN get_byte(uuid_send(i), 6) = 129
+                    THEN (get_byte(uuid_send(i), 9) * 256 + get_byte(uuid_send(i), 10))::smallint
+                    ELSE (SELECT t.partition FROM tasks t WHERE t.id = i) END
+        FROM unnest(ids) AS i
+    ), map_version);
+END
+$$;
+
+-- The partitions live here since a version <= map_version, for the writes that find their
+-- rows by queue (claims): NULL when no row of the table is anything else (then every row of
+-- this shard is of a live partition: the common case, and the caller's filter a constant).
+-- An empty table (a shard added and not yet given partitions) has no rows to claim either.
+CREATE FUNCTION chronoq_live(map_version bigint) RETURNS smallint[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
-    SELECT coalesce(array_agg(h.partition ORDER BY h.partition), '{}') INTO live
-    FROM shard_partitions h
-    WHERE h.state = 0 AND h.since_version <= map_version AND h.partition < partitions;
-    IF cardinality(live) >= partitions THEN
+    IF NOT EXISTS (
+        SELECT 1 FROM shard_partitions h WHERE h.state <> 0 OR h.since_version > map_version
+    ) THEN
         RETURN NULL;
     END IF;
-    RETURN live;
+    RETURN ARRAY(
+        SELECT h.partition FROM shard_partitions h
+        WHERE h.state = 0 AND h.since_version <= map_version ORDER BY h.partition
+    );
 END
 $$;

@@ -1,0 +1,201 @@
+"""Contract: a store shard refuses every write of a partition it does not hold live at the
+caller's map version (``PartitionMoved``, nothing of the call written), and goes on with the
+partitions it holds.
+
+The calls under test go through the port only (``TaskStore``, the schedule port); what the
+shard holds is set up the way a deployment sets it: ``holds`` on first connect, and the
+move's statements (``chronoq.store.holdings``) for a freeze.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+
+import pytest
+
+from chronoq.errors import PartitionMoved, TaskNotFound
+from chronoq.models import Lease, ScheduleSpec, TaskSpec, TaskState
+from chronoq.recurrence import Every
+from chronoq.routing import key_partition, new_task_ids
+from chronoq.store import Store, holdings
+from chronoq.store.port import TaskStore
+from chronoq.store.schedules import Schedules
+from tests.contract.conftest import PARTITIONS, START
+
+pytestmark = pytest.mark.timeout(60)
+
+HELD = (0, 1, 2, 3)  # this shard's half; 4..7 are another shard's
+FROZEN = 2
+LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+async def shard(dsn: str) -> AsyncIterator[Store]:
+    store = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=4, holds=HELD)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def spec(now: datetime = START, **kw: object) -> TaskSpec:
+    return TaskSpec(queue="w", run_at=now, lease_timeout=LEASE, **kw)  # type: ignore[arg-type]
+
+
+async def submit_to(store: TaskStore, partition: int, n: int = 1, now: datetime = START) -> list[str]:
+    out = await store.submit([spec(now) for _ in range(n)], now, partitions=[partition] * n)
+    return [o.task.id for o in out]
+
+
+async def total(store: TaskStore) -> int:
+    return sum((await store.count_by_state()).values())
+
+
+async def test_a_submit_to_a_partition_the_shard_does_not_hold_is_refused(shard: Store) -> None:
+    store: TaskStore = shard
+    with pytest.raises(PartitionMoved, match="partition 5 is moving") as refused:
+        await submit_to(store, 5)
+    assert refused.value.partitions == (5,)
+    assert await total(store) == 0
+    # The gRPC edge answers it UNAVAILABLE, with the message that says to retry.
+    assert PartitionMoved.grpc_code == "UNAVAILABLE"
+
+
+async def test_a_batch_with_one_partition_elsewhere_writes_nothing(shard: Store) -> None:
+    store: TaskStore = shard
+    specs = [spec() for _ in range(6)]
+    with pytest.raises(PartitionMoved) as refused:
+        await store.submit(specs, START, partitions=[0, 1, 2, 3, 6, 7])
+    assert refused.value.partitions == (6, 7)
+    assert await total(store) == 0
+    ids = await store.submit_ids(specs[:4], START, partitions=[0, 1, 2, 3])
+    assert len(ids) == 4 and await total(store) == 4
+
+
+async def test_a_frozen_partition_refuses_writes_while_the_others_go_on(shard: Store) -> None:
+    store: TaskStore = shard
+    earlier = START - timedelta(seconds=1)  # claimed first (claims go by run_at)
+    frozen_ids = await submit_to(store, FROZEN, 3, earlier)
+    other_ids = await submit_to(store, 3, 3)
+    # One of the frozen partition's tasks is leased before the freeze.
+    (first,) = await store.claim("default", ["w"], "early", 1, START)
+    assert first.partition == FROZEN
+    await holdings.freeze(shard, [FROZEN], "m1", 7)
+
+    with pytest.raises(PartitionMoved, match=f"partition {FROZEN} is moving"):
+        await submit_to(store, FROZEN)
+    assert len(await submit_to(store, 3)) == 1  # the others go on
+    # Claims take only the held partitions' tasks; the frozen ones stay READY there.
+    claimed = await store.claim("default", ["w"], "w1", 50, START)
+    assert {t.partition for t in claimed} == {3} and len(claimed) == 4
+    # By-id calls of the frozen partition are refused, whole: with another partition's
+    # lease in the same call, that one is not completed either.
+    lease = Lease(first.id, first.attempt)
+    with pytest.raises(PartitionMoved):
+        await store.complete("default", [lease, Lease(claimed[0].id, claimed[0].attempt)], START)
+    with pytest.raises(PartitionMoved):
+        await store.heartbeat("default", [lease], START)
+    with pytest.raises(PartitionMoved):
+        await store.fail("default", lease, "boom", START)
+    with pytest.raises(PartitionMoved):
+        await store.release("default", lease)
+    with pytest.raises(PartitionMoved):
+        await store.cancel(frozen_ids[-1], "default", START)
+    assert (await store.get(claimed[0].id, "default")).state is TaskState.RUNNING
+    # The other partition's acks go on.
+    acks = await store.complete("default", [Lease(t.id, t.attempt) for t in claimed], START)
+    assert all(a.ok for a in acks)
+    assert set(other_ids) <= {t.id for t in claimed}
+    # Rolled back, the partition takes writes again and its tasks are claimable.
+    await holdings.unfreeze(shard, [FROZEN], "m1", 7)
+    again = await store.claim("default", ["w"], "w2", 50, START)
+    assert {t.id for t in again} == set(frozen_ids) - {first.id}
+    assert (await store.complete("default", [lease], START))[0].ok
+
+
+async def test_owner_statements_of_a_frozen_partition_fire_and_reap_nothing(shard: Store) -> None:
+    store: TaskStore = shard
+    later = START + timedelta(minutes=2)
+    await store.submit([spec(later)], START, partitions=[FROZEN])
+    await store.submit([spec(later)], START, partitions=[1])
+    owned = {}
+    for p in HELD:
+        fence = await store.take_fence(p, 1, "contract", "owner")
+        assert fence is not None
+        owned[p] = 1
+    await holdings.freeze(shard, [FROZEN], "m1", 7)
+    with pytest.raises(PartitionMoved):
+        await store.fire_due(owned, later)
+    assert (await store.count_by_state()).get(TaskState.READY, 0) == 0  # nothing fired
+    with pytest.raises(PartitionMoved):
+        await store.reap_expired(owned, later)
+    with pytest.raises(PartitionMoved):
+        await store.purge_finished([FROZEN], [TaskState.SUCCEEDED], later, 10)
+    # Without the frozen partition the owner fires the rest.
+    fired = await store.fire_due({p: t for p, t in owned.items() if p != FROZEN}, later)
+    assert fired.fired == 1
+
+
+async def test_a_shard_made_live_at_a_later_version_refuses_callers_of_an_older_map(
+    dsn: str,
+) -> None:
+    target = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=2, holds=())
+    try:
+        store: TaskStore = target
+        with pytest.raises(PartitionMoved):
+            await submit_to(store, 4)  # nothing is held yet
+        await holdings.mark_incoming(target, [4], "m1", 7)
+        with pytest.raises(PartitionMoved):
+            await submit_to(store, 4)  # incoming: the copy is not done
+        await holdings.make_live(target, [4], 3, "m1", 7)
+        target.map_version = 2  # a node that has not read map version 3 yet
+        with pytest.raises(PartitionMoved):
+            await submit_to(store, 4)
+        assert await store.claim("default", ["w"], "w", 10, START) == []
+        target.map_version = 3
+        assert len(await submit_to(store, 4)) == 1
+        assert len(await store.claim("default", ["w"], "w", 10, START)) == 1
+    finally:
+        await target.close()
+
+
+async def test_schedules_of_a_partition_elsewhere_are_refused(shard: Store) -> None:
+    schedules = Schedules(shard)
+    mine = next(f"s{i}" for i in range(1000) if key_partition("default", f"s{i}", PARTITIONS) in (0, 1))
+    theirs = next(
+        f"s{i}" for i in range(1000) if key_partition("default", f"s{i}", PARTITIONS) >= 4
+    )
+    every = Every(timedelta(minutes=1), START)
+    with pytest.raises(PartitionMoved):
+        await schedules.create(ScheduleSpec(name=theirs, queue="w", rule=every), START)
+    created = await schedules.create(ScheduleSpec(name=mine, queue="w", rule=every), START)
+    p = key_partition("default", mine, PARTITIONS)
+    await holdings.freeze(shard, [p], "m1", 7)
+    with pytest.raises(PartitionMoved):
+        await schedules.pause("default", mine, START)
+    with pytest.raises(PartitionMoved):
+        await schedules.delete("default", mine, START)
+    assert (await schedules.get("default", mine)).id == created.id  # reads go on
+    await holdings.unfreeze(shard, [p], "m1", 7)
+    assert (await schedules.pause("default", mine, START)).paused
+
+
+async def test_a_by_id_call_of_a_partition_elsewhere_is_refused_not_answered_unknown(
+    shard: Store,
+) -> None:
+    """The id names its partition: a stale caller hears "moved" (and retries on the shard
+    that holds it), never "no such task", even where this shard has no row of it."""
+    store: TaskStore = shard
+    elsewhere = str(new_task_ids([6], 1_900_000_000_000)[0])
+    with pytest.raises(PartitionMoved) as refused:
+        await store.cancel(elsewhere, "default", START)
+    assert refused.value.partitions == (6,)
+    with pytest.raises(PartitionMoved):
+        await store.complete("default", [Lease(elsewhere, 1)], START)
+    with pytest.raises(PartitionMoved):
+        await store.requeue("default", [elsewhere], START)
+    # An id of a held partition with no row is still unknown.
+    missing = str(new_task_ids([1], 1_900_000_000_000)[0])
+    with pytest.raises(TaskNotFound):
+        await store.get(missing, "default")
