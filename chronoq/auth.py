@@ -1,7 +1,7 @@
 """Bearer tokens bound to namespaces: the token file, and who may touch which namespace
 (and ``ScrapeToken``, the one token that may read a node's /metrics).
 
-Pure: no gRPC here (``chronoq.node.auth_interceptor`` applies it to calls). The token file is
+Pure: no gRPC here (``chronoq.node.edge.auth_interceptor`` applies it to calls). The token file is
 TOML::
 
     [tokens]

@@ -70,7 +70,7 @@ class NodeSettings:
     # slow fallback). False: the claim_poll re-check is the only path between nodes.
     ready_notices: bool = True
     # The wheel fires a task straight to a worker stream of this node that waits on its queue
-    # and has free credits (SCHEDULED -> RUNNING in one write; see chronoq.node.handoff).
+    # and has free credits (SCHEDULED -> RUNNING in one write; see chronoq.node.dispatch.handoff).
     # False: fired tasks always go READY and wait for a claim.
     handoff: bool = True
     # Owners keep the tasks due within this horizon in a timing wheel (at most wheel_capacity)

@@ -2,9 +2,9 @@
 
 A write that makes tasks READY wakes claims, long polls and streams waiting on their queues;
 one that makes tasks SCHEDULED offers the near-future ones to their owner's timing wheel. The
-node's dispatcher
-(``chronoq.node.dispatch``) applies them in one place, after the write committed, instead of
-each caller deriving its own wake-ups. Pure: built from the store's outcomes.
+node's dispatcher (``chronoq.node.dispatch.dispatcher``) applies them in one place, after the
+write committed, instead of each caller deriving its own wake-ups. Pure: built from the
+store's outcomes.
 """
 
 from __future__ import annotations

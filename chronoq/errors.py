@@ -3,7 +3,7 @@
 Adapters translate driver errors into these at the edge (store, coordinator). Each class
 declares its gRPC status code once, by name (so this module imports no grpc), and both
 directions of the mapping derive from those declarations: a node answers a domain error with
-its class's ``grpc_code`` (``chronoq.node.status``), and a client raises the ``RemoteError``
+its class's ``grpc_code`` (``chronoq.node.edge.status``), and a client raises the ``RemoteError``
 subclass that lists the code it received in ``grpc_codes`` (``remote_error_class``).
 """
 

@@ -67,7 +67,7 @@ def fire_select() -> str:
 def fire_limit(partitions: int, busiest: int = 0) -> int:
     """``fire_due``'s per-partition LIMIT as the firing loop sets it for ``partitions``.
 
-    ``chronoq.node.firing``: ``max(50, ceil(fire_batch / partitions))``. Raised to the
+    ``chronoq.node.owner.firing``: ``max(50, ceil(fire_batch / partitions))``. Raised to the
     busiest partition's due count so one statement finds every due row (where the loop
     would run a second statement for that partition): the figures then compare like with like.
     """

@@ -34,13 +34,16 @@ from chronoq.coordinator.protocols import Ownership
 from chronoq.coordinator.shards import ShardMapView
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
-from chronoq.node.auth_interceptor import api_security
-from chronoq.node.claims import LimitedQueues
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
-from chronoq.node.cluster_service import ClusterService
-from chronoq.node.engine import Owner
-from chronoq.node.firing import Firer
-from chronoq.node.handoff import HandOff
+from chronoq.node.dispatch.claims import LimitedQueues
+from chronoq.node.dispatch.handoff import HandOff
+from chronoq.node.dispatch.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
+from chronoq.node.dispatch.work_stream import Openings
+from chronoq.node.edge.auth_interceptor import api_security
+from chronoq.node.edge.cluster_service import ClusterService
+from chronoq.node.edge.malformed import MalformedRequests
+from chronoq.node.edge.schedule_service import ScheduleService
+from chronoq.node.edge.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.housekeeping import (
     DepthPoller,
     HealthWatch,
@@ -48,17 +51,14 @@ from chronoq.node.housekeeping import (
     StoreWatch,
     reachable_elsewhere,
 )
-from chronoq.node.malformed import MalformedRequests
-from chronoq.node.materializer import SchedulePump
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics, scrape_token
-from chronoq.node.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
-from chronoq.node.reaper import Reaper
-from chronoq.node.schedule_service import ScheduleService
-from chronoq.node.service import TaskService, WorkerService, submit_quotas
+from chronoq.node.owner.engine import Owner
+from chronoq.node.owner.firing import Firer
+from chronoq.node.owner.materializer import SchedulePump
+from chronoq.node.owner.reaper import Reaper
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.shards import ShardStores, ShardWatch
-from chronoq.node.work_stream import Openings
 from chronoq.partitionmap import PartitionMap
 from chronoq.shardmap import ShardMap, shard_name, single
 from chronoq.store import Store

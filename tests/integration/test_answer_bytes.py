@@ -27,8 +27,9 @@ from chronoq.clock import ManualClock
 from chronoq.coordinator.local import LocalOwnership
 from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import TaskSpec, TaskState
-from chronoq.node import Node, work_stream
-from chronoq.node.work_stream import Openings
+from chronoq.node import Node
+from chronoq.node.dispatch import work_stream
+from chronoq.node.dispatch.work_stream import Openings
 from chronoq.store import Store
 from tests.integration.conftest import NodeFactory
 

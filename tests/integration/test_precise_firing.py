@@ -20,8 +20,8 @@ from chronoq.clock import ManualClock
 from chronoq.coordinator.local import LocalOwnership
 from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.node import Node
-from chronoq.node.firing import Firer
-from chronoq.node.precise import PreciseFirer
+from chronoq.node.owner.firing import Firer
+from chronoq.node.owner.precise import PreciseFirer
 from chronoq.routing import id_partition
 from chronoq.store import Store
 from chronoq.store.sql import q

@@ -11,7 +11,7 @@ import pytest
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
 from chronoq.auth import MIN_TOKEN_LENGTH, TokenAuth, TokenFile, bearer_token
 from chronoq.errors import ConfigError, NamespaceDenied, Unauthenticated
-from chronoq.node.auth_interceptor import OPEN_CLUSTER_METHODS, request_namespaces
+from chronoq.node.edge.auth_interceptor import OPEN_CLUSTER_METHODS, request_namespaces
 
 # Long enough for a token file (MIN_TOKEN_LENGTH); not random, which only tests may be.
 TOK_A = "tok-a-0123456789abcdef"

@@ -12,7 +12,7 @@ import pytest
 
 from chronoq.clock import ManualClock
 from chronoq.errors import StoreUnavailable
-from chronoq.node.firing import Firer
+from chronoq.node.owner.firing import Firer
 from chronoq.store import FireResult, Store
 
 TICK, CATCH_ALL = 0.1, 5.0

@@ -20,8 +20,8 @@ from chronoq.effects import (
     released,
 )
 from chronoq.models import SubmitOutcome, Task, TaskSpec, TaskState
-from chronoq.node.dispatch import Dispatch
-from chronoq.node.readiness import ReadyNotifier
+from chronoq.node.dispatch.dispatcher import Dispatch
+from chronoq.node.dispatch.readiness import ReadyNotifier
 from chronoq.store import FireResult
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -121,7 +121,7 @@ def test_only_the_dispatcher_wakes_claims_or_offers_the_wheel() -> None:
     """A wake-up derived by hand beside the dispatcher would drift from it (or double it)."""
     node = Path(chronoq.node.__file__).parent
     # The dispatcher, the notifier itself, and the owner engine, where its offers end.
-    allowed = {"dispatch.py", "readiness.py", "engine.py"}
+    allowed = {"dispatcher.py", "readiness.py", "engine.py"}
     calls = []
     for path in sorted(node.rglob("*.py")):
         if path.name in allowed:

@@ -7,7 +7,7 @@ import pytest
 
 from chronoq import errors
 from chronoq.client.remote import translate
-from chronoq.node.status import code_for
+from chronoq.node.edge.status import code_for
 
 
 def _subclasses(cls: type[errors.ChronoqError]) -> list[type[errors.ChronoqError]]:

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from chronoq.limits import MAX_CLAIM_TASKS
 from chronoq.models import Task, TaskState
-from chronoq.node.handoff import HandOff, Key
-from chronoq.node.work_stream import HANDOFF_MEMORY, QUIET_CLAIM, WorkSession, claim_size
+from chronoq.node.dispatch.handoff import HandOff, Key
+from chronoq.node.dispatch.work_stream import HANDOFF_MEMORY, QUIET_CLAIM, WorkSession, claim_size
 from chronoq.wheel import Due
 
 KEY: Key = ("default", "q")

@@ -14,8 +14,8 @@ import pytest
 from chronoq.api.v1 import worker_pb2
 from chronoq.auth import TokenAuth
 from chronoq.errors import TooManyOpenings
-from chronoq.node.auth_interceptor import AuthInterceptor
-from chronoq.node.work_stream import Opened, Openings
+from chronoq.node.dispatch.work_stream import Opened, Openings
+from chronoq.node.edge.auth_interceptor import AuthInterceptor
 
 WORK = "/chronoq.v1.WorkerService/Work"
 TOKEN = "a-long-enough-test-token-0123456789"

@@ -15,8 +15,8 @@ import pytest
 from chronoq.buckets import partition_of
 from chronoq.clock import ManualClock
 from chronoq.gathering import BUSY_GAP, gather_for
-from chronoq.node.firing import Firer
-from chronoq.node.precise import PreciseFirer, instant_of
+from chronoq.node.owner.firing import Firer
+from chronoq.node.owner.precise import PreciseFirer, instant_of
 from chronoq.partitionmap import PartitionMap
 from chronoq.store import FireResult, Store
 from chronoq.wheel import Due

@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 import pytest
 
 from chronoq.errors import TooManyLongPolls
-from chronoq.node.claims import ANSWER_MARGIN, FairLanes, wait_within_deadline
-from chronoq.node.readiness import (
+from chronoq.node.dispatch.claims import ANSWER_MARGIN, FairLanes, wait_within_deadline
+from chronoq.node.dispatch.readiness import (
     NOTICE_BYTES,
     LongPollSlots,
     ReadyBroadcast,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoq.node.broadcast import NOTICE_BYTES
-from chronoq.node.readiness import ReadyNotifier
-from chronoq.node.soon import MAX_PENDING, SoonBroadcast, decode_soon, encode_soon
+from chronoq.node.dispatch.broadcast import NOTICE_BYTES
+from chronoq.node.dispatch.readiness import ReadyNotifier
+from chronoq.node.dispatch.soon import MAX_PENDING, SoonBroadcast, decode_soon, encode_soon
 from chronoq.wheel import Due
 
 dues = st.lists(

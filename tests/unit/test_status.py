@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from chronoq.errors import InvalidArgument
-from chronoq.node.malformed import Malformed, refusing, tolerant
-from chronoq.node.status import translated
+from chronoq.node.edge.malformed import Malformed, refusing, tolerant
+from chronoq.node.edge.status import translated
 
 
 class Aborted(Exception):

@@ -49,7 +49,7 @@ def _concrete_imports(path: Path) -> list[str]:
 def test_only_the_node_names_the_concrete_store() -> None:
     offenders = {
         path.name: names
-        for path in sorted(NODE.glob("*.py"))
+        for path in sorted(NODE.rglob("*.py"))
         if path.name not in BUILDERS and (names := _concrete_imports(path))
     }
     assert offenders == {}

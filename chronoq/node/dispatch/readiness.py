@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 from chronoq.errors import TooManyLongPolls
-from chronoq.node.broadcast import NOTICE_BYTES, Broadcast
+from chronoq.node.dispatch.broadcast import NOTICE_BYTES, Broadcast
 from chronoq.store.port import Notices
 
 log = logging.getLogger("chronoq.node")

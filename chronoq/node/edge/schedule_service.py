@@ -19,7 +19,7 @@ from chronoq.limits import (
     check_range,
     check_text,
 )
-from chronoq.node.status import translated
+from chronoq.node.edge.status import translated
 from chronoq.store.port import ScheduleAdmin
 
 Ctx = grpc.aio.ServicerContext[Any, Any]

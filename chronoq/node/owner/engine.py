@@ -1,14 +1,14 @@
 """The owner engine: what fires the due tasks of the partitions this node owns.
 
-Two halves, one owner. The tick (``chronoq.node.firing``) walks the owned partitions' due
-ranges and is the catch-all; the timing wheel (``chronoq.node.precise``, when the horizon is
+Two halves, one owner. The tick (``chronoq.node.owner.firing``) walks the owned partitions' due
+ranges and is the catch-all; the timing wheel (``chronoq.node.owner.precise``, when the horizon is
 above zero) fires each task at its instant and hands fired tasks to this node's worker
-streams (``chronoq.node.handoff``). Both count into one ``FiringAccount``; ownership moves,
+streams (``chronoq.node.dispatch.handoff``). Both count into one ``FiringAccount``; ownership moves,
 clock jumps and the store's last answer are the engine's, not each half's.
 
 The engine is where SCHEDULED effects end (``Offers``, for the node's ``Dispatch``, which the
 engine builds over itself so that its own writes go through it too): the wheel takes those of
-owned partitions within its horizon, near-future notices (``chronoq.node.soon``) tell the
+owned partitions within its horizon, near-future notices (``chronoq.node.dispatch.soon``) tell the
 other owners of the rest and bring theirs in.
 """
 
@@ -22,13 +22,13 @@ from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.protocols import Ownership
 from chronoq.effects import Scheduled
-from chronoq.node.dispatch import Dispatch
-from chronoq.node.firing import Firer, FiringAccount
-from chronoq.node.handoff import HandOff
+from chronoq.node.dispatch.dispatcher import Dispatch
+from chronoq.node.dispatch.handoff import HandOff
+from chronoq.node.dispatch.readiness import ReadyNotifier
+from chronoq.node.dispatch.soon import SoonBroadcast
 from chronoq.node.metrics import NodeMetrics
-from chronoq.node.precise import PreciseFirer, WheelStore
-from chronoq.node.readiness import ReadyNotifier
-from chronoq.node.soon import SoonBroadcast
+from chronoq.node.owner.firing import Firer, FiringAccount
+from chronoq.node.owner.precise import PreciseFirer, WheelStore
 from chronoq.partitionmap import PartitionMap
 from chronoq.store.port import Notices
 from chronoq.supervision import Loop, Supervisor

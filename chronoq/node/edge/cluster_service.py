@@ -17,8 +17,8 @@ from chronoq.coordinator.protocols import ClusterView, Ownership
 from chronoq.errors import ChronoqError, InvalidArgument, ShardUnavailable, StoreUnavailable
 from chronoq.limits import MAX_STATUS_BUCKETS
 from chronoq.moves import MoveRecord
+from chronoq.node.edge.status import translated
 from chronoq.node.shard_admin import ShardAdmin, ShardAdminRefused
-from chronoq.node.status import translated
 from chronoq.partitionmap import PartitionMap
 from chronoq.redact import mask_dsn
 from chronoq.shardmap import ShardMap, format_partitions, shard_name, single

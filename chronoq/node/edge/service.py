@@ -55,13 +55,13 @@ from chronoq.limits import (
     failure_message,
 )
 from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
-from chronoq.node.claims import Claims, FairLanes, LimitedQueues, claim_lanes
-from chronoq.node.dispatch import Dispatch
-from chronoq.node.handoff import HandOff
+from chronoq.node.dispatch.claims import Claims, FairLanes, LimitedQueues, claim_lanes
+from chronoq.node.dispatch.dispatcher import Dispatch
+from chronoq.node.dispatch.handoff import HandOff
+from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier
+from chronoq.node.dispatch.work_stream import Openings, WorkSession, opened
+from chronoq.node.edge.status import translated
 from chronoq.node.metrics import NodeMetrics
-from chronoq.node.readiness import LongPollSlots, ReadyNotifier
-from chronoq.node.status import translated
-from chronoq.node.work_stream import Openings, WorkSession, opened
 from chronoq.ratelimit import Quotas
 from chronoq.store.operator import COUNTABLE_STATES
 from chronoq.store.port import TaskStore
@@ -321,7 +321,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             dispatch=self._dispatch.apply,
             limited=limited,
         )
-        #: The streams fired tasks are handed to (see ``chronoq.node.handoff``).
+        #: The streams fired tasks are handed to (see ``chronoq.node.dispatch.handoff``).
         self.handoff = handoff if handoff is not None else HandOff(self.claims.limited_keys)
         #: Streams that have not sent their open message yet (capped, with a deadline): the
         #: node's one ``Openings``, shared with its auth interceptor.
@@ -451,7 +451,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
 
     @translated
     async def Work(self, request_iterator: AsyncIterator[Any], context: Ctx) -> None:
-        """The streaming worker protocol (see ``chronoq.node.work_stream``)."""
+        """The streaming worker protocol (see ``chronoq.node.dispatch.work_stream``)."""
         first = await self.openings.first(request_iterator)
         namespace, queues, worker_id = opened(first, context.peer() or "")
         session = WorkSession(

@@ -22,8 +22,8 @@ from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
 from chronoq.effects import Effects
-from chronoq.node.lateness import LatenessWindow
 from chronoq.node.metrics import NodeMetrics
+from chronoq.node.owner.lateness import LatenessWindow
 from chronoq.store import FireResult
 from chronoq.store.port import ByPartition
 from chronoq.supervision import STALL_AFTER, Loop, Supervisor

@@ -34,8 +34,8 @@ from chronoq import tls
 from chronoq.auth import TokenAuth, TokenFile, bearer_token
 from chronoq.errors import ChronoqError, Unauthenticated
 from chronoq.models import DEFAULT_NAMESPACE
-from chronoq.node.status import code_for
-from chronoq.node.work_stream import Opened, Openings
+from chronoq.node.dispatch.work_stream import Opened, Openings
+from chronoq.node.edge.status import code_for
 
 log = logging.getLogger("chronoq.auth")
 

@@ -52,9 +52,9 @@ from chronoq.limits import (
     task_bytes,
 )
 from chronoq.models import AckOutcome, Task
-from chronoq.node.claims import Caller, Claims
-from chronoq.node.handoff import HandOff
-from chronoq.node.readiness import Watch
+from chronoq.node.dispatch.claims import Caller, Claims
+from chronoq.node.dispatch.handoff import HandOff
+from chronoq.node.dispatch.readiness import Watch
 from chronoq.store.port import ByTaskId
 from chronoq.timeslice import converted
 

@@ -16,11 +16,11 @@ from typing import Protocol
 
 from chronoq.clock import Clock
 from chronoq.effects import Effects, Scheduled
-from chronoq.node.readiness import ReadyNotifier
+from chronoq.node.dispatch.readiness import ReadyNotifier
 
 
 class Offers(Protocol):
-    """Where SCHEDULED tasks go: the node's owner engine (``chronoq.node.engine.Owner``),
+    """Where SCHEDULED tasks go: the node's owner engine (``chronoq.node.owner.engine.Owner``),
     whose wheel takes those of its partitions and whose notices tell the other owners."""
 
     def offer(self, scheduled: Sequence[Scheduled], now: datetime) -> None: ...

@@ -6,8 +6,8 @@ node sends, after the insert committed, one NOTIFY on ``SOON_CHANNEL`` per batch
 tasks: their ids, partitions and instants while they fit in one notice, else only the
 partitions, which their owners then read again (one statement). Notices go out at once, and
 while one is in flight the next ones gather into a single NOTIFY, so a busy node sends about
-one per round trip, never one per task (``chronoq.node.broadcast``). Delivery is best effort:
-a lost notice costs the owner's next load, never a task.
+one per round trip, never one per task (``chronoq.node.dispatch.broadcast``). Delivery is
+best effort: a lost notice costs the owner's next load, never a task.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 
-from chronoq.node.broadcast import NOTICE_BYTES, Broadcast
+from chronoq.node.dispatch.broadcast import NOTICE_BYTES, Broadcast
 from chronoq.store.port import Notices
 from chronoq.wheel import Due
 

@@ -6,9 +6,9 @@ wheel's free room; see ``due_soon`` in queries.sql) into a ``TimingWheel``, and 
 sleeps until the wheel's first instant and fires what is due then with one fenced statement
 (``fire_listed``: same fencing-token check as the tick, ``run_at <= now`` in SQL too). Tasks
 submitted for the near future enter the wheel at once (``offer``: directly on their owner,
-through a notice from other nodes, see ``chronoq.node.soon``).
+through a notice from other nodes, see ``chronoq.node.dispatch.soon``).
 
-The tick (``chronoq.node.firing``) stays the catch-all: whatever the wheel does not hold
+The tick (``chronoq.node.owner.firing``) stays the catch-all: whatever the wheel does not hold
 (refused when full, lost with a failed statement, retried with a short backoff on another
 node) fires there, a tick late at most. Loads are incremental: each reads only past the end
 of the previous window, so a task is read about once however often the loop runs.
@@ -31,8 +31,8 @@ from chronoq.coordinator.protocols import Ownership
 from chronoq.effects import Effects, Scheduled, made_ready
 from chronoq.errors import ChronoqError
 from chronoq.gathering import RATE_WINDOW, DueRate, gather_for
-from chronoq.node.firing import FiringAccount
-from chronoq.node.handoff import HandOff, Plan
+from chronoq.node.dispatch.handoff import HandOff, Plan
+from chronoq.node.owner.firing import FiringAccount
 from chronoq.partitionmap import PartitionMap
 from chronoq.routing import id_partition
 from chronoq.store.port import ByPartition, ByTaskId

@@ -22,8 +22,8 @@ from chronoq.effects import Effects, released
 from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import Lease, Task
-from chronoq.node.dispatch import Dispatch
-from chronoq.node.readiness import LongPollSlots, ReadyNotifier, Watch
+from chronoq.node.dispatch.dispatcher import Dispatch
+from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier, Watch
 from chronoq.store.port import ByQueue, ByTaskId
 
 log = logging.getLogger("chronoq.node")
