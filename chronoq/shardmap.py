@@ -355,6 +355,13 @@ def single(partitions: int) -> ShardMap:
     return ShardMap(1, (shard_name(0),), (shard_name(0),) * partitions)
 
 
+def registered(partitions: int, shards: int) -> ShardMap:
+    """Version 1 with ``shards`` registered and ``shard-0`` holding every partition: the first
+    map of a store that already has rows on ``shard-0`` (an upgrade), which only moves may
+    spread (``chronoq store rebalance``)."""
+    return ShardMap(1, tuple(shard_name(n) for n in range(shards)), (shard_name(0),) * partitions)
+
+
 def even(partitions: int, shards: int) -> ShardMap:
     """Version 1 of a cluster created with ``shards`` shards: contiguous ranges, the first
     ``partitions % shards`` shards one partition larger (``shard-0`` first)."""

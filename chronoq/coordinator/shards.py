@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import aetcd
 
@@ -24,7 +24,7 @@ from chronoq.coordinator.etcd import Keys, translated
 from chronoq.coordinator.view import PrefixView
 from chronoq.errors import ChronoqError, ConfigError
 from chronoq.redact import mask_dsn
-from chronoq.shardmap import ShardMap, ShardMapInvalid, even, shard_name
+from chronoq.shardmap import ShardMap, ShardMapInvalid, even, registered, shard_name
 from chronoq.supervision import Supervisor
 
 log = logging.getLogger("chronoq.coordinator")
@@ -41,6 +41,7 @@ class ShardMapView:
         dsn: str,
         *,
         shard_dsns: Sequence[str] = (),
+        first_is_empty: Callable[[], Awaitable[bool]] | None = None,
         supervisor: Supervisor | None = None,
     ) -> None:
         self._client = client
@@ -48,6 +49,8 @@ class ShardMapView:
         self._partitions = partitions
         #: shard-0, shard-1, ... as this node was configured, passwords masked.
         self._dsns = [mask_dsn(d) for d in (dsn, *shard_dsns)]
+        #: Whether shard-0 holds no row yet: asked only when a first map would split.
+        self._first_is_empty = first_is_empty
         self.current: ShardMap | None = None
         #: Called with the new map each time ``current`` changes (after the first read too).
         self.on_map: list[Callable[[ShardMap], None]] = []
@@ -73,7 +76,9 @@ class ShardMapView:
         call created it."""
         tx = self._client.transactions
         key = self._keys.shard_map
-        first = even(self._partitions, len(self._dsns))
+        first = await self._first_map()
+        if first is None:
+            return False
         with translated("create the shard map"):
             created, _ = await self._client.transaction(
                 compare=[tx.create(key) == 0],
@@ -92,6 +97,25 @@ class ShardMapView:
                 ", ".join(f"{name} holds {n}" for name, n in first.sizes().items()),
             )
         return bool(created)
+
+    async def _first_map(self) -> ShardMap | None:
+        """The map a first node writes (None: a map exists already). Split evenly only over
+        an empty ``shard-0``: a store upgraded to shards keeps every partition where its rows
+        are (split, the other shards would hold partitions whose tasks stayed on shard-0)."""
+        if len(self._dsns) == 1:
+            return even(self._partitions, 1)
+        with translated("read the shard map"):
+            found = await self._client.get(self._keys.shard_map)
+        if found is not None:
+            return None
+        if self._first_is_empty is None or await self._first_is_empty():
+            return even(self._partitions, len(self._dsns))
+        log.warning(
+            "shard-0 holds tasks already: the first shard map registers %d shards with every "
+            "partition on shard-0; spread them with `chronoq store rebalance`",
+            len(self._dsns),
+        )
+        return registered(self._partitions, len(self._dsns))
 
     async def start(self) -> None:
         """Create the map if absent, read it, check the partition count, then watch (once:

@@ -397,6 +397,10 @@ class Node:
         s = self.settings
         if s.cluster is None:
             return await self._open_store(shard_name(0), s.dsn, None)
+        # shard-0 is needed to start (as the one store was); another shard that cannot be
+        # opened now is down, and opened again in the background. It is opened holding
+        # nothing new: a first map splits only an empty shard-0, then it adopts its part.
+        first = await self._open_store(shard_name(0), s.dsn, ())
         client = connect(s.cluster.etcd)
         view = ShardMapView(
             client,
@@ -404,6 +408,7 @@ class Node:
             s.partitions,
             s.dsn,
             shard_dsns=s.store_shards,
+            first_is_empty=first.holds_no_rows,
             supervisor=self.supervisor,
         )
         self.shard_map = view
@@ -413,13 +418,12 @@ class Node:
                 s, self.current_map, lambda: view.dsns, self._open_store,
                 on_opened=self._shard_opened,
             )  # fmt: skip
-            # shard-0 is needed to start (as the one store was); another shard that cannot
-            # be opened now is down, and opened again in the background.
-            first = await self._open_store(shard_name(0), s.dsn, self._holds(shard_name(0)))
+            await first.adopt(self._holds(shard_name(0)))
         except BaseException:
             await view.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.close(), 5)
+            await first.close()
             raise
         self.shard_stores.stores[shard_name(0)] = first
         sharded = ShardedStore({shard_name(0): first}, self.current_map, refresh=view.refresh)

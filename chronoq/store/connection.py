@@ -224,10 +224,19 @@ class Connected:
         )
         if migrate:
             await store.migrate()
-        await store._adopt(range(partitions) if holds is None else holds)
+        await store.adopt(range(partitions) if holds is None else holds)
         return store
 
-    async def _adopt(self, holds: Iterable[int]) -> bool:
+    async def holds_no_rows(self) -> bool:
+        """Whether this database has no task and no schedule yet (a first shard map may
+        split only such a shard-0: an upgraded store keeps its partitions where its rows are)."""
+        async with self.connection() as conn:
+            found: bool = await conn.fetchval(
+                "SELECT NOT EXISTS (SELECT 1 FROM tasks) AND NOT EXISTS (SELECT 1 FROM schedules)"
+            )
+        return found
+
+    async def adopt(self, holds: Iterable[int]) -> bool:
         """Record ``holds`` as live since map version 1 if this shard holds nothing yet (no
         row in ``shard_partitions``); returns whether it did. Concurrent callers serialise on
         the table's lock and only the first writes (idempotent, race-safe)."""

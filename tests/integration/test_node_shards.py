@@ -235,3 +235,42 @@ async def test_a_node_without_a_dsn_for_a_registered_shard_uses_the_registered_o
     assert later.shard_stores is not None
     assert set(later.shard_stores.stores) == {"shard-0", "shard-1"}
     assert await later.shard_stores.stores["shard-1"].probe()
+
+
+async def test_a_store_with_tasks_upgraded_to_shards_keeps_every_partition_on_shard_0(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, dsn: str, second: str
+) -> None:
+    """A single store that already holds tasks, whose first cluster node is given a second
+    shard: an even split would leave half its tasks on a shard-0 that no longer holds their
+    partitions. The first map registers both shards with every partition on shard-0, and
+    the tasks of every partition still fire there."""
+    alone = await make_node(node_id="alone")
+    client = Client(alone.address)
+    try:
+        due = datetime.now(UTC) + timedelta(seconds=2)
+        keys = [*keys_on("shard-0", 3, "old-a"), *keys_on("shard-1", 3, "old-b")]
+        for key in keys:
+            await client.submit("q", idempotency_key=key, run_at=due)
+    finally:
+        await client.close()
+        await alone.stop()
+    node = await make_node(
+        cluster=cluster(etcd, cluster_name), node_id="n0", store_shards=(second,)
+    )
+    await settled([node])
+    etcd_client = connect(etcd.client_settings(cluster_name))
+    try:
+        stored = await etcd_client.get(Keys(cluster_name).shard_map)
+        assert stored is not None
+        first_map = ShardMap.from_json(stored.value)
+    finally:
+        await etcd_client.close()
+    assert first_map.shards == ("shard-0", "shard-1")
+    assert first_map.held_by("shard-0") == tuple(range(P))
+
+    async def fired() -> bool:
+        return (await count_rows(dsn)).get("scheduled", 0) == 0
+
+    await until(fired, what="every old task fired on shard-0")
+    assert sum((await count_rows(dsn)).values()) == len(keys)
+    assert sum((await count_rows(second)).values()) == 0
