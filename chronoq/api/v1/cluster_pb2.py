@@ -25,15 +25,13 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63hronoq/v1/cluster.proto\x12\nchronoq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\rStatusRequest\x12\x16\n\x0e\x62ucket_horizon\x18\x01 \x01(\r\"v\n\x12PartitionOwnership\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12\x18\n\x10watermark_bucket\x18\x04 \x01(\x03\x12\r\n\x05shard\x18\x05 \x01(\t\"\x8b\x01\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10owned_partitions\x18\x03 \x01(\r\x12\x17\n\x0flateness_p50_ms\x18\x04 \x01(\x01\x12\x17\n\x0flateness_p99_ms\x18\x05 \x01(\x01\x12\x13\n\x0b\x66ired_total\x18\x06 \x01(\x04\"]\n\x0b\x42ucketCount\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\x03\x12-\n\tstarts_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07pending\x18\x03 \x01(\x04\"v\n\x0bShardStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64sn\x18\x02 \x01(\t\x12\x0e\n\x06health\x18\x03 \x01(\t\x12\x12\n\npartitions\x18\x04 \x01(\t\x12\x17\n\x0fpartition_count\x18\x05 \x01(\r\x12\x0f\n\x07pending\x18\x06 \x01(\x04\"\xb0\x01\n\x0eShardMapStatus\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\'\n\x06shards\x18\x02 \x03(\x0b\x32\x17.chronoq.v1.ShardStatus\x12\x19\n\x11moves_in_progress\x18\x03 \x01(\r\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12%\n\x05moves\x18\x05 \x03(\x0b\x32\x16.chronoq.v1.MoveStatus\x12\x13\n\x0bmoves_error\x18\x06 \x01(\t\"\xb5\x01\n\nMoveStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\r\n\x05phase\x18\x05 \x01(\t\x12\x13\n\x0brows_copied\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\r\x12\x14\n\x0cnext_version\x18\x08 \x01(\x04\x12\x0e\n\x06\x64river\x18\t \x01(\t\x12\r\n\x05\x65rror\x18\n \x01(\t\"\xce\x03\n\x0eStatusResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\'\n\x03now\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\npartitions\x18\x04 \x01(\r\x12\x16\n\x0e\x62ucket_seconds\x18\x05 \x01(\r\x12#\n\x07members\x18\x06 \x03(\x0b\x32\x12.chronoq.v1.Member\x12\x31\n\townership\x18\x07 \x03(\x0b\x32\x1e.chronoq.v1.PartitionOwnership\x12(\n\x07\x62uckets\x18\x08 \x03(\x0b\x32\x17.chronoq.v1.BucketCount\x12\x44\n\x0etasks_by_state\x18\t \x03(\x0b\x32,.chronoq.v1.StatusResponse.TasksByStateEntry\x12\x19\n\x11\x66iring_partitions\x18\n \x03(\r\x12-\n\tshard_map\x18\x0b \x01(\x0b\x32\x1a.chronoq.v1.ShardMapStatus\x1a\x33\n\x11TasksByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x0e\n\x0c\x44rainRequest\"2\n\rDrainResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08released\x18\x02 \x03(\r\"\x1e\n\x0f\x41\x64\x64ShardRequest\x12\x0b\n\x03\x64sn\x18\x01 \x01(\t\"C\n\x10\x41\x64\x64ShardResponse\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0b\n\x03\x64sn\x18\x02 \x01(\t\x12\x13\n\x0bmap_version\x18\x03 \x01(\x04\";\n\x15MovePartitionsRequest\x12\x12\n\npartitions\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"?\n\x16MovePartitionsResponse\x12%\n\x05moves\x18\x01 \x03(\x0b\x32\x16.chronoq.v1.MoveStatus\"#\n\x10RebalanceRequest\x12\x0f\n\x07\x64ry_run\x18\x01 \x01(\x08\":\n\x11RebalanceResponse\x12%\n\x05moves\x18\x01 \x03(\x0b\x32\x16.chronoq.v1.MoveStatus2\xf9\x02\n\x0e\x43lusterService\x12?\n\x06Status\x12\x19.chronoq.v1.StatusRequest\x1a\x1a.chronoq.v1.StatusResponse\x12<\n\x05\x44rain\x12\x18.chronoq.v1.DrainRequest\x1a\x19.chronoq.v1.DrainResponse\x12\x45\n\x08\x41\x64\x64Shard\x12\x1b.chronoq.v1.AddShardRequest\x1a\x1c.chronoq.v1.AddShardResponse\x12W\n\x0eMovePartitions\x12!.chronoq.v1.MovePartitionsRequest\x1a\".chronoq.v1.MovePartitionsResponse\x12H\n\tRebalance\x12\x1c.chronoq.v1.RebalanceRequest\x1a\x1d.chronoq.v1.RebalanceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63hronoq/v1/cluster.proto\x12\nchronoq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\rStatusRequest\x12\x16\n\x0e\x62ucket_horizon\x18\x01 \x01(\r\"v\n\x12PartitionOwnership\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\x12\x18\n\x10watermark_bucket\x18\x04 \x01(\x03\x12\r\n\x05shard\x18\x05 \x01(\t\"\x8b\x01\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10owned_partitions\x18\x03 \x01(\r\x12\x17\n\x0flateness_p50_ms\x18\x04 \x01(\x01\x12\x17\n\x0flateness_p99_ms\x18\x05 \x01(\x01\x12\x13\n\x0b\x66ired_total\x18\x06 \x01(\x04\"]\n\x0b\x42ucketCount\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\x03\x12-\n\tstarts_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07pending\x18\x03 \x01(\x04\"v\n\x0bShardStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64sn\x18\x02 \x01(\t\x12\x0e\n\x06health\x18\x03 \x01(\t\x12\x12\n\npartitions\x18\x04 \x01(\t\x12\x17\n\x0fpartition_count\x18\x05 \x01(\r\x12\x0f\n\x07pending\x18\x06 \x01(\x04\"\xb0\x01\n\x0eShardMapStatus\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\'\n\x06shards\x18\x02 \x03(\x0b\x32\x17.chronoq.v1.ShardStatus\x12\x19\n\x11moves_in_progress\x18\x03 \x01(\r\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12%\n\x05moves\x18\x05 \x03(\x0b\x32\x16.chronoq.v1.MoveStatus\x12\x13\n\x0bmoves_error\x18\x06 \x01(\t\"\xb5\x01\n\nMoveStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\r\n\x05phase\x18\x05 \x01(\t\x12\x13\n\x0brows_copied\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\r\x12\x14\n\x0cnext_version\x18\x08 \x01(\x04\x12\x0e\n\x06\x64river\x18\t \x01(\t\x12\r\n\x05\x65rror\x18\n \x01(\t\"\xe9\x02\n\x0eStatusResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\'\n\x03now\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\npartitions\x18\x04 \x01(\r\x12\x16\n\x0e\x62ucket_seconds\x18\x05 \x01(\r\x12#\n\x07members\x18\x06 \x03(\x0b\x32\x12.chronoq.v1.Member\x12\x31\n\townership\x18\x07 \x03(\x0b\x32\x1e.chronoq.v1.PartitionOwnership\x12(\n\x07\x62uckets\x18\x08 \x03(\x0b\x32\x17.chronoq.v1.BucketCount\x12\x19\n\x11\x66iring_partitions\x18\n \x03(\r\x12-\n\tshard_map\x18\x0b \x01(\x0b\x32\x1a.chronoq.v1.ShardMapStatusJ\x04\x08\t\x10\nR\x0etasks_by_state\"\x0e\n\x0c\x44rainRequest\"2\n\rDrainResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08released\x18\x02 \x03(\r\"\x1e\n\x0f\x41\x64\x64ShardRequest\x12\x0b\n\x03\x64sn\x18\x01 \x01(\t\"C\n\x10\x41\x64\x64ShardResponse\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x0b\n\x03\x64sn\x18\x02 \x01(\t\x12\x13\n\x0bmap_version\x18\x03 \x01(\x04\";\n\x15MovePartitionsRequest\x12\x12\n\npartitions\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"?\n\x16MovePartitionsResponse\x12%\n\x05moves\x18\x01 \x03(\x0b\x32\x16.chronoq.v1.MoveStatus\"#\n\x10RebalanceRequest\x12\x0f\n\x07\x64ry_run\x18\x01 \x01(\x08\":\n\x11RebalanceResponse\x12%\n\x05moves\x18\x01 \x03(\x0b\x32\x16.chronoq.v1.MoveStatus2\xf9\x02\n\x0e\x43lusterService\x12?\n\x06Status\x12\x19.chronoq.v1.StatusRequest\x1a\x1a.chronoq.v1.StatusResponse\x12<\n\x05\x44rain\x12\x18.chronoq.v1.DrainRequest\x1a\x19.chronoq.v1.DrainResponse\x12\x45\n\x08\x41\x64\x64Shard\x12\x1b.chronoq.v1.AddShardRequest\x1a\x1c.chronoq.v1.AddShardResponse\x12W\n\x0eMovePartitions\x12!.chronoq.v1.MovePartitionsRequest\x1a\".chronoq.v1.MovePartitionsResponse\x12H\n\tRebalance\x12\x1c.chronoq.v1.RebalanceRequest\x1a\x1d.chronoq.v1.RebalanceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chronoq.v1.cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSRESPONSE_TASKSBYSTATEENTRY']._loaded_options = None
-  _globals['_STATUSRESPONSE_TASKSBYSTATEENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREQUEST']._serialized_start=73
   _globals['_STATUSREQUEST']._serialized_end=112
   _globals['_PARTITIONOWNERSHIP']._serialized_start=114
@@ -49,25 +47,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MOVESTATUS']._serialized_start=771
   _globals['_MOVESTATUS']._serialized_end=952
   _globals['_STATUSRESPONSE']._serialized_start=955
-  _globals['_STATUSRESPONSE']._serialized_end=1417
-  _globals['_STATUSRESPONSE_TASKSBYSTATEENTRY']._serialized_start=1366
-  _globals['_STATUSRESPONSE_TASKSBYSTATEENTRY']._serialized_end=1417
-  _globals['_DRAINREQUEST']._serialized_start=1419
-  _globals['_DRAINREQUEST']._serialized_end=1433
-  _globals['_DRAINRESPONSE']._serialized_start=1435
-  _globals['_DRAINRESPONSE']._serialized_end=1485
-  _globals['_ADDSHARDREQUEST']._serialized_start=1487
-  _globals['_ADDSHARDREQUEST']._serialized_end=1517
-  _globals['_ADDSHARDRESPONSE']._serialized_start=1519
-  _globals['_ADDSHARDRESPONSE']._serialized_end=1586
-  _globals['_MOVEPARTITIONSREQUEST']._serialized_start=1588
-  _globals['_MOVEPARTITIONSREQUEST']._serialized_end=1647
-  _globals['_MOVEPARTITIONSRESPONSE']._serialized_start=1649
-  _globals['_MOVEPARTITIONSRESPONSE']._serialized_end=1712
-  _globals['_REBALANCEREQUEST']._serialized_start=1714
-  _globals['_REBALANCEREQUEST']._serialized_end=1749
-  _globals['_REBALANCERESPONSE']._serialized_start=1751
-  _globals['_REBALANCERESPONSE']._serialized_end=1809
-  _globals['_CLUSTERSERVICE']._serialized_start=1812
-  _globals['_CLUSTERSERVICE']._serialized_end=2189
+  _globals['_STATUSRESPONSE']._serialized_end=1316
+  _globals['_DRAINREQUEST']._serialized_start=1318
+  _globals['_DRAINREQUEST']._serialized_end=1332
+  _globals['_DRAINRESPONSE']._serialized_start=1334
+  _globals['_DRAINRESPONSE']._serialized_end=1384
+  _globals['_ADDSHARDREQUEST']._serialized_start=1386
+  _globals['_ADDSHARDREQUEST']._serialized_end=1416
+  _globals['_ADDSHARDRESPONSE']._serialized_start=1418
+  _globals['_ADDSHARDRESPONSE']._serialized_end=1485
+  _globals['_MOVEPARTITIONSREQUEST']._serialized_start=1487
+  _globals['_MOVEPARTITIONSREQUEST']._serialized_end=1546
+  _globals['_MOVEPARTITIONSRESPONSE']._serialized_start=1548
+  _globals['_MOVEPARTITIONSRESPONSE']._serialized_end=1611
+  _globals['_REBALANCEREQUEST']._serialized_start=1613
+  _globals['_REBALANCEREQUEST']._serialized_end=1648
+  _globals['_REBALANCERESPONSE']._serialized_start=1650
+  _globals['_REBALANCERESPONSE']._serialized_end=1708
+  _globals['_CLUSTERSERVICE']._serialized_start=1711
+  _globals['_CLUSTERSERVICE']._serialized_end=2088
 # @@protoc_insertion_point(module_scope)

@@ -112,14 +112,7 @@ class MoveStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., partitions: _Optional[str] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., phase: _Optional[str] = ..., rows_copied: _Optional[int] = ..., rounds: _Optional[int] = ..., next_version: _Optional[int] = ..., driver: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "tasks_by_state", "firing_partitions", "shard_map")
-    class TasksByStateEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: int
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    __slots__ = ("cluster", "node_id", "now", "partitions", "bucket_seconds", "members", "ownership", "buckets", "firing_partitions", "shard_map")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
@@ -128,7 +121,6 @@ class StatusResponse(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     OWNERSHIP_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
-    TASKS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
     FIRING_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     SHARD_MAP_FIELD_NUMBER: _ClassVar[int]
     cluster: str
@@ -139,10 +131,9 @@ class StatusResponse(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     ownership: _containers.RepeatedCompositeFieldContainer[PartitionOwnership]
     buckets: _containers.RepeatedCompositeFieldContainer[BucketCount]
-    tasks_by_state: _containers.ScalarMap[str, int]
     firing_partitions: _containers.RepeatedScalarFieldContainer[int]
     shard_map: ShardMapStatus
-    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., tasks_by_state: _Optional[_Mapping[str, int]] = ..., firing_partitions: _Optional[_Iterable[int]] = ..., shard_map: _Optional[_Union[ShardMapStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, cluster: _Optional[str] = ..., node_id: _Optional[str] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[int] = ..., bucket_seconds: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., ownership: _Optional[_Iterable[_Union[PartitionOwnership, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketCount, _Mapping]]] = ..., firing_partitions: _Optional[_Iterable[int]] = ..., shard_map: _Optional[_Union[ShardMapStatus, _Mapping]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ()
