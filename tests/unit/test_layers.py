@@ -67,6 +67,24 @@ def test_every_module_has_a_layer() -> None:
     assert sorted(placed - modules) == []
 
 
+def test_every_node_module_has_a_node_layer() -> None:
+    """Inside the node, a new module has to join the assembly, the edge, the owner engine or
+    dispatch (contract ``node-layers``): else nothing checks what it may import."""
+    contract = next(c for c in _contracts() if c.get("id") == "node-layers")
+    layers = contract["layers"]
+    assert isinstance(layers, list)
+    placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
+    package = ROOT / "chronoq" / "node"
+    modules = {
+        path.stem
+        for path in package.iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__")
+        or (path.is_dir() and (path / "__init__.py").exists())
+    }
+    assert sorted(modules - placed) == []
+    assert sorted(placed - modules) == []
+
+
 def test_importing_the_client_changes_nothing_global() -> None:
     """The client SDK installs without the server extras: importing it loads no server code,
     and leaves the process environment as it was (no gRPC fork settings, for one)."""
