@@ -24,15 +24,20 @@ CONCRETE = {"Store", "Schedules"}
 #: (``connect``, ``migrate``), its raw connections (``Schedules``, tools and tests use
 #: them), a helper of its fail statement, the token calls a store of shards makes on the
 #: shard holding queue limits for a claim on another shard, and the read of a shard's ready
-#: heads that decides how many each shard's claim takes.
+#: heads that decides how many each shard's claim takes, and what a node asks of shard-0
+#: before the first map (whether it is empty, then adopting its part of that map).
 OWN = {
     "connect",
     "migrate",
+    "holds_no_rows",
+    "adopt",
     "connection",
     "after_failure",
     "take_tokens",
     "return_tokens",
     "ready_heads",
+    "pause_once",  # Schedules: a store of shards releases a paused rate once
+    "remove",  # Schedules: a store of shards gives back what the deleted one held
 }
 
 
