@@ -57,7 +57,7 @@ class Shape:
 
     prepare: Callable[[pytest.FixtureRequest], Any]
     open: Callable[[Any], AbstractAsyncContextManager[Opened]]
-    #: Marks of each contract on this shape (a longer timeout for a slow first setup).
+    #: Marks of each contract on this shape (slow, a longer timeout for a slow first setup).
     marks: tuple[pytest.MarkDecorator, ...] = ()
 
 
@@ -140,9 +140,13 @@ SHAPES: dict[str, Shape] = {
     "two-shards": Shape(prepare=_prepare_two, open=_open_two),
     # One shard whose database is a 3-member Patroni cluster on the session's etcd (the
     # tests/conftest.py ``ha`` fixture, started once, on the first test of this shape).
-    # Its first test pays the cold start, hence the longer timeout.
+    # Slow (~60-90 s for the shape: a cold start of ~15 s, then ~0.8 s to copy and drop each
+    # test's database on a replicated server), so it runs with --runslow: .ci/run runs it
+    # after the default run. Its first test pays the cold start, hence the longer timeout.
     "patroni": Shape(
-        prepare=_prepare_patroni, open=_open_single, marks=(pytest.mark.timeout(240),)
+        prepare=_prepare_patroni,
+        open=_open_single,
+        marks=(pytest.mark.slow, pytest.mark.timeout(240)),
     ),
 }
 

@@ -2,9 +2,9 @@
 store failover: no acknowledged submit is lost, firing resumes, fencing holds across the
 primary change, and a commit the standby never confirmed is not taken for an acknowledgement.
 
-The cluster is the session's ``ha`` (tests/conftest.py), which the store contracts'
-"patroni" shape shares: skipped, saying why, where Patroni cannot be installed (no package
-registry, no system Python or no useradd).
+The cluster is the session's ``ha`` (tests/conftest.py), shared with the store contracts'
+"patroni" shape when a session runs both: skipped, saying why, where Patroni cannot be
+installed (no package registry, no system Python or no useradd).
 """
 
 from __future__ import annotations
