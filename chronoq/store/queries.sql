@@ -809,3 +809,102 @@ CROSS JOIN LATERAL (
 -- name: announce
 -- One notice per payload on the channel (pg_notify: the payloads are parameters).
 SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload;
+
+-- Namespace counters on the map's first shard (migration 0014, chronoq.store.counts): a
+-- namespace's schedules and reserved tasks/s across every store shard.
+
+-- name: take_namespace_count
+-- Takes $3 schedules and $4 tasks/s from namespace $1's counter when its cap ($5; NULL: none)
+-- and quota ($6; NULL: none) allow them, atomically (the row's lock decides between racing
+-- takes), and records the take ($2, at $7) until its create says how it ended. One row: whether
+-- it was taken, the counts before, and whether the namespace has a counter at all.
+WITH taken AS (
+    UPDATE namespace_counts c
+    SET schedules = c.schedules + $3, reserved = c.reserved + $4::float8
+    WHERE c.namespace = $1
+      AND ($5::bigint IS NULL OR $3 = 0 OR c.schedules + $3 <= $5::bigint)
+      AND ($6::float8 IS NULL OR $4::float8 = 0
+           OR c.reserved + $4::float8 <= $6::float8 * (1 + 1e-9))
+    RETURNING c.schedules - $3 AS schedules, c.reserved - $4::float8 AS reserved
+), recorded AS (
+    INSERT INTO namespace_takes (token, namespace, schedules, reserved, taken_at)
+    SELECT $2, $1, $3, $4::float8, $7 FROM taken
+)
+SELECT EXISTS (SELECT 1 FROM taken) AS taken,
+       coalesce((SELECT schedules FROM taken), c.schedules) AS schedules,
+       coalesce((SELECT reserved FROM taken), c.reserved) AS reserved,
+       c.namespace IS NOT NULL AS counted
+FROM (SELECT 1) one LEFT JOIN namespace_counts c ON c.namespace = $1;
+
+-- name: drop_namespace_take
+-- The create that took ($1) succeeded: its counts stay, its take is settled.
+DELETE FROM namespace_takes WHERE token = $1;
+
+-- name: give_back_namespace_take
+-- The create that took ($1, of namespace $2) was refused: its take and its counts go back,
+-- once (nothing when a recount settled it first). The counter's row is locked before the take
+-- is deleted, in a recount's order.
+WITH counter AS (
+    SELECT c.namespace FROM namespace_counts c WHERE c.namespace = $2 FOR UPDATE
+), dropped AS (
+    DELETE FROM namespace_takes t
+    WHERE t.token = $1 AND t.namespace = (SELECT namespace FROM counter)
+    RETURNING t.schedules, t.reserved
+)
+UPDATE namespace_counts c
+SET schedules = greatest(0, c.schedules - d.schedules),
+    reserved = greatest(0, c.reserved - d.reserved)
+FROM dropped d WHERE c.namespace = $2;
+
+-- name: namespace_count_epoch
+SELECT epoch FROM namespace_counts WHERE namespace = $1;
+
+-- name: release_namespace_count
+-- A delete or pause that committed on its shard gives back $2 schedules and $3 tasks/s, unless
+-- a recount ran since it read the epoch ($4): that recount counted its shard before or after it.
+UPDATE namespace_counts
+SET schedules = greatest(0, schedules - $2), reserved = greatest(0, reserved - $3::float8)
+WHERE namespace = $1 AND epoch = $4;
+
+-- name: seed_namespace_count
+-- A namespace's first counter, from a count over every shard; a racing seed's row stays.
+INSERT INTO namespace_counts (namespace, schedules, reserved, recounted_at)
+VALUES ($1, $2, $3::float8, $4) ON CONFLICT (namespace) DO NOTHING;
+
+-- name: lock_namespace_count
+-- A recount's start, in its transaction: the counter's row locked (takes and give-backs wait),
+-- and whether a take since $2 may still be in flight (then the recount waits for a later turn).
+SELECT c.epoch,
+       EXISTS (SELECT 1 FROM namespace_takes t WHERE t.namespace = $1 AND t.taken_at > $2) AS busy
+FROM namespace_counts c WHERE c.namespace = $1
+FOR UPDATE OF c;
+
+-- name: recount_namespace_count
+-- A recount's end: the counts read from every shard, the stale takes settled, the epoch on.
+WITH settled AS (DELETE FROM namespace_takes WHERE namespace = $1)
+UPDATE namespace_counts
+SET schedules = $2, reserved = $3::float8, epoch = epoch + 1, recounted_at = $4
+WHERE namespace = $1;
+
+-- name: namespace_schedule_count
+-- One shard's schedules of a namespace and the tasks/s its active ones reserve.
+SELECT count(*) AS schedules,
+       coalesce(sum(max_rate) FILTER (WHERE NOT paused), 0)::float8 AS reserved
+FROM schedules WHERE namespace = $1;
+
+-- name: namespaces_to_recount
+-- At most $2 namespaces: first those with a take left since before $1 (an outcome unknown),
+-- then those longest since their last recount.
+SELECT x.namespace FROM (
+    (SELECT t.namespace, 0 AS turn, min(t.taken_at) AS at FROM namespace_takes t
+     WHERE t.taken_at <= $1 GROUP BY t.namespace ORDER BY min(t.taken_at) LIMIT $2)
+    UNION ALL
+    (SELECT c.namespace, 1, c.recounted_at FROM namespace_counts c
+     ORDER BY c.recounted_at LIMIT $2)
+) x
+GROUP BY x.namespace ORDER BY min(x.turn), min(x.at) LIMIT $2;
+
+-- name: lock_schedule
+-- A pause over several shards, in its transaction: whether the schedule was paused before
+-- (its row locked, so two pauses racing learn which one paused it).
+SELECT paused FROM schedules WHERE namespace = $1 AND name = $2 FOR UPDATE;

@@ -145,6 +145,16 @@ def occurrence_key(schedule_id: str, at: datetime) -> str:
     return f"schedule:{schedule_id}:{at.isoformat()}"
 
 
+def check_spec(spec: ScheduleSpec) -> None:
+    """Refuse a schedule no shard would store (``InvalidArgument`` naming the field)."""
+    check_name("namespace", spec.namespace)
+    check_name("name", spec.name)
+    check_name("queue", spec.queue)
+    check(spec.rule)
+    if spec.max_attempts < 1:
+        raise InvalidArgument("max_attempts", "must be >= 1")
+
+
 class Schedules:
     """Schedules in the task store; ``lookahead``: how far ahead owners make occurrences."""
 
@@ -171,12 +181,7 @@ class Schedules:
         this one could together make more than ``quota`` tasks/s (the submit quota: tasks a
         schedule makes count against it; see ``chronoq.ratelimit.schedule_rate``).
         """
-        check_name("namespace", spec.namespace)
-        check_name("name", spec.name)
-        check_name("queue", spec.queue)
-        check(spec.rule)
-        if spec.max_attempts < 1:
-            raise InvalidArgument("max_attempts", "must be >= 1")
+        check_spec(spec)
         # Placed by (namespace, name), like a keyed submit, and its id carries the partition:
         # its occurrences go to the same partition (``_materialize_one``), so a schedule and
         # its tasks commit together wherever that partition lives (docs/design/shards.md).
@@ -242,12 +247,20 @@ class Schedules:
 
     async def pause(self, namespace: str, name: str, now: datetime) -> Schedule:
         """Pause, and remove the occurrences made ahead that have not fired."""
+        return (await self.pause_once(namespace, name, now, learn=False))[0]
+
+    async def pause_once(
+        self, namespace: str, name: str, now: datetime, *, learn: bool = True
+    ) -> tuple[Schedule, bool]:
+        """``pause``, and whether this call paused it (``learn``: the row is locked first,
+        so of two racing pauses one learns it did; a store of shards releases its rate once)."""
         async with self.store.connection() as conn, conn.transaction():
+            was = await conn.fetchval(q("lock_schedule"), namespace, name) if learn else None
             row = await conn.fetchrow(self._q("pause_schedule"), namespace, name)
             if row is None:
                 raise ScheduleNotFound(name, namespace)
             await self._remove_unfired(conn, row, now)
-        return _schedule(row)
+        return _schedule(row), was is False
 
     async def resume(
         self, namespace: str, name: str, now: datetime, *, quota: float | None = None
@@ -280,11 +293,17 @@ class Schedules:
 
     async def delete(self, namespace: str, name: str, now: datetime) -> None:
         """Delete, and remove the occurrences made ahead that have not fired."""
+        await self.remove(namespace, name, now)
+
+    async def remove(self, namespace: str, name: str, now: datetime) -> Schedule:
+        """``delete``, answering the schedule as it was deleted (whether it was paused, what
+        it reserved), which a store of shards gives back to the namespace's counter."""
         async with self.store.connection() as conn, conn.transaction():
             row = await conn.fetchrow(self._q("delete_schedule"), namespace, name)
             if row is None:
                 raise ScheduleNotFound(name, namespace)
             await self._remove_unfired(conn, row, now)
+        return _schedule(row)
 
     async def _remove_unfired(self, conn: Any, row: Any, now: datetime) -> int:
         """Delete the schedule's occurrences still waiting to fire for the first time.
