@@ -189,3 +189,72 @@ def schedules(opened: Opened) -> ScheduleStore:
 @pytest.fixture
 def now() -> datetime:
     return START
+
+
+class Holder:
+    """One store shard holding some partitions, and the map's steps on it (what a partition
+    move does), for the contracts of the store-side fencing of the map: they call the port
+    on ``store`` and set up what the shard holds through this, never through SQL."""
+
+    def __init__(self, store: Store, schedules: ScheduleStore) -> None:
+        self._store = store
+        self.store: TaskStore = store
+        self.schedules = schedules
+
+    async def freeze(self, partitions: Sequence[int], move_id: str = "m1", token: int = 7) -> None:
+        from chronoq.store import holdings
+
+        await holdings.freeze(self._store, partitions, move_id, token)
+
+    async def unfreeze(
+        self, partitions: Sequence[int], move_id: str = "m1", token: int = 7
+    ) -> None:
+        from chronoq.store import holdings
+
+        await holdings.unfreeze(self._store, partitions, move_id, token)
+
+    async def move_in(
+        self, partitions: Sequence[int], since_version: int, move_id: str = "m1", token: int = 7
+    ) -> None:
+        """Incoming, then live since ``since_version`` (a target before the map's commit)."""
+        from chronoq.store import holdings
+
+        await holdings.mark_incoming(self._store, partitions, move_id, token)
+        await holdings.make_live(self._store, partitions, since_version, move_id, token)
+
+    async def mark_incoming(
+        self, partitions: Sequence[int], move_id: str = "m1", token: int = 7
+    ) -> None:
+        from chronoq.store import holdings
+
+        await holdings.mark_incoming(self._store, partitions, move_id, token)
+
+    def routes_by(self, map_version: int) -> None:
+        """The map version the caller routes by (a store of shards sets it)."""
+        self._store.map_version = map_version
+
+    def task_id_in(self, partition: int) -> str:
+        """A task id of ``partition`` that no task has."""
+        from chronoq.routing import new_task_ids
+
+        return str(new_task_ids([partition], 1_900_000_000_000)[0])
+
+    def schedule_name_in(self, partitions: Sequence[int]) -> str:
+        """A schedule name of the default namespace placed in one of ``partitions``."""
+        from chronoq.routing import key_partition
+
+        return next(
+            f"s{i}"
+            for i in range(10_000)
+            if key_partition("default", f"s{i}", PARTITIONS) in partitions
+        )
+
+
+@contextlib.asynccontextmanager
+async def holding(dsn: str, holds: Sequence[int]) -> AsyncIterator[Holder]:
+    """A single store shard on ``dsn`` that holds ``holds`` from its first connect."""
+    store = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=4, holds=holds)
+    try:
+        yield Holder(store, Schedules(store))
+    finally:
+        await store.close()

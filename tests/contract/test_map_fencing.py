@@ -3,8 +3,8 @@ caller's map version (``PartitionMoved``, nothing of the call written), and goes
 partitions it holds.
 
 The calls under test go through the port only (``TaskStore``, the schedule port); what the
-shard holds is set up the way a deployment sets it: ``holds`` on first connect, and the
-move's statements (``chronoq.store.holdings``) for a freeze.
+shard holds is set up the way a deployment sets it (``holds`` on first connect, a move's
+steps for a freeze), through the suite's ``Holder``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ import pytest
 from chronoq.errors import PartitionMoved, TaskNotFound
 from chronoq.models import Lease, ScheduleSpec, TaskSpec, TaskState
 from chronoq.recurrence import Every
-from chronoq.routing import key_partition, new_task_ids
-from chronoq.store import Store, holdings
 from chronoq.store.port import TaskStore
-from chronoq.store.schedules import Schedules
-from tests.contract.conftest import PARTITIONS, START
+from tests.contract.conftest import START, Holder, holding
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,12 +28,9 @@ LEASE = timedelta(seconds=30)
 
 
 @pytest.fixture
-async def shard(dsn: str) -> AsyncIterator[Store]:
-    store = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=4, holds=HELD)
-    try:
-        yield store
-    finally:
-        await store.close()
+async def shard(dsn: str) -> AsyncIterator[Holder]:
+    async with holding(dsn, HELD) as holder:
+        yield holder
 
 
 def spec(now: datetime = START, **kw: object) -> TaskSpec:
@@ -52,8 +46,8 @@ async def total(store: TaskStore) -> int:
     return sum((await store.count_by_state()).values())
 
 
-async def test_a_submit_to_a_partition_the_shard_does_not_hold_is_refused(shard: Store) -> None:
-    store: TaskStore = shard
+async def test_a_submit_to_a_partition_the_shard_does_not_hold_is_refused(shard: Holder) -> None:
+    store = shard.store
     with pytest.raises(PartitionMoved, match="partition 5 is moving") as refused:
         await submit_to(store, 5)
     assert refused.value.partitions == (5,)
@@ -62,8 +56,8 @@ async def test_a_submit_to_a_partition_the_shard_does_not_hold_is_refused(shard:
     assert PartitionMoved.grpc_code == "UNAVAILABLE"
 
 
-async def test_a_batch_with_one_partition_elsewhere_writes_nothing(shard: Store) -> None:
-    store: TaskStore = shard
+async def test_a_batch_with_one_partition_elsewhere_writes_nothing(shard: Holder) -> None:
+    store = shard.store
     specs = [spec() for _ in range(6)]
     with pytest.raises(PartitionMoved) as refused:
         await store.submit(specs, START, partitions=[0, 1, 2, 3, 6, 7])
@@ -73,15 +67,15 @@ async def test_a_batch_with_one_partition_elsewhere_writes_nothing(shard: Store)
     assert len(ids) == 4 and await total(store) == 4
 
 
-async def test_a_frozen_partition_refuses_writes_while_the_others_go_on(shard: Store) -> None:
-    store: TaskStore = shard
+async def test_a_frozen_partition_refuses_writes_while_the_others_go_on(shard: Holder) -> None:
+    store = shard.store
     earlier = START - timedelta(seconds=1)  # claimed first (claims go by run_at)
     frozen_ids = await submit_to(store, FROZEN, 3, earlier)
     other_ids = await submit_to(store, 3, 3)
     # One of the frozen partition's tasks is leased before the freeze.
     (first,) = await store.claim("default", ["w"], "early", 1, START)
     assert first.partition == FROZEN
-    await holdings.freeze(shard, [FROZEN], "m1", 7)
+    await shard.freeze([FROZEN])
 
     with pytest.raises(PartitionMoved, match=f"partition {FROZEN} is moving"):
         await submit_to(store, FROZEN)
@@ -108,14 +102,14 @@ async def test_a_frozen_partition_refuses_writes_while_the_others_go_on(shard: S
     assert all(a.ok for a in acks)
     assert set(other_ids) <= {t.id for t in claimed}
     # Rolled back, the partition takes writes again and its tasks are claimable.
-    await holdings.unfreeze(shard, [FROZEN], "m1", 7)
+    await shard.unfreeze([FROZEN])
     again = await store.claim("default", ["w"], "w2", 50, START)
     assert {t.id for t in again} == set(frozen_ids) - {first.id}
     assert (await store.complete("default", [lease], START))[0].ok
 
 
-async def test_owner_statements_of_a_frozen_partition_fire_and_reap_nothing(shard: Store) -> None:
-    store: TaskStore = shard
+async def test_owner_statements_of_a_frozen_partition_fire_and_reap_nothing(shard: Holder) -> None:
+    store = shard.store
     later = START + timedelta(minutes=2)
     await store.submit([spec(later)], START, partitions=[FROZEN])
     await store.submit([spec(later)], START, partitions=[1])
@@ -124,7 +118,7 @@ async def test_owner_statements_of_a_frozen_partition_fire_and_reap_nothing(shar
         fence = await store.take_fence(p, 1, "contract", "owner")
         assert fence is not None
         owned[p] = 1
-    await holdings.freeze(shard, [FROZEN], "m1", 7)
+    await shard.freeze([FROZEN])
     with pytest.raises(PartitionMoved):
         await store.fire_due(owned, later)
     assert (await store.count_by_state()).get(TaskState.READY, 0) == 0  # nothing fired
@@ -140,54 +134,48 @@ async def test_owner_statements_of_a_frozen_partition_fire_and_reap_nothing(shar
 async def test_a_shard_made_live_at_a_later_version_refuses_callers_of_an_older_map(
     dsn: str,
 ) -> None:
-    target = await Store.connect(dsn, partitions=PARTITIONS, min_size=1, max_size=2, holds=())
-    try:
-        store: TaskStore = target
+    async with holding(dsn, ()) as target:
+        store = target.store
         with pytest.raises(PartitionMoved):
             await submit_to(store, 4)  # nothing is held yet
-        await holdings.mark_incoming(target, [4], "m1", 7)
+        await target.mark_incoming([4])
         with pytest.raises(PartitionMoved):
             await submit_to(store, 4)  # incoming: the copy is not done
-        await holdings.make_live(target, [4], 3, "m1", 7)
-        target.map_version = 2  # a node that has not read map version 3 yet
+        await target.move_in([4], 3)
+        target.routes_by(2)  # a node that has not read map version 3 yet
         with pytest.raises(PartitionMoved):
             await submit_to(store, 4)
         assert await store.claim("default", ["w"], "w", 10, START) == []
-        target.map_version = 3
+        target.routes_by(3)
         assert len(await submit_to(store, 4)) == 1
         assert len(await store.claim("default", ["w"], "w", 10, START)) == 1
-    finally:
-        await target.close()
 
 
-async def test_schedules_of_a_partition_elsewhere_are_refused(shard: Store) -> None:
-    schedules = Schedules(shard)
-    mine = next(f"s{i}" for i in range(1000) if key_partition("default", f"s{i}", PARTITIONS) in (0, 1))
-    theirs = next(
-        f"s{i}" for i in range(1000) if key_partition("default", f"s{i}", PARTITIONS) >= 4
-    )
+async def test_schedules_of_a_partition_elsewhere_are_refused(shard: Holder) -> None:
+    schedules = shard.schedules
+    mine = shard.schedule_name_in((0, 1))
+    theirs = shard.schedule_name_in((4, 5, 6, 7))
     every = Every(timedelta(minutes=1), START)
     with pytest.raises(PartitionMoved):
         await schedules.create(ScheduleSpec(name=theirs, queue="w", rule=every), START)
     created = await schedules.create(ScheduleSpec(name=mine, queue="w", rule=every), START)
-    p = key_partition("default", mine, PARTITIONS)
-    await holdings.freeze(shard, [p], "m1", 7)
+    await shard.freeze([0, 1])
     with pytest.raises(PartitionMoved):
         await schedules.pause("default", mine, START)
     with pytest.raises(PartitionMoved):
         await schedules.delete("default", mine, START)
     assert (await schedules.get("default", mine)).id == created.id  # reads go on
-    await holdings.unfreeze(shard, [p], "m1", 7)
+    await shard.unfreeze([0, 1])
     assert (await schedules.pause("default", mine, START)).paused
 
 
 async def test_a_by_id_call_of_a_partition_elsewhere_is_refused_not_answered_unknown(
-    shard: Store,
+    shard: Holder,
 ) -> None:
     """The id names its partition: a stale caller hears "moved" (and retries on the shard
     that holds it), never "no such task", even where this shard has no row of it."""
-    store: TaskStore = shard
-    elsewhere = str(new_task_ids([6], 1_900_000_000_000)[0])
+    store = shard.store
+    elsewhere = shard.task_id_in(6)
     with pytest.raises(PartitionMoved) as refused:
         await store.cancel(elsewhere, "default", START)
     assert refused.value.partitions == (6,)
@@ -196,6 +184,6 @@ async def test_a_by_id_call_of_a_partition_elsewhere_is_refused_not_answered_unk
     with pytest.raises(PartitionMoved):
         await store.requeue("default", [elsewhere], START)
     # An id of a held partition with no row is still unknown.
-    missing = str(new_task_ids([1], 1_900_000_000_000)[0])
+    missing = shard.task_id_in(1)
     with pytest.raises(TaskNotFound):
         await store.get(missing, "default")

@@ -23,39 +23,59 @@ CREATE TABLE shard_partitions (
 -- statement fails with SQLSTATE CQ001 and the refused partitions in DETAIL (the store raises
 -- PartitionMoved), and nothing of it is written.
 CREATE FUNCTION chronoq_hold(parts smallint[], map_version bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+-- Its two statements have one good plan whatever the arguments (a set difference of the
+-- partitions against at most P rows): planned once per session, not at every call.
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     refused smallint[];
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
-    SELECT array_agg(w.p ORDER BY w.p) INTO refused
-    FROM (SELECT DISTINCT u.p FROM unnest(parts) AS u(p) WHERE u.p IS NOT NULL) w
-    WHERE NOT EXISTS (
-        SELECT 1 FROM shard_partitions h
-        WHERE h.partition = w.p AND h.state = 0 AND h.since_version <= map_version
+    refused := ARRAY(
+        SELECT u.p FROM unnest(parts) AS u(p) WHERE u.p IS NOT NULL
+        EXCEPT
+        SELECT h.partition FROM shard_partitions h
+        WHERE h.state = 0 AND h.since_version <= map_version
     );
-    IF refused IS NOT NULL THEN
+    IF cardinality(refused) > 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'CQ001',
             MESSAGE = 'partitions not held live by this store shard at map version '
                       || map_version,
-            DETAIL = array_to_string(refused, ',');
+            DETAIL = array_to_string(ARRAY(SELECT r FROM unnest(refused) r ORDER BY r), ',');
     END IF;
     RETURN true;
 END
 $$;
 
--- The partitions of the listed task ids, for the writes that name their tasks by id: read
--- off a version 8 id (bytes 9-10, chronoq.routing), else the stored row's (an id minted
--- before routing; an id with no row here names no partition and writes nothing).
+-- The same for the writes that name their tasks by id: a task's partition is read off a
+-- version 8 id (bytes 9-10, chronoq.routing), else off the stored row (an id minted before
+-- routing; such an id with no row here names no partition and writes nothing).
 CREATE FUNCTION chronoq_hold_ids(ids uuid[], map_version bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    refused smallint[];
 BEGIN
-    RETURN chronoq_hold(ARRAY(
-        SELECT CASE WHEN get_byte(uuid_send(i), 6) = 129
-                    THEN (get_byte(uuid_send(i), 9) * 256 + get_byte(uuid_send(i), 10))::smallint
-                    ELSE (SELECT t.partition FROM tasks t WHERE t.id = i) END
-        FROM unnest(ids) AS i
-    ), map_version);
+    PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
+    refused := ARRAY(
+        SELECT p FROM (
+            SELECT CASE WHEN get_byte(uuid_send(i), 6) = 129
+                        THEN (get_byte(uuid_send(i), 9) * 256
+                              + get_byte(uuid_send(i), 10))::smallint
+                        ELSE (SELECT t.partition FROM tasks t WHERE t.id = i) END AS p
+            FROM unnest(ids) AS i
+        ) u WHERE u.p IS NOT NULL
+        EXCEPT
+        SELECT h.partition FROM shard_partitions h
+        WHERE h.state = 0 AND h.since_version <= map_version
+    );
+    IF cardinality(refused) > 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'CQ001',
+            MESSAGE = 'partitions not held live by this store shard at map version '
+                      || map_version,
+            DETAIL = array_to_string(ARRAY(SELECT r FROM unnest(refused) r ORDER BY r), ',');
+    END IF;
+    RETURN true;
 END
 $$;
 
@@ -64,7 +84,8 @@ $$;
 -- this shard is of a live partition: the common case, and the caller's filter a constant).
 -- An empty table (a shard added and not yet given partitions) has no rows to claim either.
 CREATE FUNCTION chronoq_live(map_version bigint) RETURNS smallint[]
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1667789425, pg_backend_pid() % 8);
     IF NOT EXISTS (
