@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from chronoq.buckets import bucket_of
 from chronoq.cardinality import DEFAULT_METRICS_QUEUES, top_queues
@@ -75,6 +75,40 @@ class Retention:
                 await asyncio.sleep(0.05)  # leave room for the firing loop between batches
         self.purged += total
         return total
+
+
+class CounterRecount:
+    """Recounts the namespace counters a store of shards keeps on shard-0 (schedules and
+    their reserved rate), on the node that ``leads`` only: a pass at start and every
+    ``interval`` seconds, each bounded by the store (``RECOUNT_BATCH`` namespaces, those a
+    create of unknown outcome left over-counted first). Nothing else depends on it: an
+    over-count refuses more creates until it runs, never allows more (not critical)."""
+
+    def __init__(
+        self,
+        recount: Callable[[datetime], Awaitable[int]],
+        clock: Clock,
+        *,
+        leads: Callable[[], bool],
+        interval: float = 60.0,
+    ) -> None:
+        self._recount = recount
+        self._clock = clock
+        self._leads = leads
+        self._interval = interval
+        self.recounted = 0
+
+    def start(self, supervisor: Supervisor) -> Loop:
+        return supervisor.every(
+            "counter-recount", self.run, interval=self._interval, critical=False
+        )
+
+    async def run(self) -> int:
+        if not self._leads():
+            return 0
+        done = await self._recount(self._clock.now())
+        self.recounted += done
+        return done
 
 
 #: The most of its time a node spends counting the queue depth: its SCHEDULED part reads

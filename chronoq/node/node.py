@@ -45,6 +45,7 @@ from chronoq.node.edge.malformed import MalformedRequests
 from chronoq.node.edge.schedule_service import ScheduleService
 from chronoq.node.edge.service import TaskService, WorkerService, submit_quotas
 from chronoq.node.housekeeping import (
+    CounterRecount,
     DepthPoller,
     HealthWatch,
     Retention,
@@ -364,6 +365,7 @@ class Node:
         if clock_check is not None:
             self._loops.append(clock_check.start(self.supervisor))
         self._loops += self._shard_loops()
+        self._loops += self._recount_loops()
         self._loops += self._shard_watch_loops()
         self._loops += owner.start(self.supervisor)
         # Long polls still end at their deadline without it: latency, not health, is at stake.
@@ -541,6 +543,14 @@ class Node:
         if isinstance(self.ownership, EtcdOwnership):
             return attach_shard_admin(self.ownership, self.settings)
         return None
+
+    def _recount_loops(self) -> list[Loop]:
+        """The leader's recount of the namespace counters, over a store of shards."""
+        schedules, ownership = self.schedules, self.ownership
+        if not isinstance(schedules, ShardedSchedules) or ownership is None:
+            return []
+        recount = CounterRecount(schedules.recount_due, self.clock, leads=ownership.leads)
+        return [recount.start(self.supervisor)]
 
     def _shard_loops(self) -> list[Loop]:
         return [self.shard_admin.start(self.supervisor)] if self.shard_admin is not None else []
