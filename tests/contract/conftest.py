@@ -140,7 +140,7 @@ SHAPES: dict[str, Shape] = {
     "two-shards": Shape(prepare=_prepare_two, open=_open_two),
     # One shard whose database is a 3-member Patroni cluster on the session's etcd (the
     # tests/conftest.py ``ha`` fixture, started once, on the first test of this shape).
-    # Slow (~60-90 s for the shape: a cold start of ~15 s, then ~0.8 s to copy and drop each
+    # Slow (40-90 s for the shape: a cold start of 11-25 s, then ~0.6-1 s to copy and drop each
     # test's database on a replicated server), so it runs with --runslow: .ci/run runs it
     # after the default run. Its first test pays the cold start, hence the longer timeout.
     "patroni": Shape(
