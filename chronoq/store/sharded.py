@@ -848,6 +848,34 @@ class ShardedStore:
             retry=not retried,
         )
 
+    async def submit_leased(self, spec: TaskSpec, now: datetime, worker_id: str) -> SubmitOutcome:
+        """Placed and routed as ``submit`` places one spec (a key of a task made before
+        routing answers that task, not leased)."""
+        retried = False
+        if (solo := self._fast()) is not None:
+            try:
+                return await solo.submit_leased(spec, now, worker_id)
+            except PartitionMoved:
+                await self._refreshed()
+                retried = True
+
+        async def old(route: legacy.Route) -> SubmitOutcome | None:
+            task = await self._old_task(route)
+            return None if task is None else SubmitOutcome(task, False)
+
+        async def leased(s: Store, mine: list[TaskSpec], parts: list[int]) -> list[SubmitOutcome]:
+            return [await s.submit_leased(mine[0], now, worker_id, partition=parts[0])]
+
+        (outcome,) = await self._placed(
+            [spec],
+            lambda s, mine, parts: legacy.submit_routed(
+                s, mine, parts, lambda m, p: leased(s, m, p), old
+            ),
+            lambda o: (o.task.id, o.created),
+            retry=not retried,
+        )
+        return outcome
+
     async def _old_task(self, route: legacy.Route) -> Task | None:
         """The task made before routing that an entry names (None: it is gone)."""
         try:
@@ -1362,9 +1390,15 @@ class ShardedSchedules:
         fewer). Raises ``ShardUnavailable`` when one does not answer."""
         m = self.store.map
         answers = await asyncio.gather(
-            *(self.store._on(shard, lambda s: shard_count(s, namespace)) for shard in m.shards)
+            *(self.store._on(shard, lambda s: shard_count(s, namespace)) for shard in m.shards),
+            return_exceptions=True,
         )
-        return sum(n for n, _r in answers), sum(r for _n, r in answers)
+        counts: list[tuple[int, float]] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+            counts.append(answer)
+        return sum(n for n, _r in counts), sum(r for _n, r in counts)
 
     async def _take(
         self,
