@@ -56,6 +56,7 @@ INDEX_STATES = {"tasks_due": S.SCHEDULED, "tasks_ready": S.READY, "tasks_leases"
 QUERY_STATES = {
     "cancel": {S.SCHEDULED, S.READY, S.RUNNING, S.DEAD, S.CANCELLED},
     "claim": {S.READY, S.RUNNING},
+    "ready_heads": {S.READY},
     "complete": {S.RUNNING, S.SUCCEEDED},
     "completed_by": {S.SUCCEEDED},
     "delete_unfired_occurrences": {S.SCHEDULED},
@@ -68,6 +69,7 @@ QUERY_STATES = {
     "release_handed": {S.RUNNING, S.READY},
     "heartbeat": {S.RUNNING},
     "insert_task_ids": {S.READY},
+    "insert_task_leased": {S.READY, S.RUNNING},
     "insert_tasks": {S.READY},
     "pending_by_bucket": {S.SCHEDULED},
     "quarantine_tasks": {S.DEAD},
