@@ -76,7 +76,7 @@ from chronoq.errors import (
     ShardUnavailable,
     StoreUnavailable,
 )
-from chronoq.limits import MAX_ANSWER_BYTES, TASK_FIXED_BYTES
+from chronoq.limits import MAX_ANSWER_BYTES, task_bytes
 from chronoq.models import (
     AckOutcome,
     HeartbeatOutcome,
@@ -119,20 +119,6 @@ SOLE_ENTRIES = 4096
 R = TypeVar("R")
 K = TypeVar("K")
 
-
-
-def task_bytes(task: Task) -> int:
-    """What a task costs in an answer, as the store's ``task_bytes`` counts it."""
-    return (
-        TASK_FIXED_BYTES
-        + len(task.payload)
-        + len(task.namespace.encode())
-        + len(task.queue.encode())
-        + len((task.last_error or "").encode())
-        + len((task.idempotency_key or "").encode())
-        + len((task.worker_id or "").encode())
-        + len((task.fired_by or "").encode())
-    )
 
 
 def _check_storable(specs: Sequence[TaskSpec]) -> None:
