@@ -53,6 +53,9 @@ BATCH_ROWS = 2_000
 DELETE_ROWS = 5_000
 #: Seconds a phase may take at most (copying a large partition takes minutes).
 PHASE_TIMEOUT = 3_600.0
+#: Seconds a stream between the shards may go without moving a byte: a server killed in the
+#: middle of a COPY can leave the driver's side of it waiting for ever.
+STALL_TIMEOUT = 30.0
 #: How much longer than its budget a frozen last round may take before it gives the
 #: partitions back to the source (the design record's "freeze_budget x 5").
 FREEZE_OVERRUN = 5.0
@@ -178,6 +181,7 @@ class _Pipe:
         self._closed = False
         self._error: BaseException | None = None
         self._changed = asyncio.Condition()
+        self.on_progress: Any = None  # called whenever bytes go in or out
 
     async def put(self, data: bytes) -> None:
         async with self._changed:
@@ -193,6 +197,8 @@ class _Pipe:
             self._chunks.append(bytes(data))
             self._held += len(data)
             self._changed.notify_all()
+            if self.on_progress is not None:
+                self.on_progress()
 
     async def close(self, error: BaseException | None = None) -> None:
         async with self._changed:
@@ -217,6 +223,8 @@ class _Pipe:
                 chunk = self._chunks.popleft()
                 self._held -= len(chunk)
                 self._changed.notify_all()
+                if self.on_progress is not None:
+                    self.on_progress()
             yield chunk
 
 
@@ -264,6 +272,7 @@ class PartitionMove:
         phase_timeout: float = PHASE_TIMEOUT,
         holdings: Holdings | None = None,
         index_partitions: Sequence[int] | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         if source is target:
             raise InvalidArgument("target", "a move needs two different shards")
@@ -296,6 +305,7 @@ class PartitionMove:
         self.buffer_bytes = max(64 * 1024, buffer_bytes)
         self.batch_rows = max(1, batch_rows)
         self.phase_timeout = phase_timeout
+        self.stall_timeout = stall_timeout
         self.index = index_name(move_id)
         # The whole move's partitions, when this mover is one group of it (``group``): the
         # move index covers them all.
@@ -338,6 +348,7 @@ class PartitionMove:
             phase_timeout=self.phase_timeout,
             holdings=self._given_holdings,
             index_partitions=self.index_partitions,
+            stall_timeout=self.stall_timeout,
         )
         part._owns_index = owns_index
         return part
@@ -485,6 +496,12 @@ class PartitionMove:
             # None: cut short before the target was marked, nothing of this move is there;
             # all gone: rolled back there already.
             if ours and not all(h.state == GONE for h in ours):
+                if any(h.move_token != self.token for h in ours):
+                    # Left by a driver that died: stamped with this (newer) token first, so
+                    # that the fenced deletes below are this mover's.
+                    await self._holdings_ops.mark_incoming(
+                        self.target, self.partitions, self.move_id, self.token
+                    )
                 await self._empty_target()
                 await self._holdings_ops.mark_gone(
                     self.target, self.partitions, self.move_id, self.token
@@ -507,6 +524,16 @@ class PartitionMove:
                 raise MoveRefused(
                     f"move {self.move_id!r}: the target does not hold partitions "
                     f"{_span(self.partitions)} live for this move; cut over (and commit) first"
+                )
+            # Committed by a driver that died: this (newer) token takes them over, each at
+            # the version it was made live (a move cut over in groups has one per group).
+            stale: dict[int, list[int]] = {}
+            for p, h in zip(self.partitions, target, strict=True):
+                if h is not None and h.move_token != self.token:
+                    stale.setdefault(h.since_version, []).append(p)
+            for since, parts in sorted(stale.items()):
+                await self._holdings_ops.make_live(
+                    self.target, parts, since, self.move_id, self.token
                 )
             await self._holdings_ops.mark_gone(
                 self.source, self.partitions, self.move_id, self.token
@@ -711,7 +738,17 @@ class PartitionMove:
             )
             return status
 
-        _, status = await _both(produce(), self._translate_unique(consume()))
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(loop.time() + self.stall_timeout) as stall:
+                pipe.on_progress = lambda: stall.reschedule(loop.time() + self.stall_timeout)
+                _, status = await _both(produce(), self._translate_unique(consume()))
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"move {self.move_id!r}: the stream into {table} moved nothing for "
+                f"{self.stall_timeout:g} s (a shard stopped answering); the phase can be run "
+                "again"
+            ) from None
         return _copied(status)
 
     async def _translate_unique(self, statement: Awaitable[Any]) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from chronoq.client import Client, Worker
+from chronoq.client import Client, NewTask, Worker
 from chronoq.client.context import TaskContext
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import ChronoqError
@@ -37,8 +37,9 @@ QUEUE = "moving"
 
 @pytest.fixture
 def second_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """shard-1's own PostgreSQL server (killed by PID in the interruption tests)."""
-    server = EmbeddedPostgres(tmp_path / "pg-shard-1", durable=False)
+    """shard-1's own PostgreSQL server (killed by PID in the interruption tests: durable,
+    or a commit acknowledged before its WAL was written would be lost with the process)."""
+    server = EmbeddedPostgres(tmp_path / "pg-shard-1", durable=True)
     try:
         server.start()
         yield server
@@ -79,7 +80,7 @@ class Workload:
                 key = f"k-{i}"
                 i += 1
                 run_at = datetime.now(UTC) + timedelta(seconds=rng.uniform(0.2, spread))
-                for _ in range(30):  # a refusal during a cut-over is repeated, same key
+                for _ in range(150):  # a refusal (cut-over, outage) is repeated, same key
                     try:
                         out = await client.submit(QUEUE, idempotency_key=key, run_at=run_at)
                     except ChronoqError as exc:
@@ -90,7 +91,7 @@ class Workload:
                     self.submitted_at[key] = time.monotonic()
                     break
                 else:
-                    raise AssertionError(f"{key} not accepted in 30 tries: {self.errors[-3:]}")
+                    raise AssertionError(f"{key} not accepted in 150 tries: {self.errors[-3:]}")
                 await asyncio.sleep(1 / rate)
         finally:
             await client.close()
@@ -129,7 +130,15 @@ async def running(workload: Workload) -> AsyncIterator[Workload]:
         yield workload
         workload.stop.set()
         await asyncio.wait_for(submits, 60)
-        await until(lambda: _all_ran(workload), 90, "every accepted task ran")
+        try:
+            await until(lambda: _all_ran(workload), 90, "every accepted task ran")
+        except AssertionError:
+            done = workload.done()
+            missing = [(k, i) for k, (i, _) in workload.submitted.items() if i not in done]
+            raise AssertionError(
+                f"{len(missing)} accepted tasks never ran, e.g. "
+                f"{[(k, i, id_partition(uuid.UUID(i), P)) for k, i in missing[:5]]}"
+            ) from None
         await asyncio.sleep(1)  # an extra run, if any, is seen
     finally:
         workload.stop.set()
@@ -309,3 +318,158 @@ async def test_rebalance_after_add_shard_spreads_the_partitions_over_two_shards(
         await admin.close()
         with contextlib.suppress(Exception):
             postgres.drop_database(name)
+
+
+# ---------------------------------------------------------------------- interrupted moves
+
+LOADED = 20_000
+
+
+async def load_moving(client: Client, moved: Sequence[int], n: int = LOADED) -> list[str]:
+    """``n`` keyed tasks an hour ahead in the partitions to move (a copy that takes a while);
+    their ids."""
+    keys: list[str] = []
+    i = 0
+    while len(keys) < n:
+        key = f"load-{i}"
+        i += 1
+        if key_partition("default", key, P) in moved:
+            keys.append(key)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    ids: list[str] = []
+    for lo in range(0, n, 1000):
+        out = await client.submit_many(
+            [NewTask(queue=QUEUE, run_at=later, idempotency_key=k) for k in keys[lo : lo + 1000]]
+        )
+        ids += [o.task.id for o in out]
+    return ids
+
+
+async def phase_of(admin: Client, move_id: str) -> Any:
+    status = await admin.status()
+    assert status.shard_map is not None
+    return next((m for m in status.shard_map.moves if m.id == move_id), None)
+
+
+async def wait_phase(admin: Client, move_id: str, phases: set[str], timeout: float = 60) -> Any:
+    """The move's status once it is in one of ``phases`` (polled often: phases are short)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(ChronoqError):
+            m = await phase_of(admin, move_id)
+            if m is not None and m.phase in phases:
+                return m
+            assert m is None or m.phase not in ("done", "rolled_back"), (
+                f"the move ended ({m.phase}) before it could be interrupted"
+            )
+        assert time.monotonic() < deadline, f"move {move_id} not in {phases} in {timeout} s"
+        await asyncio.sleep(0.05)
+
+
+async def check_rolled_back(source: str, target: str, moved: Sequence[int], ids: list[str]) -> None:
+    """A move rolled back: the source holds the partitions live with every row, the target
+    none of them (its holdings gone) and no row of them."""
+    parts = list(moved)
+    src = await fetch(
+        source,
+        "SELECT partition, state FROM shard_partitions WHERE partition = ANY($1::smallint[])",
+        parts,
+    )
+    assert {r["partition"]: r["state"] for r in src} == dict.fromkeys(parts, 0)  # live
+    dst = await fetch(
+        target,
+        "SELECT partition, state FROM shard_partitions WHERE partition = ANY($1::smallint[])",
+        parts,
+    )
+    assert all(r["state"] == 3 for r in dst), dst  # gone (or never marked)
+    left = await fetch(
+        target, "SELECT count(*) AS n FROM tasks WHERE partition = ANY($1::smallint[])", parts
+    )
+    assert left[0]["n"] == 0
+    there = await fetch(source, "SELECT count(*) AS n FROM tasks WHERE id = ANY($1::uuid[])", ids)
+    assert there[0]["n"] == len(ids)
+
+
+async def check_ids_once(shards: dict[str, str], ids: list[str]) -> None:
+    seen: dict[str, int] = {}
+    for dsn in shards.values():
+        for r in await fetch(dsn, "SELECT id FROM tasks WHERE id = ANY($1::uuid[])", ids):
+            seen[str(r["id"])] = seen.get(str(r["id"]), 0) + 1
+    assert len(seen) == len(ids) and set(seen.values()) == {1}
+
+
+async def test_a_move_whose_driver_node_is_killed_rolls_back_and_can_be_run_again(
+    make_cluster: ClusterFactory, second_server: EmbeddedPostgres
+) -> None:
+    shard1 = second_server.create_database(f"s1_{uuid.uuid4().hex[:8]}")
+    cluster: LocalCluster = make_cluster(nodes=2, partitions=P, store_shards=[shard1])
+    shards = {"shard-0": cluster.dsn, "shard-1": shard1}
+    admin = Client(",".join(cluster.addresses), timeout=30)
+    workload = Workload(cluster.addresses)
+    moved = (0, 1, 2, 3)
+    try:
+        ids = await load_moving(admin, moved)
+        async with running(workload):
+            (asked,) = await admin.move_partitions("0-3", "shard-1")
+            at = await wait_phase(admin, asked.id, {"copy", "catch_up"})
+            assert at.driver in cluster.nodes
+            cluster.kill(at.driver)  # SIGKILL by PID, mid-copy or mid-round
+            final = await until(lambda: move_finished(admin, asked.id), 120, "the take-over")
+            assert final.phase == "rolled_back", final
+            assert "interrupted" in final.error and final.driver != at.driver
+            await check_rolled_back(cluster.dsn, shard1, moved, ids)
+            status = await admin.status()
+            assert status.shard_map is not None and status.shard_map.version == 1
+            # Nothing is left in the way: the same move runs to the end afterwards.
+            cluster.start_dead_node(at.driver)
+            (again,) = await admin.move_partitions("0-3", "shard-1")
+            final = await until(lambda: move_finished(admin, again.id), 120, "the move again")
+            assert final.phase == "done", final.error
+        await check_ids_once(shards, ids)
+        status = await admin.status()
+        placement = {o.partition: o.shard for o in status.ownership}
+        await check_every_task_once(workload, shards, placement)
+        await check_source_clean(cluster.dsn, moved)
+    finally:
+        await admin.close()
+
+
+async def test_a_move_whose_target_postgres_is_killed_rolls_back_once_it_is_back(
+    make_cluster: ClusterFactory, second_server: EmbeddedPostgres
+) -> None:
+    shard1 = second_server.create_database(f"s1_{uuid.uuid4().hex[:8]}")
+    cluster: LocalCluster = make_cluster(nodes=2, partitions=P, store_shards=[shard1])
+    shards = {"shard-0": cluster.dsn, "shard-1": shard1}
+    admin = Client(",".join(cluster.addresses), timeout=30)
+    workload = Workload(cluster.addresses)
+    moved = (0, 1, 2, 3)
+    try:
+        ids = await load_moving(admin, moved)
+        async with running(workload):
+            (asked,) = await admin.move_partitions("0-3", "shard-1")
+            await wait_phase(admin, asked.id, {"copy", "catch_up"})
+            pid = second_server.pid
+            second_server.kill()  # the target's postmaster, SIGKILL by PID
+            assert pid is not None and not _alive(pid)
+            await asyncio.sleep(2)
+            second_server.start()
+            final = await until(lambda: move_finished(admin, asked.id), 120, "the rollback")
+            assert final.phase == "rolled_back", final
+            await check_rolled_back(cluster.dsn, shard1, moved, ids)
+        await check_ids_once(shards, ids)
+        status = await admin.status()
+        placement = {o.partition: o.shard for o in status.ownership}
+        assert [p for p, s in placement.items() if s == "shard-1"] == list(range(8, 16))
+        await check_every_task_once(workload, shards, placement)
+    finally:
+        await admin.close()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

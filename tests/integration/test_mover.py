@@ -468,3 +468,35 @@ async def test_the_rest_of_a_move_rolled_back_after_a_group_was_cut_leaves_that_
     assert await rows(source, "tasks", f"partition = {MOVING[1]}") != []
     async with source.connection() as c:
         assert await c.fetchval("SELECT to_regclass($1)", move.index) is None
+
+
+async def test_a_newer_driver_rolls_back_or_cleans_up_what_a_dead_one_left(
+    shards: tuple[Store, Store],
+) -> None:
+    """A driver that takes a move over has a newer token than the rows the dead one
+    stamped: its rollback (before the commit) and its clean-up (after) take them over."""
+    source, target = shards
+    await load(source)
+    expected = await rows(source, "tasks", MOVED)
+    dead = mover(source, target, token=7)
+    await dead.prepare()
+    await dead.copy()
+    await dead.catch_up()
+    await mover(source, target, token=9).rollback()
+    a, b = await HOLDINGS.held(source), await HOLDINGS.held(target)
+    assert all(a[p].state == LIVE for p in MOVING) and all(b[p].state == GONE for p in MOVING)
+    assert await rows(target, "tasks") == [] and await rows(source, "tasks", MOVED) == expected
+    # The same move again, committed by one driver, cleaned up by the next.
+    again = mover(source, target, token=11)
+    await again.prepare()
+    await again.copy()
+    await again.group((MOVING[0],)).cut_over(2)
+    await again.group((MOVING[1],)).cut_over(3)
+    deleted = await mover(source, target, token=12).clean_up()
+    assert deleted >= len(expected)
+    assert await rows(source, "tasks", MOVED) == []
+    b = await HOLDINGS.held(target)
+    assert [(b[p].state, b[p].since_version, b[p].move_token) for p in MOVING] == [
+        (LIVE, 2, 12),
+        (LIVE, 3, 12),
+    ]
