@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from chronoq.recurrence import CatchUp, Rule
 
@@ -77,6 +78,15 @@ class TaskSpec:
     content_type: str = OCTET_STREAM  # what ``payload`` holds, as a MIME type
     # W3C trace context (chronoq.tracecontext.Carrier): sorted (key, value) pairs; () untraced
     trace_context: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of_fields(cls, fields: dict[str, Any]) -> TaskSpec:
+        """A spec from a value for every field, as a checker of a whole batch builds them: a
+        frozen dataclass sets each field through ``object.__setattr__``, which cost more than
+        the rest of a submitted task's checks (1.7 µs against 0.2)."""
+        spec = object.__new__(cls)
+        spec.__dict__.update(fields)
+        return spec
 
 
 @dataclass(frozen=True, kw_only=True)

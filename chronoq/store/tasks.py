@@ -7,7 +7,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -102,6 +102,20 @@ async def _insert_chunked(
     return rows
 
 
+K = TypeVar("K", bound=Hashable)
+
+
+def _each_once(values: list[K], convert: Callable[[K], Any]) -> list[Any]:
+    """``[convert(v) for v in values]``, converting each distinct value once."""
+    done = {v: convert(v) for v in set(values)}
+    return [done[v] for v in values]
+
+
+def _stored_content_type(content_type: str) -> str | None:
+    """NULL for raw bytes, the default."""
+    return None if content_type == OCTET_STREAM else content_type
+
+
 def _lease_columns(leases: Sequence[Lease]) -> tuple[list[uuid.UUID], list[int]]:
     return [parse_task_id(lease.task_id) for lease in leases], [
         lease.lease_token for lease in leases
@@ -187,37 +201,32 @@ class TaskStatements(Connected):
         # driver's own UUID type, which it encodes and prints without a detour through ints.
         raw = new_task_id_bytes(partitions, time.time_ns() // 1_000_000)
         ids: list[uuid.UUID] = [PgUUID(b) for b in raw]
+        if len(partitions) != len(specs):
+            raise ValueError(f"{len(partitions)} partitions for {len(specs)} specs")
         ready, scheduled = int(TaskState.READY), int(TaskState.SCHEDULED)
-        rows = [
-            (
-                task_id,
-                s.namespace,
-                s.queue,
-                partition,
-                bucket,
-                s.run_at,
-                ready if s.run_at <= now else scheduled,
-                s.priority,
-                s.payload,
-                s.idempotency_key,
-                s.max_attempts,
-                ms_of(s.backoff_initial),
-                ms_of(s.backoff_max),
-                ms_of(s.lease_timeout),
-                int(s.misfire_policy),
-                ms_of(s.misfire_grace),
-                None if s.content_type == OCTET_STREAM else s.content_type,  # NULL: bytes
-                tracecontext.to_json(s.trace_context),  # NULL: untraced
-            )
-            for task_id, partition, bucket, s in zip(
-                ids,
-                partitions,
-                buckets_of((s.run_at for s in specs), self.bucket_seconds),
-                specs,
-                strict=True,
-            )
+        run_ats = [s.run_at for s in specs]
+        # Column by column, each value a batch shares converted once: a row tuple per task
+        # and their transposition cost twice as much (the statement takes columns).
+        return ids, [
+            ids,
+            [s.namespace for s in specs],
+            [s.queue for s in specs],
+            list(partitions),
+            buckets_of(run_ats, self.bucket_seconds),
+            run_ats,
+            [ready if r <= now else scheduled for r in run_ats],
+            [s.priority for s in specs],
+            [s.payload for s in specs],
+            [s.idempotency_key for s in specs],
+            [s.max_attempts for s in specs],
+            _each_once([s.backoff_initial for s in specs], ms_of),
+            _each_once([s.backoff_max for s in specs], ms_of),
+            _each_once([s.lease_timeout for s in specs], ms_of),
+            _each_once([s.misfire_policy for s in specs], int),
+            _each_once([s.misfire_grace for s in specs], ms_of),
+            _each_once([s.content_type for s in specs], _stored_content_type),
+            _each_once([s.trace_context for s in specs], tracecontext.to_json),
         ]
-        return ids, [list(col) for col in zip(*rows, strict=True)]
 
     async def _insert_columns_sliced(
         self, specs: Sequence[TaskSpec], now: datetime, partitions: Sequence[int] | None = None
