@@ -38,6 +38,7 @@ from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_cl
 from chronoq.node.dispatch.claims import LimitedQueues
 from chronoq.node.dispatch.handoff import HandOff
 from chronoq.node.dispatch.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
+from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings
 from chronoq.node.edge.auth_interceptor import api_security
 from chronoq.node.edge.cluster_service import ClusterService
@@ -188,6 +189,7 @@ class Node:
         self.limited = LimitedQueues()
         #: This node's worker streams, which the wheel may lease fired tasks to.
         self.handoff = HandOff(self.limited.known)
+        self.submit_handoff: SubmitHandOff | None = None
         #: Worker streams not opened yet: one count for the interceptor and the servicer, so
         #: the caps per node and per token hold across both.
         self.openings = Openings()
@@ -559,6 +561,10 @@ class Node:
         assert self.store is not None and self.ownership is not None and self.owner is not None
         owner = self.owner
         s = self.settings
+        #: Submits of tasks due at once, leased by their insert to a stream waiting here.
+        self.submit_handoff = (
+            SubmitHandOff(self.store, self.handoff, self.notifier) if s.handoff else None
+        )
         task_service = TaskService(
             self.store,
             self.api_clock,
@@ -567,6 +573,7 @@ class Node:
             self.metrics,
             dispatch=owner.dispatch,
             quotas=self.quotas,
+            handoff=self.submit_handoff,
         )
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
             task_service, server

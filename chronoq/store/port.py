@@ -184,6 +184,11 @@ class ByPlacement(Protocol):
         """``submit`` answering (id, created) per spec, with its effects."""
         ...
 
+    async def submit_leased(self, spec: TaskSpec, now: datetime, worker_id: str) -> SubmitOutcome:
+        """``submit`` of one task due at ``now``, leased to ``worker_id`` by its insert
+        (RUNNING, attempt 1): the hand-off of a submit to a waiting worker stream."""
+        ...
+
 
 class ByQueue(Protocol):
     """Claims and queue limits: a queue's ready tasks may sit in any partition."""

@@ -126,6 +126,47 @@ RETURNING t.id;
 {{insert_tasks}}
 RETURNING {{task_row}};
 
+-- name: insert_task_leased
+-- One task due now, from the column arrays of insert_tasks ($1..$18, one row, created at
+-- $19), leased in the same write to the worker ($20) of a stream waiting on this node: the
+-- submit's hand-off. RUNNING at attempt 1, leased as claim leases (its lease timeout
+-- saturated into [$21, $22] ms); no claim follows. Unless a READY task of its queue would be
+-- claimed before it (a higher priority, or the same and not later): then it goes READY, as
+-- insert_tasks makes it, and waits its turn. A repeated key inserts nothing, as in
+-- insert_tasks (its first task is not leased). Every partition held live, as in insert_tasks.
+INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
+                   idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
+                   lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
+                   fired_by, content_type, trace_context, attempt, worker_id, lease_until)
+SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at,
+       CASE WHEN w.waits THEN 1 ELSE 2 END, u.priority,
+       u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
+       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $19::timestamptz,
+       $19::timestamptz, 'submit', u.content_type, u.trace_context, (NOT w.waits)::integer,
+       CASE WHEN NOT w.waits THEN $20::text END,
+       CASE WHEN NOT w.waits
+            THEN $19::timestamptz
+                 + least(greatest(u.lease_timeout_ms, $21::bigint), $22::bigint) * interval '1 ms'
+       END
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
+            $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
+            $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
+            $16::bigint[], $17::text[], $18::jsonb[])
+     AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
+          idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
+          misfire_policy, misfire_grace_ms, content_type, trace_context)
+CROSS JOIN LATERAL (
+    -- one probe of tasks_ready: the head of the queue, in claim order
+    SELECT EXISTS (
+        SELECT 1 FROM tasks r
+        WHERE r.namespace = u.namespace AND r.queue = u.queue AND r.state = 1
+          AND (r.priority > u.priority OR (r.priority = u.priority AND r.run_at <= u.run_at))
+    ) AS waits
+) w
+WHERE u.run_at <= $19::timestamptz AND (SELECT chronoq_hold($4::smallint[], {{map_version}}))
+ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING {{task_row}};
+
 -- name: task_ids_by_idempotency_key
 SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
 

@@ -152,6 +152,12 @@ class _Listenings:
         self._complete = False
 
 
+def _claimed_before(head: tuple[int, datetime, int], spec: TaskSpec) -> bool:
+    """Whether a READY task at ``head`` (priority, run_at, bytes) is claimed before ``spec``."""
+    priority, run_at, _bytes = head
+    return priority > spec.priority or (priority == spec.priority and run_at <= spec.run_at)
+
+
 class ShardedStore:
     """The task store as shards (one ``Store`` per shard), routed by ``current_map()``.
 
@@ -836,7 +842,11 @@ class ShardedStore:
 
     async def submit_leased(self, spec: TaskSpec, now: datetime, worker_id: str) -> SubmitOutcome:
         """Placed and routed as ``submit`` places one spec (a key of a task made before
-        routing answers that task, not leased)."""
+        routing answers that task, not leased). Over several shards, each shard's head of
+        the queue is read first, as a claim merges them: a READY task that a claim would
+        take first, on any shard, makes this a plain submit (READY, waiting its turn)."""
+        if spec.run_at > now:
+            raise ValueError("only a task due at once is leased by its submit")
         retried = False
         if (solo := self._fast()) is not None:
             try:
@@ -844,6 +854,12 @@ class ShardedStore:
             except PartitionMoved:
                 await self._refreshed()
                 retried = True
+        heads = await self._every(
+            lambda s: s.ready_heads(spec.namespace, [spec.queue], 1, worker_id)
+        )
+        if any(h and _claimed_before(h[0], spec) for h in heads.values()):
+            (outcome,) = await self.submit([spec], now)
+            return outcome
 
         async def old(route: legacy.Route) -> SubmitOutcome | None:
             task = await self._old_task(route)

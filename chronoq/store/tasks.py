@@ -295,6 +295,27 @@ class TaskStatements(Connected):
         answer = [(str(i), created) for i, created in _matched(ids, specs, inserted, existing)]
         return Accepted.of(specs, answer, now)
 
+    async def submit_leased(
+        self, spec: TaskSpec, now: datetime, worker_id: str, *, partition: int | None = None
+    ) -> SubmitOutcome:
+        """``submit`` of one task due at ``now``, leased to ``worker_id`` by its own insert:
+        RUNNING at attempt 1, as a claim would lease it, with no claim after. A repeated
+        (namespace, idempotency_key) answers its first task, not created and not leased.
+        ``partition``: placed already (see ``submit``)."""
+        if spec.run_at > now:
+            raise ValueError("only a task due at once is leased by its submit")
+        ids, cols = self._insert_columns([spec], now, None if partition is None else [partition])
+        async with self.connection() as conn:
+            row = await conn.fetchrow(
+                self._q("insert_task_leased"), *cols, now, worker_id, *self.lease_bounds_ms
+            )
+            if row is None:
+                assert spec.idempotency_key is not None  # only a repeated key inserts nothing
+                row = await conn.fetchrow(
+                    q("tasks_by_idempotency_key"), spec.namespace, [spec.idempotency_key]
+                )
+        return SubmitOutcome(task_of(row), ids[0] == row["id"])
+
     async def get(self, task_id: str, namespace: str) -> Task:
         async with self.connection() as conn:
             row = await conn.fetchrow(q("get_task"), parse_task_id(task_id), namespace)

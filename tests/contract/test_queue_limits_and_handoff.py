@@ -96,3 +96,37 @@ async def test_a_hand_off_leases_owned_due_tasks_and_can_be_given_back(
         assert (await store_shape.get(t.id, "default")).state is TaskState.READY
     (again,) = await store_shape.heartbeat("default", [Lease(tasks[0].id, 1)], at)
     assert not again.ok  # the given-back lease is no longer current
+
+
+async def test_a_due_submit_can_be_leased_by_its_own_insert(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    spec = TaskSpec(queue="s", run_at=now, idempotency_key="k-leased")
+    first = await store_shape.submit_leased(spec, now, "w1")
+    task = first.task
+    assert first.created and task.state is TaskState.RUNNING
+    assert task.attempt == 1 and task.worker_id == "w1"
+    assert task.lease_until == now + task.lease_timeout  # leased at the insert's instant
+    # A repeated key answers its first task, not created and not leased again.
+    again = await store_shape.submit_leased(spec, now, "w2")
+    assert not again.created and again.task.id == task.id and again.task.worker_id == "w1"
+    # Given back (the push failed): READY, and the next claim's attempt is its first.
+    await store_shape.release("default", Lease(task.id, 1))
+    (claimed,) = await store_shape.claim("default", ["s"], "w3", 1, now)
+    assert claimed.id == task.id and claimed.attempt - claimed.retry_base == 1
+
+
+async def test_a_submit_is_not_leased_past_a_ready_task_a_claim_takes_first(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    (head,) = await store_shape.submit([TaskSpec(queue="o", run_at=now, priority=5)], now)
+    low = await store_shape.submit_leased(TaskSpec(queue="o", run_at=now, priority=4), now, "w")
+    assert low.created and low.task.state is TaskState.READY and low.task.worker_id is None
+    high = await store_shape.submit_leased(TaskSpec(queue="o", run_at=now, priority=6), now, "w")
+    assert high.task.state is TaskState.RUNNING  # nothing READY would be claimed before it
+    with pytest.raises(ValueError, match="due at once"):
+        await store_shape.submit_leased(
+            TaskSpec(queue="o", run_at=now + timedelta(seconds=1)), now, "w"
+        )
+    claimed = await store_shape.claim("default", ["o"], "w", 5, now)
+    assert [t.id for t in claimed] == [head.task.id, low.task.id]

@@ -147,7 +147,9 @@ async def test_a_stream_out_of_credit_passes_a_notice_on(
             precise.poke()
             (handed,) = await first.tasks(1)  # the hand-off took its last credit
             assert handed.id == due.task.id
-            ready = await client.submit("n")  # READY now: wakes a waiter of this node
+            # READY now (a batch: a single submit would be leased to the waiting stream by
+            # its insert): wakes a waiter of this node.
+            (ready,) = await client.submit_many([NewTask(queue="n")])
             loop = asyncio.get_running_loop()
             started = loop.time()
             (claimed,) = await second.tasks(1, timeout=10)

@@ -14,6 +14,9 @@ statement leases a stream's tasks only while they fit in the stream's room (its 
 less what it holds unwritten, always one task), the rest fire READY, so a stream whose worker
 does not read takes no more hand-offs than its budget. Queues with a dispatch limit are never
 handed off: their claims take tokens from the limit.
+
+A submit of a task due at once is handed off the same way (``take``, through
+``chronoq.node.dispatch.submit_handoff``): its insert leases the task to a waiting stream.
 """
 
 from __future__ import annotations
@@ -35,8 +38,13 @@ class Taker(Protocol):
 
     def available(self) -> int: ...
 
-    def reserve(self, n: int) -> int:
-        """Hold ``n`` credits and the stream's free bytes; returns the bytes held."""
+    def room(self) -> int:
+        """Bytes a claim or hand-off may still fill."""
+        ...
+
+    def reserve(self, n: int, most: int | None = None) -> int:
+        """Hold ``n`` credits and the stream's free bytes (at most ``most``); returns the
+        bytes held."""
         ...
 
     def deliver(self, tasks: list[Task], reserved: int, reserved_bytes: int) -> None: ...
@@ -85,6 +93,27 @@ class Plan:
     def cancel(self) -> None:
         """The statement failed: nothing was leased, every reservation goes back."""
         self.settle(())
+
+
+@dataclass
+class Single:
+    """One submit's hand-off: the stream (``worker_id``) its insert leases the task to, with
+    one credit and the task's bytes held on that stream until ``settle``."""
+
+    worker_id: str
+    _taker: Taker
+    _bytes: int
+    _settled: bool = False
+
+    def settle(self, leased: Task | None) -> bool:
+        """Push ``leased`` (the task the insert leased, None: it leased nothing) and free
+        what it did not use; whether a task was handed off. Once only."""
+        if self._settled:
+            return False
+        self._settled = True
+        tasks = [] if leased is None else [leased]
+        self._taker.deliver(tasks, 1, self._bytes)
+        return bool(tasks)
 
 
 class HandOff:
@@ -146,3 +175,28 @@ class HandOff:
                 takers.pop(taker, None)
                 takers[taker] = None
         return plan.budgeted() if plan.leases else None
+
+    def serves(self, key: Key) -> bool:
+        """Whether a stream of this node works on ``key``."""
+        return key in self._takers
+
+    def take(self, key: Key, size: int) -> Single | None:
+        """A stream of ``key`` for one task of ``size`` bytes (its worker id not counted),
+        which a submit's insert leases to it: the oldest with a free credit and room for the
+        task (the streams of a key take turns); None when none can take it, while the
+        dispatch limits are not known, or when ``key`` has one (its claims take tokens)."""
+        takers = self._takers.get(key)
+        if not takers:
+            return None
+        limited = self._limited()
+        if limited is None or key in limited:
+            return None
+        for taker in takers:
+            taker.offered()
+            need = size + len(taker.worker_id.encode())
+            if taker.available() > 0 and need <= taker.room():
+                taker.reserve(1, need)
+                takers.pop(taker)
+                takers[taker] = None  # to the back of the key's turn
+                return Single(taker.worker_id, taker, need)
+        return None

@@ -372,10 +372,10 @@ class WorkSession:
         """Bytes a claim or hand-off may still fill (one task goes even at none)."""
         return max(0, STREAM_BYTES - self.unwritten - self.held_bytes)
 
-    def reserve(self, n: int) -> int:
-        """Hold ``n`` credits and the free bytes for a hand-off (settled by ``deliver``);
-        returns the bytes held."""
-        room = self.room()
+    def reserve(self, n: int, most: int | None = None) -> int:
+        """Hold ``n`` credits and the free bytes (at most ``most``) for a hand-off (settled
+        by ``deliver``); returns the bytes held."""
+        room = self.room() if most is None else min(self.room(), most)
         self.held += n
         self.held_bytes += room
         if self.available() <= 0:

@@ -55,11 +55,12 @@ from chronoq.limits import (
     check_text,
     failure_message,
 )
-from chronoq.models import Lease, LeaseMiss, Task, TaskSpec, TaskState
+from chronoq.models import Lease, LeaseMiss, SubmitOutcome, Task, TaskSpec, TaskState
 from chronoq.node.dispatch.claims import Claims, FairLanes, LimitedQueues, claim_lanes
 from chronoq.node.dispatch.dispatcher import Dispatch
 from chronoq.node.dispatch.handoff import HandOff
 from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier
+from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings, WorkSession, opened
 from chronoq.node.edge.status import translated
 from chronoq.node.metrics import NodeMetrics
@@ -109,10 +110,19 @@ def submit_quotas(settings: NodeSettings) -> Quotas | None:
 
 
 class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
-    def __init__(self, *args: Any, quotas: Quotas | None = None, **kwargs: Any) -> None:
-        """``quotas``: the node's, shared with its schedule pump (default: its own)."""
+    def __init__(
+        self,
+        *args: Any,
+        quotas: Quotas | None = None,
+        handoff: SubmitHandOff | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``quotas``: the node's, shared with its schedule pump (default: its own).
+        ``handoff``: leases a task due at once to a stream waiting on this node by its
+        insert (None: every submit inserts READY and a claim takes it)."""
         super().__init__(*args, **kwargs)
         self._quotas = quotas if quotas is not None else submit_quotas(self._settings)
+        self.handoff = handoff
 
     def _charge(self, specs: list[TaskSpec]) -> None:
         """Take each namespace's share from its submit quota, or refuse the whole request."""
@@ -150,6 +160,22 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         self._dispatch.apply(of_submits(outcomes), now)
         return outcomes
 
+    async def _submit_one(self, pb: tasks_pb2.TaskSpec) -> SubmitOutcome:
+        """One task: handed off by its insert to a waiting stream when it can be (see
+        ``chronoq.node.dispatch.submit_handoff``), else submitted as a batch of one."""
+        if self.handoff is None:
+            outcome: SubmitOutcome
+            (outcome,) = await self._submit([pb])
+            return outcome
+        now = self._clock.now()
+        (spec,) = await self._checked([pb], now)
+        handed = await self.handoff.submit(spec, now)
+        if handed is None:
+            (handed,) = await self._store.submit([spec], now)
+        self._metrics.submitted.inc(int(handed.created))
+        self._dispatch.apply(of_submits([handed]), now)
+        return handed
+
     @translated
     @tracing.node_submit
     async def Submit(
@@ -157,7 +183,7 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.SubmitResponse:
         if not request.HasField("task"):
             raise InvalidArgument("task", "is required")
-        (outcome,) = await self._submit([request.task])
+        outcome = await self._submit_one(request.task)
         return tasks_pb2.SubmitResponse(
             task=convert.task_to_pb(outcome.task), created=outcome.created
         )
