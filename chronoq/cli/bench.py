@@ -1,4 +1,4 @@
-"""``chronoq bench throughput|failover|precision|scan``: benchmarks that report numbers.
+"""``chronoq bench throughput|failover|precision|scan|move``: benchmarks that report numbers.
 
 Options left unset take the benchmark's own defaults; each benchmark is imported when it runs.
 """
@@ -356,3 +356,50 @@ def bench_scan(
             fail(str(exc), 2)
         except (BenchError, EmbeddedPostgresError, asyncpg.PostgresError, OSError) as exc:
             fail(f"bench scan: {exc}")
+
+
+@bench_app.command("move")
+def bench_move(
+    pending: Annotated[
+        int | None,
+        _opt("PENDING", "Pending tasks in the moved shard's partitions (the issue's: 1000000).",
+             min=0, max=50_000_000),
+    ] = None,
+    due_rate: Annotated[
+        int | None,
+        _opt("DUE_RATE", "Tasks coming due per second during the move (the issue's: 1000).",
+             min=1, max=100_000),
+    ] = None,
+    moved: Annotated[
+        int | None, _opt("MOVED", "Partitions moved (of shard-0's half).", min=1)
+    ] = None,
+    partitions: PartitionsOpt = None,
+    nodes: NodesOpt = None,
+    data_dir: DataDirOpt = None,
+    json_out: JsonOutOpt = None,
+) -> None:
+    """An online move of partitions from shard-0 to shard-1 of a two-shard local stack while
+    tasks come due: its time, the firing gap of the moved partitions, the other partitions'
+    lateness, submit errors the client saw (retried) and tasks lost.
+
+    Example: chronoq bench move; chronoq bench move --pending 1000000 --due-rate 1000
+    """
+    from chronoq.bench.move import BenchError
+    from chronoq.bench.move import main as move_main
+    from chronoq.embedded.postgres import EmbeddedPostgresError
+
+    with reported():
+        try:
+            move_main(
+                **given(
+                    pending=pending,
+                    due_rate=due_rate,
+                    moved=moved,
+                    partitions=partitions,
+                    nodes=nodes,
+                    data_dir=data_dir,
+                    json_out=json_out,
+                )
+            )
+        except (BenchError, EmbeddedPostgresError, OSError) as exc:
+            fail(f"bench move: {exc}")

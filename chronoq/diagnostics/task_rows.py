@@ -58,13 +58,20 @@ def task_rows(
     now: datetime,
     partitions: int = DEFAULT_PARTITIONS,
     bucket_seconds: int = DEFAULT_BUCKET_SECONDS,
+    among: Sequence[int] | None = None,
 ) -> Iterator[tuple[Any, ...]]:
-    """``count`` SCHEDULED task rows (``COPY_COLUMNS``) with run_at evenly over [first, +spread)."""
+    """``count`` SCHEDULED task rows (``COPY_COLUMNS``) with run_at evenly over [first, +spread);
+    ``among``: only in these partitions (e.g. the ones a store shard holds)."""
     step = spread / count if count else timedelta(0)
     ids: list[uuid.UUID] = []
     for i in range(count):
         if not ids:  # as the store places and names keyless tasks, a thousand at a time
-            drawn = submit_partitions([(NAMESPACE, None)] * min(1000, count - i), partitions)
+            n = min(1000, count - i)
+            drawn = (
+                submit_partitions([(NAMESPACE, None)] * n, partitions)
+                if among is None
+                else [among[(i + j) % len(among)] for j in range(n)]
+            )
             ids = new_task_ids(drawn, time.time_ns() // 1_000_000)[::-1]
         task_id = ids.pop()
         run_at = first + step * i
