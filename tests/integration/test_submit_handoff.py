@@ -7,12 +7,16 @@ real PostgreSQL)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from chronoq.client import Client
+from chronoq.bench import pgstats
+from chronoq.client import Client, NewTask
 from chronoq.clock import ManualClock
+from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.models import TaskSpec, TaskState
 from chronoq.node import Node
 from chronoq.store import Store
@@ -54,6 +58,55 @@ async def test_a_due_submit_is_leased_by_its_insert_and_pushed_without_a_claim(
     # Leased at the insert's own instant, as a claim leases (now + the lease timeout).
     assert task.lease_until - task.lease_timeout == task.created_at
     assert node.submit_handoff.handed_off == 1
+
+
+@pytest.fixture(scope="module")
+def counted_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A database on a server of its own that counts every statement (pg_stat_statements),
+    stopped after the module's nodes."""
+    server = EmbeddedPostgres(
+        Path(tmp_path_factory.mktemp("counted")) / "pg",
+        durable=False,
+        settings=pgstats.DIAGNOSTIC_SETTINGS,
+    )
+    server.start(timeout=120)
+    try:
+        yield server.create_database("counted")
+    finally:
+        server.stop()
+
+
+async def _rows_of(dsn: str, name: str) -> int:
+    """Rows the named statement of chronoq's has written so far, as the server counts them."""
+    snap = await pgstats.snapshot(dsn)
+    return sum(s.rows for s in snap.statements.values() if f"/* chronoq {name} */" in s.query)
+
+
+async def test_the_server_counts_no_claim_for_a_handed_off_submit(
+    make_node: NodeFactory, counted_dsn: str
+) -> None:
+    node = await make_node(dsn=counted_dsn)
+    stream = await _waiting_stream(node, "counted", credits=3)
+    try:
+        claimed = await _rows_of(counted_dsn, "claim")
+        async with Client(node.address) as client:
+            subs = [await client.submit("counted") for _ in range(3)]
+            pushed = await stream.tasks(3)
+            # What a claim leased (none: each insert leased its own task) and what the
+            # leasing insert wrote, by the server's own count.
+            claimed_after = await _rows_of(counted_dsn, "claim")
+            leased = await _rows_of(counted_dsn, "insert_task_leased")
+            # The count sees claims: a READY task (a batch is never handed off) is claimed.
+            (ready,) = await client.submit_many([NewTask(queue="counted")])
+            await stream.send(credits=1)
+            (by_claim,) = await stream.tasks(1)
+    finally:
+        await stream.close()
+    assert {t.id for t in pushed} == {s.task.id for s in subs}
+    assert all(t.attempt == 1 for t in pushed)
+    assert claimed_after == claimed and leased == 3
+    assert by_claim.id == ready.task.id
+    assert await _rows_of(counted_dsn, "claim") == claimed + 1
 
 
 async def test_a_stream_gone_before_the_push_gets_the_task_back_ready_unspent(

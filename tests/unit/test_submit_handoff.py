@@ -1,0 +1,124 @@
+"""The submit's hand-off (pure parts): a due task of a quiet, unlimited queue takes one credit
+and its bytes on a stream with room, streams take turns, and settling frees what the insert
+did not use; anything else is submitted as usual."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from chronoq.limits import TASK_FIXED_BYTES, task_bytes
+from chronoq.models import Task, TaskSpec, TaskState
+from chronoq.node.dispatch.handoff import HandOff, Key
+from chronoq.node.dispatch.readiness import ReadyNotifier
+from chronoq.node.dispatch.submit_handoff import SubmitHandOff, spec_bytes
+
+KEY: Key = ("default", "q")
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class Taker:
+    def __init__(self, worker_id: str, credits: int, room: int = 1 << 20) -> None:
+        self.worker_id = worker_id
+        self.credits = credits
+        self.held = 0
+        self.free_bytes = room
+        self.delivered: list[Task] = []
+        self.offers = 0
+
+    def offered(self) -> None:
+        self.offers += 1
+
+    def available(self) -> int:
+        return self.credits - self.held
+
+    def room(self) -> int:
+        return self.free_bytes
+
+    def reserve(self, n: int, most: int | None = None) -> int:
+        held = self.free_bytes if most is None else min(most, self.free_bytes)
+        self.held += n
+        self.free_bytes -= held
+        return held
+
+    def deliver(self, tasks: list[Task], reserved: int, reserved_bytes: int) -> None:
+        self.held -= reserved
+        self.free_bytes += reserved_bytes
+        self.credits -= len(tasks)
+        self.delivered += tasks
+
+
+class NoStore:
+    async def submit_leased(self, spec: TaskSpec, now: datetime, worker_id: str) -> None:
+        raise AssertionError("not called in these tests")
+
+
+def running(spec: TaskSpec, worker_id: str) -> Task:
+    return Task(
+        id="t1", namespace=spec.namespace, queue=spec.queue, state=TaskState.RUNNING,
+        run_at=spec.run_at, partition=0, bucket=0, payload=spec.payload, worker_id=worker_id,
+        fired_by="submit", idempotency_key=spec.idempotency_key,
+    )  # fmt: skip
+
+
+
+
+def test_the_bytes_of_a_spec_are_those_of_the_task_it_makes_less_the_worker() -> None:
+    spec = TaskSpec(queue="q", run_at=NOW, payload=b"x" * 100, idempotency_key="key-1")
+    assert spec_bytes(spec) + len(b"w-1") == task_bytes(running(spec, "w-1"))
+    assert spec_bytes(TaskSpec(queue="q", run_at=NOW)) >= TASK_FIXED_BYTES
+
+
+def test_take_holds_one_credit_and_the_tasks_bytes_and_streams_take_turns() -> None:
+    handoff = HandOff(lambda: set())
+    a, b = Taker("a", 1), Taker("b", 2)
+    handoff.join(a, [KEY])
+    handoff.join(b, [KEY])
+    first = handoff.take(KEY, 300)
+    assert first is not None and first.worker_id == "a"
+    assert a.available() == 0 and a.room() == (1 << 20) - 301  # 300 + len("a")
+    second = handoff.take(KEY, 300)
+    assert second is not None and second.worker_id == "b"
+    third = handoff.take(KEY, 300)
+    assert third is not None and third.worker_id == "b"  # a has no credit left
+    assert handoff.take(KEY, 300) is None
+    assert first.settle(None) is False  # the insert leased nothing: all given back
+    assert a.available() == 1 and a.room() == 1 << 20 and a.delivered == []
+    spec = TaskSpec(queue="q", run_at=NOW)
+    assert second.settle(running(spec, "b")) is True
+    assert second.settle(running(spec, "b")) is False  # once only
+    assert len(b.delivered) == 1 and b.credits == 1
+
+
+def test_take_never_for_a_limited_queue_unknown_limits_or_no_room() -> None:
+    a = Taker("a", 5, room=1000)
+    for limited in (lambda: {KEY}, lambda: None):
+        handoff = HandOff(limited)
+        handoff.join(a, [KEY])
+        assert handoff.take(KEY, 10) is None
+    handoff = HandOff(lambda: set())
+    handoff.join(a, [KEY])
+    assert handoff.take(KEY, 1000) is None  # 1000 + len("a") does not fit
+    assert handoff.take(("default", "other"), 10) is None
+    assert a.held == 0
+
+
+async def test_only_a_due_task_of_a_quiet_queue_is_offered_a_stream() -> None:
+    handoff = HandOff(lambda: set())
+    a = Taker("a", 5)
+    handoff.join(a, [KEY])
+    due = TaskSpec(queue="q", run_at=NOW)
+    later = TaskSpec(queue="q", run_at=NOW + timedelta(milliseconds=1))
+    busy = SubmitHandOff(NoStore(), handoff, ReadyNotifier())  # type: ignore[arg-type]
+    assert busy.stream_for(due, NOW) is None  # no waiter found the queue empty: not quiet
+    notifier = ReadyNotifier()
+    quiet = SubmitHandOff(NoStore(), handoff, notifier)  # type: ignore[arg-type]
+    with notifier.watch("default", ["q"]) as watch:
+        waiting = asyncio.ensure_future(watch.wait(10))  # its claim found nothing: it waits
+        await asyncio.sleep(0)
+        assert quiet.stream_for(later, NOW) is None  # not due yet: the wheel's
+        single = quiet.stream_for(due, NOW)
+        assert single is not None and single.worker_id == "a" and a.held == 1
+        notifier.wake({KEY: 1})  # a READY task woke it: no longer quiet
+        assert await waiting
+    assert quiet.stream_for(due, NOW) is None
