@@ -56,6 +56,9 @@ class FaultKind(enum.StrEnum):
     KILL_PG_STANDBY = "kill-pg-standby"  # SIGKILL the synchronous standby whole; restart later
     # Store shards (--store-shards > 1):
     KILL_SHARD_PRIMARY = "kill-shard-primary"  # SIGKILL one shard's postmaster; it comes back
+    # A move of random partitions between two shards (variant kill-node: its driver is
+    # SIGKILLed mid-move and started again after its lease):
+    MOVE_PARTITIONS = "move-partitions"
 
 
 #: Faults of a replicated store: in ``all`` only when the store is one (they replace
@@ -67,7 +70,7 @@ STORE_HA_KINDS = (
     FaultKind.KILL_PG_STANDBY,
 )
 #: Faults of a store of several shards: in ``all`` only when the store has them.
-SHARD_KINDS = (FaultKind.KILL_SHARD_PRIMARY,)
+SHARD_KINDS = (FaultKind.KILL_SHARD_PRIMARY, FaultKind.MOVE_PARTITIONS)
 ALL_KINDS = tuple(k for k in FaultKind if k not in STORE_HA_KINDS and k not in SHARD_KINDS)
 #: Faults that need the single embedded PostgreSQL (its process or its filesystem).
 SINGLE_STORE_KINDS = (FaultKind.RESTART_POSTGRES, FaultKind.DISK_FULL)
@@ -94,6 +97,7 @@ OVERHEAD: dict[FaultKind, float] = {
     FaultKind.SWITCHOVER: 20.0, FaultKind.KILL_PG_STANDBY: 30.0,
     # A single shard's crash recovery (1-3 s), or its Patroni's restart of the postmaster.
     FaultKind.KILL_SHARD_PRIMARY: 10.0,
+    FaultKind.MOVE_PARTITIONS: 3.0,  # the status polls; a killed driver's restart
 }
 #: Patroni's leader key TTL (chronoq.embedded.ha.config.TTL_S): a lost primary is replaced
 #: after it, so a member kill is held past it to force the failover.
@@ -140,6 +144,7 @@ def default_holds(lease_ttl: float, lease_timeout: float) -> dict[FaultKind, flo
         FaultKind.SWITCHOVER: 0.0,
         FaultKind.KILL_PG_STANDBY: 4.0,
         FaultKind.KILL_SHARD_PRIMARY: 3.0,  # down that long, then started again
+        FaultKind.MOVE_PARTITIONS: 30.0,  # at most: the move is followed until it ends
     }
 
 
@@ -176,7 +181,8 @@ class PlannedFault:
     kind: FaultKind
     pick: int  # chooses the target among the candidates at injection time
     hold: float
-    variant: str = ""  # restart-postgres: crash|clean; clock-jump, clock-drift: +|-
+    variant: str = ""  # restart-postgres: crash|clean; clock-jump, clock-drift: +|-;
+    # move-partitions: "" or kill-node
 
 
 def schedule(
@@ -210,6 +216,8 @@ def schedule(
             variant = rng.choice(["crash", "clean"])
         elif kind in (FaultKind.CLOCK_JUMP, FaultKind.CLOCK_DRIFT):
             variant = rng.choice(["+", "-"])
+        elif kind is FaultKind.MOVE_PARTITIONS:
+            variant = rng.choice(["", "kill-node"])
         out.append(PlannedFault(round(at, 3), kind, rng.randrange(1 << 30), hold, variant))
         at += hold + OVERHEAD[kind] + rng.uniform(*gap)
     return out
@@ -285,6 +293,10 @@ class Injector:
     #: (from the shard map in etcd), for the report of a shard's outage.
     shards: ShardFaultTarget | None = None
     shard_partitions: Callable[[str], Awaitable[list[int]]] | None = None
+    #: The nodes' addresses (move-partitions asks them for the move) and how long a killed
+    #: driver stays down (past its lease, so that another node takes the move over).
+    addresses: Sequence[str] = ()
+    node_down_s: float = 4.0
 
     async def run(self, plan: Sequence[PlannedFault], started: float, stop: asyncio.Event) -> None:
         """Inject each planned fault at its time (``started`` is a monotonic instant)."""
@@ -337,6 +349,7 @@ class Injector:
             FaultKind.SWITCHOVER: self._store_fault,
             FaultKind.KILL_PG_STANDBY: self._store_fault,
             FaultKind.KILL_SHARD_PRIMARY: self._kill_shard_primary,
+            FaultKind.MOVE_PARTITIONS: self._move_partitions,
         }
 
     def _node(self, pf: PlannedFault) -> str:
@@ -546,6 +559,75 @@ class Injector:
         await asyncio.to_thread(self.shards.wait_shard_writable, name, 90.0)
         detail["writable_after_s"] = round(time.monotonic() - started, 3)
         return name
+
+    async def _move_partitions(self, pf: PlannedFault, detail: dict[str, Any]) -> str:
+        """Ask for a move of a random run of one shard's partitions to another shard and
+        follow it until it ends (at most the hold); with variant ``kill-node`` its driver is
+        SIGKILLed while it copies or catches up, and started again after ``node_down_s``.
+        ``partitions``, ``phases`` (first seen, seconds from the ask), ``committed_us`` and
+        ``outcome`` go in the record (the figures give the moved partitions' firing gap)."""
+        if self.shards is None or self.shard_partitions is None or not self.addresses:
+            raise RuntimeError(f"{pf.kind}: the store has one shard (no --store-shards)")
+        from chronoq.client import Client
+        from chronoq.shardmap import format_partitions
+
+        rng = random.Random(pf.pick)
+        names = ["shard-0", *self.shards.shard_names()]
+        held = {n: await self.shard_partitions(n) for n in names}
+        sources = [n for n in names if len(held[n]) >= 2]
+        if not sources:
+            raise RuntimeError(f"{pf.kind}: no shard holds two partitions or more")
+        source = rng.choice(sources)
+        target = rng.choice([n for n in names if n != source])
+        parts = held[source]
+        count = rng.randint(1, max(1, len(parts) // 2))
+        first = rng.randrange(len(parts) - count + 1)
+        moving = parts[first : first + count]
+        detail.update(source=source, to=target, partitions=moving, target=f"{source}->{target}")
+        client = Client(",".join(self.addresses), timeout=10)
+        started = time.monotonic()
+        detail["start_us"] = now_us()
+        killed: str | None = None
+        killed_at = 0.0
+        try:
+            (asked,) = await client.move_partitions(format_partitions(moving), target)
+            detail["move_id"] = asked.id
+            phases: dict[str, float] = {}
+            detail["phases"] = phases
+            while time.monotonic() < started + pf.hold:
+                with contextlib.suppress(Exception):  # a node killed or restarting
+                    status = await client.status()
+                    moves = status.shard_map.moves if status.shard_map is not None else []
+                    m = next((x for x in moves if x.id == asked.id), None)
+                    if m is not None:
+                        phases.setdefault(m.phase, round(time.monotonic() - started, 3))
+                        detail["outcome"] = m.phase
+                        if m.phase in ("committed", "clean_up", "done"):
+                            detail.setdefault("committed_us", now_us())
+                        if (
+                            pf.variant == "kill-node"
+                            and killed is None
+                            and m.phase in ("copy", "catch_up", "cut_over")
+                            and m.driver in self.target.node_ids
+                        ):
+                            killed, killed_at = m.driver, time.monotonic()
+                            detail["killed"], detail["killed_us"] = killed, now_us()
+                            detail["killed_in"] = m.phase
+                            await asyncio.to_thread(self.target.kill_node, killed)
+                        if m.phase in ("committed", "clean_up", "done", "rolled_back"):
+                            if m.error:
+                                detail["error_of_move"] = m.error[:200]
+                            break
+                if killed is not None and time.monotonic() - killed_at >= self.node_down_s:
+                    if not self.target.node_alive(killed):
+                        await asyncio.to_thread(self.target.restart_node, killed)
+                await asyncio.sleep(0.1)
+        finally:
+            if killed is not None and not self.target.node_alive(killed):
+                await asyncio.sleep(max(0.0, killed_at + self.node_down_s - time.monotonic()))
+                await asyncio.to_thread(self.target.restart_node, killed)
+            await client.close()
+        return f"{source}->{target}"
 
     async def heal_all(self) -> None:
         """After the run: wake, reconnect and restart everything a fault left broken."""

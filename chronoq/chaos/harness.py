@@ -200,31 +200,36 @@ async def quiesce(dsns: Sequence[str], timeout: float) -> int:
 
 async def read_store(dsns: Sequence[str]) -> tuple[list[TaskRow], dict[int, int]]:
     """Every task row and fence of every store shard (a fence copied by a move counts at
-    its highest token)."""
-    tasks: list[TaskRow] = []
+    its highest token). A task a move copied is counted once: from the shard that holds its
+    partition live (a move's source keeps its copy until the clean-up, its target has one
+    while it copies; neither is the task while the other holds it)."""
+    tasks: dict[str, tuple[bool, TaskRow]] = {}
     fences: dict[int, int] = {}
     for dsn in dsns:
         found, fenced = await _read_shard(dsn)
-        tasks += found
+        for live, row in found:
+            if row.id not in tasks or (live and not tasks[row.id][0]):
+                tasks[row.id] = (live, row)
         for partition, token in fenced.items():
             fences[partition] = max(token, fences.get(partition, token))
-    return tasks, fences
+    return [row for _live, row in tasks.values()], fences
 
 
-async def _read_shard(dsn: str) -> tuple[list[TaskRow], dict[int, int]]:
+async def _read_shard(dsn: str) -> tuple[list[tuple[bool, TaskRow]], dict[int, int]]:
     rows = await _store_query(
         dsn,
         "SELECT id, idempotency_key, partition, state, attempt, run_at, fired_at, fired_by,"
-        " fire_token, last_error FROM tasks",
+        " fire_token, last_error, EXISTS (SELECT 1 FROM shard_partitions h"
+        " WHERE h.partition = tasks.partition AND h.state = 0) AS live FROM tasks",
     )
     tasks = [
-        TaskRow(
+        (bool(r["live"]), TaskRow(
             id=str(r["id"]), key=r["idempotency_key"], partition=int(r["partition"]),
             state=TaskState(r["state"]).name, attempt=int(r["attempt"]),
             run_at_us=to_us(r["run_at"]),
             fired_at_us=to_us(r["fired_at"]) if r["fired_at"] is not None else None,
             fired_by=r["fired_by"], fire_token=r["fire_token"], last_error=r["last_error"],
-        )
+        ))
         for r in rows
     ]
     fences = {int(r["partition"]): int(r["token"])
@@ -298,7 +303,8 @@ async def collect(opts: ChaosOptions, console: Console) -> History:
         shards = backend if isinstance(backend, ShardFaultTarget) else None
         injector = Injector(backend, pool, clock_jump_ms=opts.clock_jump_ms,
                             store=getattr(backend, "ha", None), probe=submitter.probe,
-                            shards=shards, shard_partitions=observer.shard_partitions)
+                            shards=shards, shard_partitions=observer.shard_partitions,
+                            addresses=backend.addresses, node_down_s=opts.lease_ttl + 2.0)
         t0, started = datetime.now(UTC), time.monotonic()
         stop = asyncio.Event()
         faults = asyncio.create_task(injector.run(plan, started, stop))

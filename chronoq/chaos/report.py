@@ -67,6 +67,15 @@ def summary_table(verdict: Verdict) -> Table:
             f"{outage['surviving_due']} due) / {_fmt(outage['down_gap_s'])} "
             f"({outage['partitions_down']} partitions, {outage['down_due']} due)",
         ))
+    for move in f.get("shard_moves") or []:
+        killed = f", driver {move['killed']} killed in {move['killed_in']}" if move.get(
+            "killed") else ""
+        rows.append((
+            f"move {move['target']} of {move['partitions_moved']} partitions "
+            f"({move['outcome']}{killed}): firing gap of moved partitions / others p99 (s)",
+            f"{_fmt(move['moved_gap_s'])} ({move['moved_due']} due) / "
+            f"{_fmt(move['others_lateness_p99_s'])} ({move['others_due']} due)",
+        ))
     for name, value in rows:
         table.add_row(name, value)
     for name, passed in verdict.checks.items():

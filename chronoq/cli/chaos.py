@@ -34,7 +34,9 @@ _FAULTS_HELP = (
     "size-capped filesystem, else it is skipped), slow-links-etcd, slow-links-postgres, "
     "clock-drift; with --pg-members > 1 also kill-pg-primary, kill-pg-member, switchover, "
     "kill-pg-standby (in place of restart-postgres and disk-full); with --store-shards > 1 "
-    "also kill-shard-primary (one shard's postmaster, by PID, started again after the hold)."
+    "also kill-shard-primary (one shard's postmaster, by PID, started again after the hold) "
+    "and move-partitions (a move of random partitions between two shards, its driver node "
+    "killed mid-move in one variant)."
 )
 
 

@@ -50,3 +50,38 @@ def test_a_shard_outage_reports_the_surviving_and_the_down_partitions_apart() ->
     assert (outage["surviving_due"], outage["surviving_gap_s"]) == (2, 0.3)
     assert (outage["down_due"], outage["down_gap_s"]) == (1, 3.2)
     assert check(history).figures["shard_outages"] == [outage]
+
+
+def test_move_partitions_is_a_shard_fault_with_a_kill_node_variant() -> None:
+    from chronoq.chaos.faults import default_holds, schedule
+
+    assert FaultKind.MOVE_PARTITIONS in SHARD_KINDS
+    assert FaultKind.MOVE_PARTITIONS not in parse_kinds("all")
+    assert FaultKind.MOVE_PARTITIONS in parse_kinds("all", sharded=True)
+    assert "move-partitions" in DUPLICATE_CAUSES
+    holds = default_holds(2, 5)
+    plan = schedule([FaultKind.MOVE_PARTITIONS], 2000, 7, holds)
+    assert {p.variant for p in plan} == {"", "kill-node"}
+
+
+def test_a_move_reports_the_firing_gap_of_the_moved_partitions_apart() -> None:
+    from chronoq.chaos.checks.figures import shard_moves
+
+    fault = FaultRecord(
+        "move-partitions", "shard-0->shard-1", 10 * US, 14 * US,
+        {"partitions": [2, 3], "move_id": "m1", "outcome": "committed", "killed": "node-0",
+         "killed_in": "copy"},
+    )  # fmt: skip
+    tasks = [
+        _fired(1, 2, 11.0, 0.70),  # moved: waited for the freeze and the map
+        _fired(2, 0, 11.0, 0.05),  # another partition, on time
+        _fired(3, 3, 20.0, 5.00),  # due after the move: not counted
+    ]
+    history = History(
+        params=Params(lease_ttl_s=2, tick_s=0.05, lease_timeout_s=5, partitions=8),
+        started_us=0, ended_us=30 * US, tasks=tasks, faults=[fault],
+    )
+    [move] = shard_moves(history)
+    assert (move["moved_due"], move["moved_gap_s"]) == (1, 0.7)
+    assert (move["others_due"], move["killed"], move["outcome"]) == (1, "node-0", "committed")
+    assert check(history).figures["shard_moves"] == [move]

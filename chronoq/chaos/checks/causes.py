@@ -15,6 +15,10 @@ STORE_FAILOVER = frozenset({"kill-pg-primary", "kill-pg-member", "switchover", "
 # them over), an ack that did not reach it may repeat a task; the other shards' partitions
 # keep firing (``shard_outages`` reports how late they fired during the outage).
 SHARD_OUTAGE = frozenset({"kill-shard-primary"})
+# A move of partitions between shards: writes of the moving partitions are refused while a
+# group is frozen (an ack or a heartbeat refused past its retries lets a lease expire), and
+# its variant kill-node kills the move's driver node.
+SHARD_MOVE = frozenset({"move-partitions"})
 # A full disk under PostgreSQL: writes fail until space returns; nobody can take over.
 INFRA = frozenset({"restart-postgres", "kill-etcd-member", "kill-etcd-leader", "disk-full"}) \
     | STORE_FAILOVER | SHARD_OUTAGE
@@ -25,6 +29,6 @@ SLOW_STORE_LINKS = frozenset({"slow-links-postgres"})
 # Faults that can make a task run twice without targeting its worker: a heartbeat or an
 # acknowledgement that did not reach the store, so the lease expired.
 DUPLICATE_CAUSES = FAILOVER | GRACEFUL | frozenset({"restart-postgres", "disk-full"}) \
-    | STORE_FAILOVER | SLOW_STORE_LINKS | SHARD_OUTAGE
+    | STORE_FAILOVER | SLOW_STORE_LINKS | SHARD_OUTAGE | SHARD_MOVE
 #: ``fired_by`` of rows no owner fired (a submit due at once, a retry, a requeue).
 NOT_OWNER = frozenset({"submit", "retry", "requeue"})

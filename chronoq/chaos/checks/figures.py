@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from chronoq import stats
-from chronoq.chaos.checks.causes import FAILOVER, NOT_OWNER, SHARD_OUTAGE
+from chronoq.chaos.checks.causes import FAILOVER, NOT_OWNER, SHARD_MOVE, SHARD_OUTAGE
 from chronoq.chaos.checks.clocks import drifts_of, real_fired_at, skewed_tokens
 from chronoq.chaos.checks.gaps import execution_gaps
 from chronoq.chaos.checks.verdict import US, Verdict
@@ -88,6 +88,35 @@ def shard_outages(history: History) -> list[dict[str, Any]]:
     return out
 
 
+def shard_moves(history: History) -> list[dict[str, Any]]:
+    """For each move of partitions: the firing gap (the latest fire, from its ``run_at``) of
+    the moved partitions' tasks due while the move ran, and the lateness of the others."""
+    fires = [(r, f) for r, f in (
+        (r, real_fired_at(r, skewed_tokens(history), drifts_of(history))) for r in history.tasks
+        if r.fire_token is not None and r.fired_by not in NOT_OWNER) if f is not None]
+    out = []
+    for f in history.faults:
+        if f.kind not in SHARD_MOVE or f.error:
+            continue
+        moved = set(f.detail.get("partitions", ()))
+        late: dict[bool, list[float]] = {True: [], False: []}
+        for r, fired in fires:
+            if f.start_us <= r.run_at_us <= f.end_us:
+                late[r.partition in moved].append(max(0, fired - r.run_at_us) / US)
+        out.append({
+            "target": f.target, "move_id": f.detail.get("move_id"),
+            "outcome": f.detail.get("outcome"), "killed": f.detail.get("killed"),
+            "killed_in": f.detail.get("killed_in"),
+            "partitions_moved": len(moved),
+            "move_s": round((f.end_us - f.start_us) / US, 3),
+            "moved_due": len(late[True]),
+            "moved_gap_s": max(late[True]) if late[True] else None,
+            "others_due": len(late[False]),
+            "others_lateness_p99_s": stats.percentile(late[False], 99),
+        })
+    return out
+
+
 def figures(
     history: History, rows: dict[str, TaskRow], v: Verdict, lost: int, early_ok: int,
     early_bad: int, unverified: int,
@@ -139,4 +168,5 @@ def figures(
         "violations": len(v.violations),
         "fault_effects": fault_effects(history),
         "shard_outages": shard_outages(history),
+        "shard_moves": shard_moves(history),
     }
