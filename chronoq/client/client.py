@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -67,8 +68,15 @@ STORE_OUTAGE_MARK = "outcome unknown"
 STORE_RETRY_S = 45.0
 STORE_RETRY_PAUSE_S = (0.1, 1.0)  # first pause, and the cap of the doubling
 
+#: A submit of more tasks than this goes in requests of this many, each its own transaction,
+#: and at most ``SUBMIT_IN_FLIGHT`` of them on the wire at once: a part is encoded while the
+#: one before it is inserted, so the client, the node and the store work side by side.
+SUBMIT_PART = 1000
+SUBMIT_IN_FLIGHT = 2
+
 T = TypeVar("T")
 K = TypeVar("K")
+R = TypeVar("R")
 #: A spec's framing inside a batch request at most (its field tag and length).
 SPEC_FRAMING_BYTES = 6
 Method = Callable[[NodeStubs], Any]
@@ -221,13 +229,16 @@ class Client:
 
     @tracing.client_span
     async def submit_many(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
-        """Submit a batch; results in request order. One request and one transaction while
-        the answer (every task echoed) fits in a node's answer budget; a larger batch goes in
-        consecutive requests that each fit, each its own transaction (every task has an
+        """Submit a batch; results in request order. Up to ``SUBMIT_PART`` tasks: one request
+        and one transaction while the answer (every task echoed) fits in a node's answer
+        budget. A larger batch goes in consecutive requests of at most ``SUBMIT_PART`` tasks
+        that each fit, each its own transaction, two on the wire at once (every task has an
         idempotency key, so a retry after a failure creates nothing twice)."""
-        keyed = self._keyed(tasks)
+        return await self._in_parts(tasks, self._submit_many_part)
+
+    async def _submit_many_part(self, tasks: Sequence[NewTask]) -> builtins.list[Submitted]:
         out: builtins.list[Submitted] = []
-        for part in answer_sized(keyed):
+        for part in answer_sized(self._keyed(tasks)):
             req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in part])
             resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
             out += [
@@ -239,13 +250,47 @@ class Client:
     @tracing.client_span
     async def submit_ids(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
         """Like ``submit_many`` but answered with (task id, created) pairs only: for bulk loads,
-        where echoing every task back would cost more than inserting it."""
+        where echoing every task back would cost more than inserting it. Up to
+        ``SUBMIT_PART`` tasks go in one request and one transaction."""
+        return await self._in_parts(tasks, self._submit_ids_part)
+
+    async def _submit_ids_part(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
         keyed = self._keyed(tasks)
         req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in keyed], ids_only=True)
         resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
         return [
             (i, c or ours) for i, c, (_, ours) in zip(resp.ids, resp.created, keyed, strict=True)
         ]
+
+    async def _in_parts(
+        self,
+        tasks: Sequence[NewTask],
+        send: Callable[[Sequence[NewTask]], Awaitable[builtins.list[R]]],
+    ) -> builtins.list[R]:
+        """``send`` of ``tasks`` in consecutive parts of ``SUBMIT_PART``, at most
+        ``SUBMIT_IN_FLIGHT`` at once, the answers in order. A part that fails starts no other:
+        the ones in flight end first, then its error is raised, saying which tasks it held
+        and that those before it were accepted (the part in flight after it may have been)."""
+        if len(tasks) <= SUBMIT_PART:
+            return await send(tasks)
+        out: builtins.list[R] = []
+        flying: deque[tuple[int, asyncio.Future[builtins.list[R]]]] = deque()
+        try:
+            for start in range(0, len(tasks), SUBMIT_PART):
+                if len(flying) >= SUBMIT_IN_FLIGHT:
+                    out += await _landed(*flying.popleft(), len(tasks))
+                part = tasks[start : start + SUBMIT_PART]
+                flying.append((start, asyncio.ensure_future(send(part))))
+            while flying:
+                out += await _landed(*flying.popleft(), len(tasks))
+        except asyncio.CancelledError:
+            for _start, call in flying:
+                call.cancel()
+            raise
+        finally:
+            if flying:  # a part failed or we were cancelled: none is left running unawaited
+                await asyncio.gather(*(call for _start, call in flying), return_exceptions=True)
+        return out
 
     async def get(self, task_id: str) -> Task:
         req = tasks_pb2.GetTaskRequest(namespace=self.namespace, id=task_id)
@@ -593,6 +638,22 @@ class Client:
             lambda n: n.workers.Release, req, timeout=self.ack_timeout, retry=True
         )
         return convert.task_from_pb(reply)
+
+
+async def _landed(start: int, call: Awaitable[builtins.list[R]], total: int) -> builtins.list[R]:
+    """The answer of the part of a long submit that starts at task ``start``; its error says
+    where the part is (the node counts its tasks from 0)."""
+    try:
+        return await call
+    except errors.RemoteError as exc:
+        if start == 0:
+            raise
+        end = min(start + SUBMIT_PART, total)
+        raise type(exc)(
+            f"{exc} (in the request of tasks {start}..{end - 1} of {total}, counted from "
+            f"{start}; the {start} tasks before it were accepted)",
+            exc.code,
+        ) from exc
 
 
 def answer_sized(
