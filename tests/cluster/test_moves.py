@@ -473,3 +473,66 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.fixture
+def own_etcd_cluster(
+    tmp_path: Path, postgres: EmbeddedPostgres, template_db: str, second_server: EmbeddedPostgres
+) -> Iterator[tuple[LocalCluster, str]]:
+    """A cluster with an etcd of its own (one member, durable: the test kills it), shard-0
+    on the session's server and shard-1 on the test's own."""
+    from chronoq.local.cluster import ClusterSpec
+    from tests.conftest import create_test_database
+
+    db = f"c_{uuid.uuid4().hex[:12]}"
+    dsn = create_test_database(postgres, db, template_db)
+    shard1 = second_server.create_database(f"s1_{uuid.uuid4().hex[:8]}")
+    spec = ClusterSpec(
+        nodes=2, partitions=P, lease_ttl=2, tick_ms=50, cluster=f"c{uuid.uuid4().hex[:8]}",
+        durable=True,
+    )  # fmt: skip
+    cluster = LocalCluster(
+        tmp_path / "own-etcd", spec, postgres=postgres, dsn=dsn, store_shards=[shard1]
+    )
+    try:
+        cluster.start()
+        yield cluster, shard1
+    finally:
+        cluster.stop()
+        postgres.drop_database(db)
+
+
+async def test_a_move_through_an_etcd_restart_ends_committed_or_rolled_back_never_half(
+    own_etcd_cluster: tuple[LocalCluster, str],
+) -> None:
+    """The cluster's one etcd member SIGKILLed and started again while a move copies or
+    catches up (its leader lost): the move ends done or rolled back, the map and both
+    shards agree with it, and every task is on one shard once."""
+    cluster, shard1 = own_etcd_cluster
+    assert cluster.etcd is not None
+    shards = {"shard-0": cluster.dsn, "shard-1": shard1}
+    admin = Client(",".join(cluster.addresses), timeout=30)
+    workload = Workload(cluster.addresses)
+    moved = (0, 1, 2, 3)
+    try:
+        ids = await load_moving(admin, moved)
+        async with running(workload):
+            (asked,) = await admin.move_partitions("0-3", "shard-1")
+            await wait_phase(admin, asked.id, {"copy", "catch_up", "cut_over"})
+            cluster.etcd.kill_member(0)
+            await asyncio.sleep(1.5)
+            cluster.etcd.start_member(0)
+            final = await until(lambda: move_finished(admin, asked.id), 150, "the move's end")
+            assert final.phase in ("done", "rolled_back"), final
+            status = await admin.status()
+            placement = {o.partition: o.shard for o in status.ownership}
+            if final.phase == "rolled_back":
+                await check_rolled_back(cluster.dsn, shard1, moved, ids)
+                assert all(placement[p] == "shard-0" for p in moved)
+            else:
+                await check_source_clean(cluster.dsn, moved)
+                assert all(placement[p] == "shard-1" for p in moved)
+        await check_ids_once(shards, ids)
+        await check_every_task_once(workload, shards, placement)
+    finally:
+        await admin.close()
