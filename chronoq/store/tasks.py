@@ -116,6 +116,35 @@ def _stored_content_type(content_type: str) -> str | None:
     return None if content_type == OCTET_STREAM else content_type
 
 
+def _keys_by_namespace(specs: Sequence[TaskSpec]) -> dict[str, list[str]]:
+    """Per namespace, the idempotency keys of ``specs`` (each once)."""
+    out: dict[str, dict[str, None]] = {}
+    for s in specs:
+        if s.idempotency_key is not None:
+            out.setdefault(s.namespace, {})[s.idempotency_key] = None
+    return {ns: list(keys) for ns, keys in out.items()}
+
+
+async def _insert_counted(
+    conn: asyncpg.Connection, statement: str, cols: list[list[Any]], now: datetime
+) -> int:
+    """``_insert_chunked`` of a statement that returns no rows: how many it inserted."""
+    count = len(cols[0]) if cols else 0
+    if count <= INSERT_CHUNK:
+        return _inserted(await conn.execute(statement, *cols, now))
+    inserted = 0
+    async with conn.transaction():
+        for start in range(0, count, INSERT_CHUNK):
+            part = [col[start : start + INSERT_CHUNK] for col in cols]
+            inserted += _inserted(await conn.execute(statement, *part, now))
+    return inserted
+
+
+def _inserted(status: str) -> int:
+    """The rows of an ``INSERT 0 <rows>`` command status."""
+    return int(status.rsplit(" ", 1)[1])
+
+
 def _lease_columns(leases: Sequence[Lease]) -> tuple[list[uuid.UUID], list[int]]:
     return [parse_task_id(lease.task_id) for lease in leases], [
         lease.lease_token for lease in leases
@@ -286,13 +315,21 @@ class TaskStatements(Connected):
             return Accepted()
         ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
-            rows = await _insert_chunked(conn, self._q("insert_task_ids"), cols, now)
-            inserted = {r["id"]: r["id"] for r in rows}
-            existing: dict[tuple[str, str], uuid.UUID] = {}
-            for ns, keys in _conflicting_keys(ids, specs, inserted).items():
+            count = await _insert_counted(conn, self._q("insert_tasks_counted"), cols, now)
+            if count == len(specs):  # every task is new: nothing to look up
+                return Accepted.of(specs, [(str(i), True) for i in ids], now)
+            # Some keys were taken (by this batch or before it): each key's first task.
+            first: dict[tuple[str, str], uuid.UUID] = {}
+            for ns, keys in _keys_by_namespace(specs).items():
                 for r in await conn.fetch(q("task_ids_by_idempotency_key"), ns, keys):
-                    existing[(ns, r["idempotency_key"])] = r["id"]
-        answer = [(str(i), created) for i, created in _matched(ids, specs, inserted, existing)]
+                    first[(ns, r["idempotency_key"])] = r["id"]
+        answer = []
+        for task_id, s in zip(ids, specs, strict=True):
+            if s.idempotency_key is None:  # nothing to conflict with: inserted
+                answer.append((str(task_id), True))
+            else:
+                winner = first[(s.namespace, s.idempotency_key)]
+                answer.append((str(winner), winner == task_id))
         return Accepted.of(specs, answer, now)
 
     async def submit_leased(

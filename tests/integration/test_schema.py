@@ -69,6 +69,7 @@ QUERY_STATES = {
     "release_handed": {S.RUNNING, S.READY},
     "heartbeat": {S.RUNNING},
     "insert_task_ids": {S.READY},
+    "insert_tasks_counted": {S.READY},
     "insert_task_leased": {S.READY, S.RUNNING},
     "insert_tasks": {S.READY},
     "pending_by_bucket": {S.SCHEDULED},
