@@ -6,8 +6,9 @@ holding none. ``--moving`` partitions of ``--per-partition`` pending tasks each 
 COPY, and as many in as many other partitions (the source table is twice what moves). While
 the move runs, a writer submits ``--rate`` tasks/s into the moving partitions through the
 source store, as a node would, until the cut-over refuses it. Printed: rows/s of the copy and
-of each catch-up round, the frozen time of the cut-over, the clean-up, and the writer's
-accepted and refused submits. A report, not a pass/fail test::
+of each catch-up round, the frozen time of each cut-over group (sized from the last round to
+fit the freeze budget, as the driver does; ``--whole``: one group), the clean-up, and the
+writer's accepted and refused submits. A report, not a pass/fail test::
 
     python benchmarks/move_partitions.py                              # 64 x 20,000 tasks
     python benchmarks/move_partitions.py --per-partition 200000       # 64 x 200,000 (long)
@@ -31,6 +32,7 @@ from chronoq.diagnostics.task_rows import COPY_COLUMNS, NAMESPACE, PAYLOAD, QUEU
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import StoreUnavailable
 from chronoq.models import TASK_DEFAULTS, TaskSpec, TaskState
+from chronoq.moves import cut_over_groups
 from chronoq.routing import new_task_ids
 from chronoq.store import Store
 from chronoq.store.mover import PartitionMove
@@ -111,7 +113,12 @@ def rate(rows: int, seconds: float) -> str:
 
 
 async def run(
-    source_dsn: str, target_dsn: str, moving: int, per_partition: int, rps: float
+    source_dsn: str,
+    target_dsn: str,
+    moving: int,
+    per_partition: int,
+    rps: float,
+    whole: bool = False,
 ) -> None:
     source = await Store.connect(source_dsn, partitions=PARTITIONS, holds=None)
     target = await Store.connect(target_dsn, partitions=PARTITIONS, holds=())
@@ -140,11 +147,20 @@ async def run(
                 )
                 if changed <= rps * last.seconds / 2:
                     break
-            cut = await move.cut_over(2)
-            print(
-                f"cut-over: frozen {cut.frozen_seconds:.3f} s, "
-                f"{cut.changed:,} rows in the last round"
+            last = move.last_round
+            assert last is not None
+            groups = (
+                [tuple(parts)]
+                if whole
+                else cut_over_groups(parts, last.listed, last.seconds, move.freeze_budget)
             )
+            for version, group in enumerate(groups, start=2):
+                part = move if len(groups) == 1 else move.group(group)
+                cut = await part.cut_over(version)
+                print(
+                    f"cut-over of {len(group)} partitions: frozen {cut.frozen_seconds:.3f} s, "
+                    f"{cut.changed:,} rows in the last round"
+                )
         finally:
             writing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -168,8 +184,13 @@ def main() -> None:
     parser.add_argument("--moving", type=int, default=64)
     parser.add_argument("--per-partition", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=200, help="submits/s during the move")
+    parser.add_argument(
+        "--whole", action="store_true",
+        help="cut every partition over at once (default: in groups sized to the freeze budget,"
+        " as the move driver does)",
+    )  # fmt: skip
     args = parser.parse_args()
-    sizes = (args.moving, args.per_partition, args.rate)
+    sizes = (args.moving, args.per_partition, args.rate, args.whole)
     if args.source_dsn and args.target_dsn:
         asyncio.run(run(args.source_dsn, args.target_dsn, *sizes))
         return
