@@ -8,7 +8,7 @@ Each run measures, in turn and each on a fresh database of one durable embedded 
 - chronoq: one ``Client`` calling ``submit_ids`` with ``--batch`` tasks at a time, one call
   after the other, to a node in a child process (validation, routing, idempotency and the
   answer included); then the same list in one ``submit_ids`` call, which the SDK sends in
-  requests of 1,000 tasks with two in flight;
+  requests of 1,000 tasks with three in flight;
 - PgQueuer (with ``--pgqueuer-python``, an interpreter that has ``pgqueuer``: a scratch
   virtual environment, never chronoq's): ``Queries.enqueue`` of ``--batch`` jobs at a time,
   one statement per batch, without and with dedupe keys (``benchmarks/peers``).
@@ -93,7 +93,7 @@ class Bench:
 
     async def chronoq(self, whole: bool) -> None:
         """``whole``: the list in one ``submit_ids`` call, which the SDK sends in requests of
-        ``SUBMIT_PART`` tasks, two in flight; else one call per ``--batch`` tasks."""
+        ``SUBMIT_PART`` tasks, three in flight; else one call per ``--batch`` tasks."""
 
         async def job(dsn: str) -> tuple[float, Cpu, Cpu]:
             tasks = spread_tasks(self.args.tasks, timedelta(hours=1))

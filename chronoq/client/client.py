@@ -69,10 +69,12 @@ STORE_RETRY_S = 45.0
 STORE_RETRY_PAUSE_S = (0.1, 1.0)  # first pause, and the cap of the doubling
 
 #: A submit of more tasks than this goes in requests of this many, each its own transaction,
-#: and at most ``SUBMIT_IN_FLIGHT`` of them on the wire at once: a part is encoded while the
-#: one before it is inserted, so the client, the node and the store work side by side.
+#: and at most ``SUBMIT_IN_FLIGHT`` of them on the wire at once: one a stage, so the client
+#: encodes a part while the node checks the next and the store inserts the one before (one
+#: client, 20,000 tasks on 2 shared cores: 17,000/s with two in flight, 22,000/s with three,
+#: no more with four).
 SUBMIT_PART = 1000
-SUBMIT_IN_FLIGHT = 2
+SUBMIT_IN_FLIGHT = 3
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -232,7 +234,7 @@ class Client:
         """Submit a batch; results in request order. Up to ``SUBMIT_PART`` tasks: one request
         and one transaction while the answer (every task echoed) fits in a node's answer
         budget. A larger batch goes in consecutive requests of at most ``SUBMIT_PART`` tasks
-        that each fit, each its own transaction, two on the wire at once (every task has an
+        that each fit, each its own transaction, three on the wire at once (every task has an
         idempotency key, so a retry after a failure creates nothing twice)."""
         return await self._in_parts(tasks, self._submit_many_part)
 
@@ -270,7 +272,7 @@ class Client:
         """``send`` of ``tasks`` in consecutive parts of ``SUBMIT_PART``, at most
         ``SUBMIT_IN_FLIGHT`` at once, the answers in order. A part that fails starts no other:
         the ones in flight end first, then its error is raised, saying which tasks it held
-        and that those before it were accepted (the part in flight after it may have been)."""
+        and that those before it were accepted (the parts in flight beside it may have been)."""
         if len(tasks) <= SUBMIT_PART:
             return await send(tasks)
         out: builtins.list[R] = []
@@ -651,7 +653,8 @@ async def _landed(start: int, call: Awaitable[builtins.list[R]], total: int) -> 
         end = min(start + SUBMIT_PART, total)
         raise type(exc)(
             f"{exc} (in the request of tasks {start}..{end - 1} of {total}, counted from "
-            f"{start}; the {start} tasks before it were accepted)",
+            f"{start}; the {start} tasks before it were accepted, those sent beside it may "
+            "have been)",
             exc.code,
         ) from exc
 
