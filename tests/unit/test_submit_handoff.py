@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from chronoq.limits import TASK_FIXED_BYTES, task_bytes
-from chronoq.models import Task, TaskSpec, TaskState
+from chronoq.models import SubmitOutcome, Task, TaskSpec, TaskState
 from chronoq.node.dispatch.handoff import HandOff, Key
 from chronoq.node.dispatch.readiness import ReadyNotifier
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff, spec_bytes
@@ -122,3 +124,54 @@ async def test_only_a_due_task_of_a_quiet_queue_is_offered_a_stream() -> None:
         notifier.wake({KEY: 1})  # a READY task woke it: no longer quiet
         assert await waiting
     assert quiet.stream_for(due, NOW) is None
+
+
+class SlowStore:
+    """An insert that commits when told to (``commit``), or fails (``fail``)."""
+
+    def __init__(self) -> None:
+        self.outcome: asyncio.Future[SubmitOutcome] = asyncio.get_running_loop().create_future()
+
+    async def submit_leased(self, spec: TaskSpec, now: datetime, worker_id: str) -> SubmitOutcome:
+        return await self.outcome
+
+    def commit(self, spec: TaskSpec, worker_id: str) -> None:
+        self.outcome.set_result(SubmitOutcome(running(spec, worker_id), True))
+
+    def fail(self) -> None:
+        self.outcome.set_exception(ConnectionResetError("the server went away mid-commit"))
+
+
+async def _caller_leaves(fail: bool) -> tuple[Taker, SubmitHandOff]:
+    handoff = HandOff(lambda: set())
+    a = Taker("a", 2)
+    handoff.join(a, [KEY])
+    notifier = ReadyNotifier()
+    store = SlowStore()
+    submits = SubmitHandOff(store, handoff, notifier)
+    spec = TaskSpec(queue="q", run_at=NOW)
+    with notifier.watch("default", ["q"]) as watch:
+        waiting = asyncio.ensure_future(watch.wait(10))
+        await asyncio.sleep(0)
+        call = asyncio.ensure_future(submits.submit(spec, NOW))
+        await asyncio.sleep(0)
+        call.cancel()  # the submitter went away while its insert runs
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert a.held == 1 and a.delivered == []  # the credit stays held meanwhile
+        store.fail() if fail else store.commit(spec, "a")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting.cancel()
+    return a, submits
+
+
+async def test_an_insert_whose_caller_left_still_reaches_its_stream() -> None:
+    a, submits = await _caller_leaves(fail=False)
+    assert len(a.delivered) == 1 and a.held == 0 and submits.handed_off == 1
+
+
+async def test_an_insert_that_failed_frees_its_credit() -> None:
+    a, submits = await _caller_leaves(fail=True)
+    assert a.delivered == [] and a.held == 0 and a.room() == 1 << 20
+    assert submits.handed_off == 0
