@@ -12,7 +12,7 @@ import pytest
 from chronoq.errors import PartitionMoved
 from chronoq.routing import new_task_ids
 from chronoq.shardmap import ShardMap
-from chronoq.store import sharded
+from chronoq.store import shard_routing
 from chronoq.store.sharded import ShardedStore
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -97,7 +97,7 @@ async def test_one_shard_holding_everything_is_retried_once_too(task_id: str) ->
 async def test_a_refresh_that_hangs_is_bounded(
     task_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sharded, "REFRESH_S", 0.05)
+    monkeypatch.setattr(shard_routing, "REFRESH_S", 0.05)
 
     async def hangs() -> None:
         await asyncio.sleep(60)

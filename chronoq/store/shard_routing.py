@@ -1,0 +1,249 @@
+"""Routing over the shards of a store: the map, and the fan-out every call of the store of
+shards goes through (``chronoq.store.sharded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+from chronoq import errors
+from chronoq.errors import PartitionMoved, ShardUnavailable, StoreUnavailable
+from chronoq.routing import id_partition
+from chronoq.shardmap import ShardMap
+from chronoq.store import fanout
+from chronoq.store.rows import parse_task_id
+from chronoq.store.store import Store
+
+log = logging.getLogger("chronoq.store")
+
+#: A task as the timing wheel holds it (``port.DueSoon``; the port imports this module).
+DueSoon = tuple[str, int, datetime, str, str]
+#: Seconds a call refused with ``PartitionMoved`` waits for the node's map to refresh.
+REFRESH_S = 1.0
+#: Seconds between two warnings about the same down shard skipped by a fan-out.
+SKIP_WARN_S = 10.0
+
+R = TypeVar("R")
+K = TypeVar("K")
+
+
+class ShardRouting:
+    """The shards' stores and the map calls are routed by, and the fan-out every port of
+    ``ShardedStore`` goes through (one shard, shards by key, every shard).
+
+    ``refresh``: makes ``current_map()`` answer the newest map (awaited after a
+    ``PartitionMoved``, at most ``REFRESH_S``).
+    """
+
+    def __init__(
+        self,
+        stores: Mapping[str, Store],
+        current_map: Callable[[], ShardMap],
+        *,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if not stores:
+            raise ValueError("a store of shards needs at least one shard's store")
+        self._stores: dict[str, Store] = dict(stores)
+        self._current_map = current_map
+        self._refresh = refresh
+        self._seen: ShardMap | None = None
+        self._solo: Store | None = None
+        self._warned: dict[str, float] = {}
+        #: (namespace, queues) whose last claim found ready tasks on one shard alone.
+        self._sole: dict[tuple[str, tuple[str, ...]], str] = {}
+        #: Per shard, where the retention of its legacy routes goes on (``legacy.sweep``).
+        self._route_sweeps: dict[str, uuid.UUID] = {}
+        self._routing()
+
+    # ------------------------------------------------------------------ the map
+
+    @property
+    def stores(self) -> Mapping[str, Store]:
+        """Each shard's store, by shard name."""
+        return dict(self._stores)
+
+    def add_store(self, name: str, store: Store) -> None:
+        """Open routing to one more shard (before a map that places partitions there)."""
+        self._stores[name] = store
+        self._seen = None
+        self._routing()
+
+    def set_map(self, shard_map: ShardMap) -> None:
+        """Route by ``shard_map`` from now on (``current_map`` should answer it too): each
+        store passes its version with the fenced writes."""
+        for store in self._stores.values():
+            store.map_version = shard_map.version
+        self._seen = None
+        self._routing(shard_map)
+
+    @property
+    def map(self) -> ShardMap:
+        """The map calls are routed by."""
+        return self._routing()
+
+    def _routing(self, shard_map: ShardMap | None = None) -> ShardMap:
+        """The current map; the single store that holds all of it, when there is one."""
+        m = self._current_map() if shard_map is None else shard_map
+        if m is not self._seen:
+            missing = sorted(set(m.placement) - set(self._stores))
+            if missing:
+                log.warning(
+                    "shard map v%d places partitions on %s, which has no store yet",
+                    m.version,
+                    ", ".join(missing),
+                )
+            held = set(m.placement)
+            only = next(iter(held)) if len(held) == 1 else None
+            self._solo = self._stores.get(only) if only is not None else None
+            self._seen = m
+        return m
+
+    def _store(self, shard: str) -> Store:
+        store = self._stores.get(shard)
+        if store is None:
+            raise ShardUnavailable(shard, "this node has no connection to it yet; retry")
+        return store
+
+    @property
+    def partitions(self) -> int:
+        return self._routing().partitions
+
+    @property
+    def bucket_seconds(self) -> int:
+        return next(iter(self._stores.values())).bucket_seconds
+
+    async def _refreshed(self) -> None:
+        if self._refresh is not None:
+            try:
+                await asyncio.wait_for(self._refresh(), REFRESH_S)
+            except (TimeoutError, StoreUnavailable, errors.CoordinatorUnavailable) as exc:
+                log.debug("shard map refresh after a moved partition failed: %s", exc)
+        self._seen = None
+
+    # ------------------------------------------------------------------ fan-out core
+
+    async def _on(self, shard: str, call: Callable[[Store], Awaitable[R]]) -> R:
+        """``call`` on one shard; its outage named."""
+        store = self._store(shard)
+        try:
+            return await call(store)
+        except PartitionMoved:
+            raise
+        except ShardUnavailable:
+            raise
+        except StoreUnavailable as exc:
+            raise ShardUnavailable(shard, exc.message) from exc
+
+    async def _routed(
+        self,
+        keys: Sequence[K],
+        partition_of: Callable[[K], int],
+        call: Callable[[Store, list[int]], Awaitable[R]],
+        *,
+        skip_down: bool = False,
+        retry: bool = True,
+    ) -> list[tuple[list[int], R]]:
+        """``call(store, positions)`` once per shard holding some of ``keys`` (their
+        positions), concurrently: (positions, answer) per shard that answered.
+
+        A shard's ``PartitionMoved``: the map is refreshed and its positions are routed again,
+        once. ``skip_down``: a shard that is down is left out (unless every one is); else
+        the first failure is raised once all have ended (the others' writes committed)."""
+        m = self._routing()
+        parts = [partition_of(k) for k in keys]
+        groups = fanout.grouped(parts, m.shard_of)
+        names = list(groups)
+
+        def bound(positions: list[int]) -> Callable[[Store], Awaitable[R]]:
+            return lambda s: call(s, positions)
+
+        answers = await asyncio.gather(
+            *(self._on(n, bound(groups[n])) for n in names), return_exceptions=True
+        )
+        done: list[tuple[list[int], R]] = []
+        moved: list[int] = []
+        down: list[BaseException] = []
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, PartitionMoved) and retry:
+                moved += groups[name]
+            elif isinstance(answer, StoreUnavailable) and skip_down:
+                down.append(answer)
+                self._skipped(name, answer)
+            elif isinstance(answer, BaseException):
+                down.append(answer)
+            else:
+                done.append((groups[name], answer))
+        if moved:
+            await self._refreshed()
+            again = await self._routed(
+                [keys[i] for i in moved],
+                partition_of,
+                lambda s, ps: call(s, [moved[i] for i in ps]),
+                skip_down=skip_down,
+                retry=False,
+            )
+            done += [([moved[i] for i in ps], r) for ps, r in again]
+        if down and (not skip_down or not done):
+            raise down[0]
+        return done
+
+    def _skipped(self, shard: str, exc: BaseException) -> None:
+        at = time.monotonic()
+        if at - self._warned.get(shard, -SKIP_WARN_S) >= SKIP_WARN_S:
+            self._warned[shard] = at
+            log.warning("store %s skipped by a call over several shards: %s", shard, exc)
+
+    async def _every(
+        self, call: Callable[[Store], Awaitable[R]], *, skip_down: bool = True
+    ) -> dict[str, R]:
+        """``call`` on every shard the map names (holding partitions or not), concurrently."""
+        m = self._routing()
+        names = [s for s in m.shards if s in self._stores]
+        answers = await asyncio.gather(*(self._on(n, call) for n in names), return_exceptions=True)
+        out: dict[str, R] = {}
+        down: list[BaseException] = []
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, StoreUnavailable) and skip_down:
+                self._skipped(name, answer)
+                down.append(answer)
+            elif isinstance(answer, BaseException):
+                down.append(answer)
+            else:
+                out[name] = answer
+        if down and (not skip_down or not out):
+            raise down[0]
+        return out
+
+    async def _by_id(
+        self, task_id: str, call: Callable[[Store], Awaitable[R]], *, retry: bool = True
+    ) -> R:
+        """``call`` on the shard of one task (refreshed and routed again once if moved,
+        unless the caller did that already: ``retry`` False)."""
+        p = id_partition(parse_task_id(task_id), self._routing().partitions)
+        try:
+            return await self._on(self._routing().shard_of(p), call)
+        except PartitionMoved:
+            if not retry:
+                raise
+            await self._refreshed()
+            return await self._on(self._routing().shard_of(p), call)
+
+    def _id_partition(self, task_id: str) -> int:
+        return id_partition(parse_task_id(task_id), self._routing().partitions)
+
+    @property
+    def _limits_shard(self) -> str:
+        """Where queue limits and their tokens live: the map's first shard."""
+        return self._routing().shards[0]
+
+    def _fast(self) -> Store | None:
+        """The one store holding every partition of the current map, if one does."""
+        self._routing()
+        return self._solo
