@@ -94,9 +94,12 @@ SET state = CASE WHEN t.misfire_policy = 1
                       ELSE t.last_error END
 
 -- fragment: insert_tasks
--- New tasks from column arrays ($1..$18, created at $19). A conflict
--- on (namespace, idempotency_key) inserts nothing: the statements answer with the rows they
--- inserted only, and the caller looks the first task of a repeated key up.
+-- New tasks from column arrays ($1..$18, created at $19). A column other than the ids ($1)
+-- may hold one value that stands for every row (an array of one, spread once per statement):
+-- what a batch shares (namespace, queue, retry policy, ...) is sent once, which halves the
+-- driver's encoding of a submit. A conflict on (namespace, idempotency_key) inserts nothing:
+-- the statements answer with the rows they inserted only, and the caller looks the first
+-- task of a repeated key up.
 INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
@@ -107,10 +110,58 @@ SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at, u.state, u.p
        CASE WHEN u.state = 1 THEN $19::timestamptz END,
        CASE WHEN u.state = 1 THEN 'submit' END,
        u.content_type, u.trace_context
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
-            $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
-            $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
-            $16::bigint[], $17::text[], $18::jsonb[])
+FROM unnest($1::uuid[],
+            CASE WHEN cardinality($2::text[]) = 1
+                 THEN array_fill(($2::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $2::text[] END,
+            CASE WHEN cardinality($3::text[]) = 1
+                 THEN array_fill(($3::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $3::text[] END,
+            CASE WHEN cardinality($4::smallint[]) = 1
+                 THEN array_fill(($4::smallint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $4::smallint[] END,
+            CASE WHEN cardinality($5::bigint[]) = 1
+                 THEN array_fill(($5::bigint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $5::bigint[] END,
+            CASE WHEN cardinality($6::timestamptz[]) = 1
+                 THEN array_fill(($6::timestamptz[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $6::timestamptz[] END,
+            CASE WHEN cardinality($7::smallint[]) = 1
+                 THEN array_fill(($7::smallint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $7::smallint[] END,
+            CASE WHEN cardinality($8::integer[]) = 1
+                 THEN array_fill(($8::integer[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $8::integer[] END,
+            CASE WHEN cardinality($9::bytea[]) = 1
+                 THEN array_fill(($9::bytea[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $9::bytea[] END,
+            CASE WHEN cardinality($10::text[]) = 1
+                 THEN array_fill(($10::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $10::text[] END,
+            CASE WHEN cardinality($11::integer[]) = 1
+                 THEN array_fill(($11::integer[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $11::integer[] END,
+            CASE WHEN cardinality($12::bigint[]) = 1
+                 THEN array_fill(($12::bigint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $12::bigint[] END,
+            CASE WHEN cardinality($13::bigint[]) = 1
+                 THEN array_fill(($13::bigint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $13::bigint[] END,
+            CASE WHEN cardinality($14::bigint[]) = 1
+                 THEN array_fill(($14::bigint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $14::bigint[] END,
+            CASE WHEN cardinality($15::smallint[]) = 1
+                 THEN array_fill(($15::smallint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $15::smallint[] END,
+            CASE WHEN cardinality($16::bigint[]) = 1
+                 THEN array_fill(($16::bigint[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $16::bigint[] END,
+            CASE WHEN cardinality($17::text[]) = 1
+                 THEN array_fill(($17::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $17::text[] END,
+            CASE WHEN cardinality($18::jsonb[]) = 1
+                 THEN array_fill(($18::jsonb[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $18::jsonb[] END)
      AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
           idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
           misfire_policy, misfire_grace_ms, content_type, trace_context)

@@ -90,14 +90,15 @@ async def _insert_chunked(
     conn: asyncpg.Connection, statement: str, cols: list[list[Any]], now: datetime
 ) -> list[Any]:
     """``statement`` over the column arrays ``cols``, ``INSERT_CHUNK`` rows at a time, all in
-    one transaction (accepted together or not at all); the rows it returns, in order."""
+    one transaction (accepted together or not at all); the rows it returns, in order. A
+    column of one value stands for every row (see ``_sent_once``)."""
     count = len(cols[0]) if cols else 0
     if count <= INSERT_CHUNK:
         return list(await conn.fetch(statement, *cols, now))
     rows: list[Any] = []
     async with conn.transaction():
         for start in range(0, count, INSERT_CHUNK):
-            part = [col[start : start + INSERT_CHUNK] for col in cols]
+            part = _rows_of(cols, start)
             rows += await conn.fetch(statement, *part, now)
     return rows
 
@@ -114,6 +115,23 @@ def _each_once(values: list[K], convert: Callable[[K], Any]) -> list[Any]:
 def _stored_content_type(content_type: str) -> str | None:
     """NULL for raw bytes, the default."""
     return None if content_type == OCTET_STREAM else content_type
+
+
+def _rows_of(cols: list[list[Any]], start: int) -> list[list[Any]]:
+    """The columns of rows ``start`` to ``start + INSERT_CHUNK``; a column of one value (the
+    value of every row) as it is."""
+    end = start + INSERT_CHUNK
+    return [cols[0][start:end], *(col if len(col) == 1 else col[start:end] for col in cols[1:])]
+
+
+def _sent_once(cols: list[list[Any]]) -> list[list[Any]]:
+    """The insert columns with each one whose rows all hold one value (the namespace, queue
+    and retry policy of most batches) cut to that value: the insert statements spread it over
+    every row, and the driver encodes it once instead of once a row. The ids stay whole."""
+    return [
+        cols[0],
+        *(col[:1] if len(col) > 1 and col.count(col[0]) == len(col) else col for col in cols[1:]),
+    ]
 
 
 def _keys_by_namespace(specs: Sequence[TaskSpec]) -> dict[str, list[str]]:
@@ -135,7 +153,7 @@ async def _insert_counted(
     inserted = 0
     async with conn.transaction():
         for start in range(0, count, INSERT_CHUNK):
-            part = [col[start : start + INSERT_CHUNK] for col in cols]
+            part = _rows_of(cols, start)
             inserted += _inserted(await conn.execute(statement, *part, now))
     return inserted
 
@@ -260,8 +278,9 @@ class TaskStatements(Connected):
     async def _insert_columns_sliced(
         self, specs: Sequence[TaskSpec], now: datetime, partitions: Sequence[int] | None = None
     ) -> tuple[list[uuid.UUID], list[list[Any]]]:
-        """``_insert_columns`` a slice at a time, yielding between slices: a full batch takes
-        a tenth of a second, which the event loop must not spend in one go."""
+        """``_insert_columns`` a slice at a time, yielding between slices (a full batch takes
+        milliseconds, which the event loop must not spend in one go); each column of one
+        value cut to it (``_sent_once``)."""
         ids: list[uuid.UUID] = []
         cols: list[list[Any]] = []
         timeslice = Timeslice()
@@ -277,7 +296,7 @@ class TaskStatements(Connected):
                 for col, part in zip(cols, part_cols, strict=True):
                     col.extend(part)
             await timeslice.pause_if_due()
-        return ids, cols
+        return ids, _sent_once(cols) if cols else cols
 
     async def submit(
         self, specs: Sequence[TaskSpec], now: datetime, *, partitions: Sequence[int] | None = None
