@@ -4,36 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from chronoq import tracing
-from chronoq.api.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
-    schedules_pb2,
-    schedules_pb2_grpc,
-    tasks_pb2,
-    tasks_pb2_grpc,
-    worker_pb2,
-    worker_pb2_grpc,
-)
 from chronoq.clock import Clock, SystemClock
 from chronoq.config import NodeSettings
-from chronoq.coordinator.etcd import Keys, connect
 from chronoq.coordinator.local import LocalOwnership
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.coordinator.protocols import Ownership
 from chronoq.coordinator.shards import ShardMapView
 from chronoq.errors import ChronoqError
-from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
 from chronoq.node.dispatch.claims import LimitedQueues
 from chronoq.node.dispatch.handoff import HandOff
@@ -41,19 +26,27 @@ from chronoq.node.dispatch.readiness import ReadyBroadcast, ReadyNotifier, Ready
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings
 from chronoq.node.edge.auth_interceptor import api_security
-from chronoq.node.edge.cluster_service import ClusterService
 from chronoq.node.edge.malformed import MalformedRequests
-from chronoq.node.edge.schedule_service import ScheduleService
-from chronoq.node.edge.service import TaskService, WorkerService, submit_quotas
+from chronoq.node.edge.service import submit_quotas
 from chronoq.node.housekeeping import (
-    CounterRecount,
     DepthPoller,
     HealthWatch,
     Retention,
     StoreWatch,
     reachable_elsewhere,
 )
-from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics, scrape_token
+from chronoq.node.metrics import NodeMetrics, scrape_token
+from chronoq.node.node_loops import NodeLoops
+from chronoq.node.node_services import (
+    MAX_RESPONSE_BYTES,
+    MIN_CLIENT_PING_INTERVAL_MS,
+    REQUEST_PAYLOAD_BYTES,
+    SERVICE_NAMES,
+    SPEC_BYTES,
+    NodeServices,
+    max_request_bytes,
+)
+from chronoq.node.node_shards import SHARD_OK_PREFIX, STORE_HEALTH_PREFIX, NodeStore
 from chronoq.node.owner.engine import Owner
 from chronoq.node.owner.firing import Firer
 from chronoq.node.owner.materializer import SchedulePump
@@ -62,62 +55,30 @@ from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.shards import ShardStores, ShardWatch
 from chronoq.partitionmap import PartitionMap
-from chronoq.shardmap import ShardMap, shard_name, single
 from chronoq.store import Store
 from chronoq.store.pool_logs import quiet_pool_outages
 from chronoq.store.schedules import Schedules
 from chronoq.store.sharded import ShardedSchedules, ShardedStore
 from chronoq.supervision import Loop, LoopPolicy, Supervisor
 
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "MIN_CLIENT_PING_INTERVAL_MS",
+    "REQUEST_PAYLOAD_BYTES",
+    "SERVICE_NAMES",
+    "SHARD_OK_PREFIX",
+    "SPEC_BYTES",
+    "STORE_HEALTH_PREFIX",
+    "Node",
+    "NodeStore",
+    "OwnershipFactory",
+    "default_ownership",
+    "max_request_bytes",
+]
+
 log = logging.getLogger("chronoq.node")
 
-#: Bytes of one task spec apart from its payload, every field at its limit: queue, namespace
-#: and idempotency key at their lengths, the numbers, durations and framing.
-SPEC_BYTES = 2 * MAX_NAME + MAX_IDEMPOTENCY_KEY + 256
-#: Payload bytes one request may carry in all (64 payloads at the 256 KiB limit); a client
-#: with more splits its batch.
-REQUEST_PAYLOAD_BYTES = 16 * 1024 * 1024
-#: What a node sends at most: a listing page is bounded in bytes, a SubmitBatch answer echoes
-#: a request of at most ``max_request_bytes``.
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-
-
-def max_request_bytes(max_batch: int) -> int:
-    """The largest message a node reads: a SubmitBatch of ``max_batch`` specs with every field
-    at its limit plus ``REQUEST_PAYLOAD_BYTES`` of payloads (27 MB with the defaults). A larger
-    message is refused (RESOURCE_EXHAUSTED) before it is parsed."""
-    return max_batch * SPEC_BYTES + REQUEST_PAYLOAD_BYTES
-
-
-SERVICE_NAMES = (
-    tasks_pb2.DESCRIPTOR.services_by_name["TaskService"].full_name,
-    worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
-    cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
-    schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
-)
-
-#: The task store a node speaks to: its one store, or (a cluster node) its store of shards.
-NodeStore = Store | ShardedStore
 OwnershipFactory = Callable[["Node", NodeStore], Ownership]
-
-#: Each store shard's health service: ``chronoq.store.shard-1`` is NOT_SERVING while that
-#: shard is down (the node's own, "", stays SERVING: it serves the other shards).
-STORE_HEALTH_PREFIX = "chronoq.store."
-#: A member stat: when (epoch seconds) the member last reached a shard, e.g.
-#: ``store_ok_at:shard-1``.
-SHARD_OK_PREFIX = "store_ok_at:"
-
-
-def _holds_argument(holds: tuple[int, ...] | None) -> dict[str, Any]:
-    """``holds=`` for ``Store.connect`` (None: every partition, a node alone)."""
-    if holds is None or "holds" not in inspect.signature(Store.connect).parameters:
-        return {}
-    return {"holds": holds}
-
-
-#: The shortest interval between a client's keepalive pings that the server accepts; half of
-#: the clients' (``chronoq.client.pool.KEEPALIVE_TIME_MS``) so timer jitter never counts.
-MIN_CLIENT_PING_INTERVAL_MS = 500
 
 
 def default_ownership(node: Node, store: NodeStore) -> Ownership:
@@ -144,7 +105,7 @@ def default_ownership(node: Node, store: NodeStore) -> Ownership:
     return ownership
 
 
-class Node:
+class Node(NodeServices, NodeLoops):
     """One scheduler node. ``await start()``, then ``await stop()``; or ``async with``."""
 
     def __init__(
@@ -353,168 +314,9 @@ class Node:
         if clock_check is not None:
             await clock_check.prime()  # a wrong clock takes no partition, fires nothing
         await self.health.check()  # every service's status is set before start returns
-        self._loops = [
-            part.start(self.supervisor)
-            for part in (
-                self.reaper,
-                self.pump,
-                self.retention,
-                self.depth,
-                self.store_watch,
-                self.health,
-            )
-        ]
-        if clock_check is not None:
-            self._loops.append(clock_check.start(self.supervisor))
-        self._loops += self._shard_loops()
-        self._loops += self._recount_loops()
-        self._loops += self._shard_watch_loops()
-        self._loops += owner.start(self.supervisor)
-        # Long polls still end at their deadline without it: latency, not health, is at stake.
-        probe, broadcast = self.probe, self.broadcast
-        self._loops.append(
-            self.supervisor.every(
-                "ready-probe",
-                probe.probe,
-                interval=(
-                    probe.interval
-                    if broadcast is None
-                    else lambda: broadcast.probe_interval(probe.interval)
-                ),
-                initial_delay=True,
-                critical=False,
-            )
-        )
-        if broadcast is not None:
-            # Not critical either: without notices the probe runs at its full rate again.
-            self._loops.append(
-                self.supervisor.every(
-                    "ready-listen", broadcast.keep_listening, interval=1.0, critical=False
-                )
-            )
+        self._start_loops(owner, clock_check)
         self._start_metrics()
         log.info("node %s serving on %s", s.node_id, self.address)
-
-    async def _open_stores(self) -> NodeStore:
-        """The store alone; or, in a cluster, the shard map first (the stores are made with
-        what it says each shard holds), then a store per shard of it."""
-        s = self.settings
-        if s.cluster is None:
-            return await self._open_store(shard_name(0), s.dsn, None)
-        # shard-0 is needed to start (as the one store was); another shard that cannot be
-        # opened now is down, and opened again in the background. It is opened holding
-        # nothing new: a first map splits only an empty shard-0, then it adopts its part.
-        first = await self._open_store(shard_name(0), s.dsn, ())
-        client = connect(s.cluster.etcd)
-        view = ShardMapView(
-            client,
-            Keys(s.cluster.etcd.cluster),
-            s.partitions,
-            s.dsn,
-            shard_dsns=s.store_shards,
-            first_is_empty=first.holds_no_rows,
-            supervisor=self.supervisor,
-        )
-        self.shard_map = view
-        try:
-            await view.start()
-            self.shard_stores = ShardStores(
-                s, self.current_map, lambda: view.dsns, self._open_store,
-                on_opened=self._shard_opened,
-            )  # fmt: skip
-            await first.adopt(self._holds(shard_name(0)))
-        except BaseException:
-            await view.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 5)
-            await first.close()
-            raise
-        self.shard_stores.stores[shard_name(0)] = first
-        sharded = ShardedStore({shard_name(0): first}, self.current_map, refresh=view.refresh)
-        sharded.set_map(self.current_map())
-        self.store = sharded
-        await self.shard_stores.open_missing()
-        view.on_map.append(self._map_changed)
-        return sharded
-
-    def _make_shard_watch(self, grace: float) -> ShardWatch | None:
-        """Each shard's liveness, for a cluster node (its map may hold several shards)."""
-        sharded, ownership = self.store, self.ownership
-        if not isinstance(sharded, ShardedStore) or ownership is None:
-            return None
-        clock_check = self.clock_check
-        return ShardWatch(
-            sharded.probe_shard,
-            self.current_map,
-            ownership,
-            grace=grace,
-            interval=min(1.0, grace / 5),
-            elsewhere=self._shard_reachable_elsewhere(grace),
-            may_resume=clock_check.may_resume if clock_check is not None else lambda: True,
-            on_health=self._set_shard_serving,
-        )
-
-    def _shard_watch_loops(self) -> list[Loop]:
-        watch, shard_stores = self.shard_watch, self.shard_stores
-        if watch is None or shard_stores is None:
-            return []
-        return [
-            watch.start(self.supervisor),
-            # Not critical: a shard without a store is down, which the shard watch reports.
-            self.supervisor.every(
-                "open-shards",
-                shard_stores.open_missing,
-                interval=5.0,
-                wake=self._shards_wanted,
-                initial_delay=True,
-                critical=False,
-            ),
-        ]
-
-    def _holds(self, name: str) -> tuple[int, ...]:
-        from chronoq.node.shards import holds_at_start
-
-        return holds_at_start(name, self.current_map())
-
-    async def _open_store(self, name: str, dsn: str, holds: tuple[int, ...] | None) -> Store:
-        s = self.settings
-        return await Store.connect(
-            dsn,
-            partitions=s.partitions,
-            bucket_seconds=s.bucket_seconds,
-            max_size=s.pool_size,
-            limits=s.limits,
-            **_holds_argument(holds),
-        )
-
-    def current_map(self) -> ShardMap:
-        """The shard map this node routes by (a node alone: ``shard-0`` holds everything)."""
-        view = self.shard_map
-        if view is not None and view.current is not None:
-            return view.current
-        return single(self.settings.partitions)
-
-    def _shard_opened(self, name: str, store: Store) -> None:
-        if isinstance(self.store, ShardedStore) and name not in self.store.stores:
-            self.store.add_store(name, store)
-            self.store.set_map(self.current_map())
-
-    def _map_changed(self, current: ShardMap) -> None:
-        """A new map from etcd: route by it; open the shards it names that have no store."""
-        if isinstance(self.store, ShardedStore):
-            self.store.set_map(current)
-        if self.shard_stores is not None and self.shard_stores.missing():
-            self._shards_wanted.set()
-
-    async def _set_shard_serving(self, shard: str, ok: bool) -> None:
-        """Each shard's health under its own service name, e.g. ``chronoq.store.shard-1``:
-        a down shard is named there while the node serves the others."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if ok
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        await self._health.set(f"{STORE_HEALTH_PREFIX}{shard}", status)
 
     def published_stats(self) -> dict[str, float]:
         """What this node publishes with its member stats: firing figures, when it last
@@ -536,117 +338,11 @@ class Node:
             return False
         return self.shard_watch is None or not self.shard_watch.stepped_out
 
-    def shard_problems(self) -> list[str]:
-        """The store shards this node finds down (it serves the others)."""
-        return self.shard_watch.problems() if self.shard_watch is not None else []
-
     def _attach_shard_admin(self) -> ShardAdmin | None:
         """The shard map's writers and the move driver: a node of an etcd cluster only."""
         if isinstance(self.ownership, EtcdOwnership):
             return attach_shard_admin(self.ownership, self.settings)
         return None
-
-    def _recount_loops(self) -> list[Loop]:
-        """The leader's recount of the namespace counters, over a store of shards."""
-        schedules, ownership = self.schedules, self.ownership
-        if not isinstance(schedules, ShardedSchedules) or ownership is None:
-            return []
-        recount = CounterRecount(schedules.recount_due, self.clock, leads=ownership.leads)
-        return [recount.start(self.supervisor)]
-
-    def _shard_loops(self) -> list[Loop]:
-        return [self.shard_admin.start(self.supervisor)] if self.shard_admin is not None else []
-
-    def _add_services(self, server: grpc.aio.Server) -> None:
-        assert self.store is not None and self.ownership is not None and self.owner is not None
-        owner = self.owner
-        s = self.settings
-        #: Submits of tasks due at once, leased by their insert to a stream waiting here.
-        self.submit_handoff = (
-            SubmitHandOff(self.store, self.handoff, self.notifier) if s.handoff else None
-        )
-        task_service = TaskService(
-            self.store,
-            self.api_clock,
-            s,
-            self.notifier,
-            self.metrics,
-            dispatch=owner.dispatch,
-            quotas=self.quotas,
-            handoff=self.submit_handoff,
-        )
-        tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            task_service, server
-        )
-        worker_service = WorkerService(
-            self.store,
-            self.api_clock,
-            s,
-            self.notifier,
-            self.metrics,
-            dispatch=owner.dispatch,
-            openings=self.openings,
-            handoff=self.handoff,
-            limited=self.limited,
-        )
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            worker_service, server
-        )
-        sharded = self.store
-        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ClusterService(
-                self.store,
-                self.api_clock,
-                s,
-                self.ownership,
-                owner.figures,
-                partitions=self.partition_map,
-                shards=self.shard_admin,
-                shard_stores=(
-                    (lambda: sharded.stores) if isinstance(sharded, ShardedStore) else None
-                ),
-            ),
-            server,
-        )
-        assert self.schedules is not None
-        schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ScheduleService(self.schedules, self.api_clock, s), server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
-
-    def _start_metrics(self) -> None:
-        s = self.settings
-        ownership = self.ownership
-        assert ownership is not None
-        lease = getattr(ownership, "lease", None)
-        self.metrics.add_collector(
-            LiveCollector(
-                owned=lambda: len(ownership.owned()),
-                lease=lambda: (lease.renewals, lease.losses) if lease is not None else (0, 0),
-                depth=lambda: self.depth.depth if self.depth is not None else {},
-            )
-        )
-        self.metrics.add_collector(LoopCollector(lambda: self.supervisor.loops))
-        if s.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(s.metrics_host, s.metrics_port)
-            log.info(
-                "metrics on http://%s:%d/metrics (%s)",
-                s.metrics_host,
-                self.metrics_port,
-                "bearer token" if self.metrics.page.guarded else "no token",
-            )
-
-    async def _set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", *SERVICE_NAMES):
-            await self._health.set(name, status)
 
     def partitions_changed(self, partitions: set[int]) -> None:
         """Ownership moved: the owner engine forgets what it knew of them and fires at once."""
@@ -671,22 +367,6 @@ class Node:
             return reachable_elsewhere(
                 ownership.member_stats(), self.settings.node_id, time.time(), fresh
             )
-
-        return elsewhere
-
-    def _shard_reachable_elsewhere(self, grace: float) -> Callable[[str], bool]:
-        """Whether another member reached shard ``s`` lately (``store_ok_at:<shard>``)."""
-        ownership = self.ownership
-        if not isinstance(ownership, EtcdOwnership):
-            return lambda _s: False
-        fresh = grace + 2 * ownership.settings.stats_interval
-
-        def elsewhere(shard: str) -> bool:
-            stats = {
-                member: {"store_ok_at": figures.get(f"{SHARD_OK_PREFIX}{shard}", 0.0)}
-                for member, figures in ownership.member_stats().items()
-            }
-            return reachable_elsewhere(stats, self.settings.node_id, time.time(), fresh)
 
         return elsewhere
 

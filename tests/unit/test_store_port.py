@@ -16,9 +16,10 @@ from chronoq.store.schedules import Schedules
 from chronoq.store.store import Store
 
 NODE = Path(__file__).resolve().parents[2] / "chronoq" / "node"
-#: Parts that may name the concrete store: the node, which builds it, and the shard admin,
-#: which opens a database given to ``AddShard`` (and the mover's own pools on the shards).
-BUILDERS = {"node.py", "shard_admin.py"}
+#: Parts that may name the concrete store: the node, which builds it (``node_shards`` opens
+#: a store per shard of its map), and the shard admin, which opens a database given to
+#: ``AddShard`` (and the mover's own pools on the shards).
+BUILDERS = {"node.py", "node_shards.py", "shard_admin.py"}
 CONCRETE = {"Store", "Schedules"}
 #: Public calls of the PostgreSQL store that are its own, not the port's: how it is built
 #: (``connect``, ``migrate``), its raw connections (``Schedules``, tools and tests use
