@@ -267,12 +267,19 @@ class StoreWatch:
 
 
 def reachable_elsewhere(
-    stats: Mapping[str, Mapping[str, float]], me: str, now: float, fresh: float
+    stats: Mapping[str, Mapping[str, float]],
+    me: str,
+    now: float,
+    fresh: float,
+    *,
+    after: float = 0.0,
 ) -> bool:
     """Whether a member other than ``me`` reached the store within ``fresh`` seconds of
-    ``now``, by the ``store_ok_at`` (epoch seconds) each member publishes with its stats."""
+    ``now`` and later than ``after``, by the ``store_ok_at`` (epoch seconds) each member
+    publishes with its stats. ``after``: when this node last reached it; an answer from
+    before then only says the others had not noticed yet (they lost it when this node did)."""
     for member, figures in stats.items():
         at = figures.get("store_ok_at")
-        if member != me and isinstance(at, int | float) and now - at <= fresh:
+        if member != me and isinstance(at, int | float) and now - at <= fresh and at > after:
             return True
     return False

@@ -186,18 +186,21 @@ class NodeShards:
         """The store shards this node finds down (it serves the others)."""
         return self.shard_watch.problems() if self.shard_watch is not None else []
 
-    def _shard_reachable_elsewhere(self, grace: float) -> Callable[[str], bool]:
-        """Whether another member reached shard ``s`` lately (``store_ok_at:<shard>``)."""
+    def _shard_reachable_elsewhere(self, grace: float) -> Callable[[str, float], bool]:
+        """Whether another member reached shard ``s`` lately (``store_ok_at:<shard>``), and
+        later than ``after`` (epoch seconds: when this node lost it)."""
         ownership = self.ownership
         if not isinstance(ownership, EtcdOwnership):
-            return lambda _s: False
+            return lambda _s, _after: False
         fresh = grace + 2 * ownership.settings.stats_interval
 
-        def elsewhere(shard: str) -> bool:
+        def elsewhere(shard: str, after: float) -> bool:
             stats = {
                 member: {"store_ok_at": figures.get(f"{SHARD_OK_PREFIX}{shard}", 0.0)}
                 for member, figures in ownership.member_stats().items()
             }
-            return reachable_elsewhere(stats, self.settings.node_id, time.time(), fresh)
+            return reachable_elsewhere(
+                stats, self.settings.node_id, time.time(), fresh, after=after
+            )
 
         return elsewhere

@@ -148,8 +148,12 @@ class ShardWatch:
 
     - nobody else reaches it either (``elsewhere(shard)`` false): its partitions are held
       out (``Ownership.hold_out``: keys kept, nothing fired), the rest fires;
-    - other members reach it: the node suspends (hands every partition off), since they
-      can serve every shard and this node cannot.
+    - other members reach it (``elsewhere(shard, after)``: one answered it later than
+      ``after``, this node's last answer plus a probe interval): the node suspends (hands
+      every partition off), since they can serve every shard and this node cannot. Answers
+      from before that only show the others had not noticed yet: when a shard goes down for
+      every node at once, each would otherwise read the others' last answers, still fresh,
+      and the whole cluster would step out, the other shards' partitions with it.
 
     A down shard that answers again is brought back (its partitions backfill); a node that
     stepped out rejoins once every shard answers (and ``may_resume``, the clock check).
@@ -163,7 +167,7 @@ class ShardWatch:
         *,
         grace: float,
         interval: float = 1.0,
-        elsewhere: Callable[[str], bool] = lambda _s: False,
+        elsewhere: Callable[[str, float], bool] = lambda _s, _after: False,
         may_resume: Callable[[], bool] = lambda: True,
         on_health: Callable[[str, bool], Awaitable[None]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -215,9 +219,11 @@ class ShardWatch:
                 continue
             if now - self.ok_at.get(shard, self._since) <= self._grace:
                 continue
-            if self._elsewhere(shard):
+            last = self.ok_epoch().get(shard, 0.0)
+            others = self._elsewhere(shard, last + self._interval if last else 0.0)
+            if others:
                 cut_off.append(shard)
-            reason = "unreachable from this node" if self._elsewhere(shard) else "unreachable"
+            reason = "unreachable from this node" if others else "unreachable"
             if shard not in self.down:
                 log.warning("store %s %s for %.1f s", shard, reason, self._grace)
                 await self._health(shard, False)

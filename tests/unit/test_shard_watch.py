@@ -4,12 +4,14 @@ first map."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from chronoq.config import NodeSettings
 from chronoq.coordinator.settings import ClusterSettings, EtcdSettings
 from chronoq.errors import ConfigError
+from chronoq.node.housekeeping import reachable_elsewhere
 from chronoq.node.shards import ShardWatch, cause, reach_dsn, without_masked_password
 from chronoq.shardmap import ShardMap, ShardMapInvalid, even
 
@@ -53,7 +55,7 @@ def watch(up: dict[str, bool], elsewhere: set[str], clock: list[float]) -> tuple
         lambda: even(16, 2),
         own,  # type: ignore[arg-type]
         grace=1.0,
-        elsewhere=lambda s: s in elsewhere,
+        elsewhere=lambda s, _after: s in elsewhere,
         monotonic=lambda: clock[0],
     )
     return w, own
@@ -75,6 +77,48 @@ def test_a_shard_nobody_reaches_is_held_out_alone_and_brought_back() -> None:
     up["shard-1"] = True
     asyncio.run(w.check())
     assert own.held_out == {} and w.down == {}
+
+
+def test_a_shard_lost_by_every_node_at_once_holds_out_only_its_partitions() -> None:
+    """The others' last answers, published before the loss, are still fresh when this node
+    gives up on the shard: they must not make it step out (every node would, and the other
+    shard's partitions would stop firing with the down one's)."""
+    up, clock = {"shard-0": True, "shard-1": True}, [0.0]
+    seen: list[float] = []
+
+    async def probe(shard: str, _timeout: float) -> bool:
+        return up[shard]
+
+    own = FakeOwnership()
+    stats: dict[str, dict[str, float]] = {}
+
+    def elsewhere(shard: str, after: float) -> bool:
+        seen.append(after)
+        return reachable_elsewhere(stats, "me", time.time(), fresh=10.0, after=after)
+
+    w = ShardWatch(
+        probe,
+        lambda: even(16, 2),
+        own,  # type: ignore[arg-type]
+        grace=1.0,
+        interval=0.2,
+        elsewhere=elsewhere,
+        monotonic=lambda: clock[0],
+    )
+    asyncio.run(w.check())
+    up["shard-1"] = False
+    clock[0] = 1.6
+    # Another node answered shard-1 when this one last did, then lost it too.
+    stats["other"] = {"store_ok_at": w.ok_epoch()["shard-1"]}
+    asyncio.run(w.check())
+    assert own.held_out == {cause("shard-1"): frozenset(range(8, 16))}
+    assert not own.suspended
+    assert seen and seen[-1] > stats["other"]["store_ok_at"]
+    # Another node that answers it after this node lost it: this node steps out.
+    stats["other"] = {"store_ok_at": time.time()}
+    clock[0] = 2.0
+    asyncio.run(w.check())
+    assert own.suspended
 
 
 def test_a_shard_others_reach_makes_the_node_step_out_until_it_answers() -> None:
