@@ -27,6 +27,7 @@ from chronoq.console.views import (
     in_window,
     iso,
     schedule_row,
+    shard_map_view,
     task_detail,
     task_summary,
 )
@@ -242,6 +243,14 @@ class ClusterLink:
                 for b in status.buckets
             ],
         }
+
+    def shards(self) -> dict[str, Any]:
+        """The shards page, from the last poll's Status (the map, health, sizes, moves)."""
+        status = self.status
+        base = {"status_at": self.status_at}
+        if status is None:
+            return {**base, "ok": False, "error": "no node has answered yet"}
+        return {**base, **shard_map_view(status.shard_map, status.node_id)}
 
     # ------------------------------------------------------------------ queues
 

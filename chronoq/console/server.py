@@ -53,6 +53,7 @@ PAGES = {
     "/task": ("task", "Task"),
     "/dead": ("dead", "Dead letters"),
     "/schedules": ("schedules", "Schedules"),
+    "/shards": ("shards", "Shards"),
 }
 #: HTTP status of each remote error, as the page shows it.
 HTTP_STATUS: Mapping[type[errors.ChronoqError], int] = {
@@ -171,6 +172,7 @@ class Console:
         app.router.add_get("/api/dead", self._get(lambda q: self.link.tasks(_filter(q, dead=True))))
         app.router.add_get("/api/task", self._get(self._task))
         app.router.add_get("/api/schedules", self._get(lambda q: self.link.schedules(_ns(q))))
+        app.router.add_get("/api/shards", self._get(lambda q: self._shards()))
         app.router.add_post("/api/queues/limit", self._post(self._set_limit))
         app.router.add_post("/api/tasks/cancel", self._post(self._cancel))
         app.router.add_post("/api/tasks/requeue", self._post(self._requeue))
@@ -286,6 +288,9 @@ class Console:
 
     async def _overview(self) -> dict[str, Any]:
         return self.link.overview()
+
+    async def _shards(self) -> dict[str, Any]:
+        return self.link.shards()
 
     async def _task(self, query: Mapping[str, str]) -> dict[str, Any]:
         try:

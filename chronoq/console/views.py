@@ -1,4 +1,4 @@
-"""What the console's pages show, as JSON-ready dicts: tasks, schedules, queues. Pure.
+"""What the console's pages show, as JSON-ready dicts: tasks, schedules, queues, shards. Pure.
 
 The queues page shows the counts the node took from an index (``CountTasks``), per queue and
 state (``QueueTally``), and says which states were counted only up to the bound.
@@ -11,8 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from chronoq.client.values import MoveStatus, ShardMapStatus
+from chronoq.limits import KEPT_FINISHED_MOVES, MAX_OPEN_MOVES
 from chronoq.models import QueueCounts, Schedule, Task, TaskState
 from chronoq.recurrence import Cron, Every, next_fire
+from chronoq.redact import mask_dsn
+from chronoq.shardmap import MAX_SHARDS
 
 #: States whose tasks the queues page counts (final states grow forever: not counted).
 COUNTED_STATES = (TaskState.SCHEDULED, TaskState.READY, TaskState.RUNNING, TaskState.DEAD)
@@ -25,6 +29,8 @@ REQUEUEABLE = frozenset({TaskState.DEAD})
 NEXT_OCCURRENCES = 5
 #: Characters of a last error shown in a list (the task page shows it whole).
 ERROR_PREVIEW = 200
+#: Move records the shards page lists at most: as many as a cluster keeps (open and finished).
+MAX_SHOWN_MOVES = MAX_OPEN_MOVES + KEPT_FINISHED_MOVES
 
 
 def iso(when: datetime | None) -> str | None:
@@ -173,3 +179,52 @@ class QueueTally:
                 for row in sorted(self.rows.values(), key=lambda r: r.queue)
             ],
         }
+
+
+def shard_map_view(shard_map: ShardMapStatus | None, node_id: str) -> dict[str, Any]:
+    """The shards page: each shard (DSN masked again here, so that a node that sent one
+    unmasked still shows no password) and the moves, cut to the cluster's own caps."""
+    if shard_map is None:
+        return {"ok": False, "error": f"node {node_id} answered no shard map: upgrade it"}
+    return {
+        "ok": True,
+        "answered_by": node_id,
+        "version": shard_map.version,
+        "error": masked_text(shard_map.error[:ERROR_PREVIEW]),
+        "shards": [
+            {
+                "name": s.name,
+                "dsn": mask_dsn(s.dsn),
+                "health": s.health,
+                "partitions": s.partitions,
+                "partition_count": s.partition_count,
+                "pending": s.pending,
+            }
+            for s in shard_map.shards[:MAX_SHARDS]
+        ],
+        "shards_cut": len(shard_map.shards) > MAX_SHARDS,
+        "moves_in_progress": shard_map.moves_in_progress,
+        "moves_error": masked_text(shard_map.moves_error[:ERROR_PREVIEW]),
+        "moves": [move_row(m) for m in shard_map.moves[:MAX_SHOWN_MOVES]],
+        "moves_cut": len(shard_map.moves) > MAX_SHOWN_MOVES,
+    }
+
+
+def move_row(move: MoveStatus) -> dict[str, Any]:
+    return {
+        "id": move.id,
+        "partitions": move.partitions,
+        "source": move.source,
+        "target": move.target,
+        "phase": move.phase,
+        "rows_copied": move.rows_copied,
+        "rounds": move.rounds,
+        "driver": move.driver,
+        "error": masked_text(move.error[:ERROR_PREVIEW]),
+    }
+
+
+def masked_text(text: str) -> str:
+    """A message with the password of any DSN in it masked: ``password=`` pairs in the whole
+    text, and each word that is a URL (a DSN quoted inside an error)."""
+    return " ".join(mask_dsn(word) for word in mask_dsn(text).split(" "))

@@ -29,10 +29,12 @@ from chronoq.console.samples import NodeSample, Sample, SampleRing, cluster_rate
 from chronoq.console.server import ConsoleSettings, http_status
 from chronoq.console.views import (
     COUNTED_STATES,
+    MAX_SHOWN_MOVES,
     QueueTally,
     in_window,
     next_occurrences,
     parse_state,
+    shard_map_view,
     task_summary,
 )
 from chronoq.models import QueueCount, QueueCounts, Schedule, ScheduleSpec, Task, TaskState
@@ -252,3 +254,30 @@ def test_settings_are_bounded() -> None:
         ConsoleSettings(namespaces=())
     with pytest.raises(errors.InvalidArgument):
         ConsoleSettings(namespaces=("bad name",))
+
+
+def test_the_shards_page_masks_every_dsn_and_is_cut_to_the_cluster_caps() -> None:
+    """A node that sent a password (an older or a broken one) still shows none; shards past
+    the cluster's cap and moves past what a cluster keeps are not listed, and the page says so."""
+    from chronoq.client.values import MoveStatus, ShardMapStatus, ShardStatus
+    from chronoq.shardmap import MAX_SHARDS
+
+    shards = [ShardStatus("shard-0", "postgresql://app:s3cret@db0/x", "ok", "0-7", 8, 5),
+              ShardStatus("shard-1", "host=db1 user=app password=s3cret", "down", "8-15", 8, 0)]
+    moves = [MoveStatus(f"m{i}", "8-15", "shard-0", "shard-1", "copy", rows_copied=i,
+                        error="cannot reach postgresql://app:s3cret@db1/x")
+             for i in range(MAX_SHOWN_MOVES + 5)]
+    view = shard_map_view(ShardMapStatus(3, shards, moves_in_progress=1, moves=moves), "n1")
+    assert "s3cret" not in json.dumps(view)
+    assert [(s["name"], s["health"], s["partitions"], s["pending"]) for s in view["shards"]] == [
+        ("shard-0", "ok", "0-7", 5), ("shard-1", "down", "8-15", 0)]
+    assert view["shards"][0]["dsn"] == "postgresql://app:***@db0/x"
+    assert len(view["moves"]) == MAX_SHOWN_MOVES and view["moves_cut"] is True
+    assert view["moves"][1] == {"id": "m1", "partitions": "8-15", "source": "shard-0",
+                                "target": "shard-1", "phase": "copy", "rows_copied": 1,
+                                "rounds": 0, "driver": "", "error": view["moves"][1]["error"]}
+    many = [ShardStatus(f"shard-{i}", "", "ok", "", 0, 0) for i in range(MAX_SHARDS + 1)]
+    cut = shard_map_view(ShardMapStatus(1, many), "n1")
+    assert len(cut["shards"]) == MAX_SHARDS and cut["shards_cut"] is True
+    assert shard_map_view(None, "n1") == {
+        "ok": False, "error": "node n1 answered no shard map: upgrade it"}

@@ -608,6 +608,58 @@ async function loadSchedules() {
   }
 }
 
+// ------------------------------------------------------------------ shards
+
+function shardsSkeleton() {
+  main.append(
+    el("section", { class: "cards", id: "shard-facts" }),
+    section("Store shards", "shards-card", el("p", { id: "shards-note", class: "note" }),
+      el("div", { id: "shards" })),
+    section("Moves (open and recently finished)", "moves-card",
+      el("p", { id: "moves-note", class: "note" }), el("div", { id: "moves" })));
+}
+
+async function loadShards() {
+  const m = await api("/api/shards");
+  body.dataset.ready = "true";
+  banner(m.ok ? (m.error ? `The shard map in etcd was refused: ${m.error}` : "")
+    : (m.error || "no node answered"), "error");
+  const facts = document.getElementById("shard-facts");
+  facts.textContent = "";
+  for (const [label, value, id] of [
+    ["map version", m.version ?? "–", "fact-map-version"],
+    ["answered by", m.answered_by || "–", "fact-shards-node"],
+    ["shards", (m.shards || []).length, "fact-shard-count"],
+    ["moves in progress", m.moves_in_progress ?? "–", "fact-moves"]]) {
+    facts.append(el("div", { class: "fact", id }, el("span", { text: label }),
+      el("strong", { text: value })));
+  }
+  replace("shards", table(["shard", "dsn (password masked)", "health", "partitions", "held",
+    "pending (counted buckets)"], (m.shards || []).map((s) => el("tr", {
+    class: s.health === "ok" ? "" : "down", "data-shard": s.name, "data-health": s.health,
+    "data-held": s.partition_count },
+  el("td", { text: s.name }), el("td", { class: "id", text: s.dsn }),
+  el("td", { text: s.health }), el("td", { class: "tokens", text: s.partitions || "–" }),
+  el("td", { class: "num", text: s.partition_count }),
+  el("td", { class: "num", text: fmtNum(s.pending, 0) })))));
+  document.getElementById("shards-note").textContent = m.shards_cut
+    ? "More shards than a cluster may have: the first ones are shown." : "";
+  const moves = m.moves || [];
+  replace("moves", table(["id", "partitions", "from", "to", "phase", "rows copied", "rounds",
+    "driver", "error"], moves.map((v) => el("tr", { "data-move": v.id, "data-phase": v.phase },
+    el("td", { class: "id", text: v.id || "–" }), el("td", { class: "tokens", text: v.partitions }),
+    el("td", { text: v.source }), el("td", { text: v.target }),
+    el("td", {}, el("span", { class: `state phase-${v.phase}`, text: v.phase })),
+    el("td", { class: "num", text: fmtNum(v.rows_copied, 0) }),
+    el("td", { class: "num", text: v.rounds }), el("td", { text: v.driver || "–" }),
+    el("td", { class: "error", text: v.error || "" })))));
+  const notes = [];
+  if (!moves.length) notes.push("No moves.");
+  if (m.moves_cut) notes.push("More moves than a cluster keeps: the first ones are shown.");
+  if (m.moves_error) notes.push(`Move records unreadable: ${m.moves_error}`);
+  document.getElementById("moves-note").textContent = notes.join(" ");
+}
+
 // ------------------------------------------------------------------ start
 
 function start() {
@@ -634,6 +686,7 @@ function start() {
   if (PAGE === "dead") { tasksSkeleton(true); every(() => loadTasks(true), slow); }
   if (PAGE === "task") { taskSkeleton(); every(loadTask, slow); }
   if (PAGE === "schedules") { schedulesSkeleton(); every(loadSchedules, slow); }
+  if (PAGE === "shards") { shardsSkeleton(); every(loadShards, REFRESH_MS); }
 }
 
 start();
