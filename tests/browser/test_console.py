@@ -34,6 +34,7 @@ from chronoq.console.server import Console, ConsoleSettings
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.local.cluster import ClusterSpec, LocalCluster
 from chronoq.models import Lease, TaskState
+from chronoq.redact import split_password
 
 pytestmark = pytest.mark.timeout(300)  # generous: the machine may be loaded
 
@@ -251,6 +252,7 @@ def drive(side: ConsoleThread, cluster: LocalCluster, pages: Pages) -> None:
 
     pages.get(console.url)
     overview_shows_status(side, pages)
+    shards_page_shows_the_map(side, pages, base, cluster)
     task_is_listed_with_its_payload(pages, base, task_id, payload)
     queue_limit_is_set(side, pages, base)
     requeued_dead_letters_run(side, pages, base)
@@ -337,6 +339,27 @@ def requeued_dead_letters_run(side: ConsoleThread, pages: Pages, base: str) -> N
     ran = side.run(_run_tasks(client, "flaky", 3))
     assert sorted(ran) == sorted(dead)
     assert all(side.run(client.get(i)).state is TaskState.SUCCEEDED for i in dead)
+
+
+def shards_page_shows_the_map(
+    side: ConsoleThread, pages: Pages, base: str, cluster: LocalCluster
+) -> None:
+    """The shards page shows the map Status returns: one shard holding every partition, its
+    DSN without the password."""
+    status = side.run(side.client.status())
+    assert status.shard_map is not None
+    expected = {s.name: (s.health, s.partition_count) for s in status.shard_map.shards}
+    assert expected == {"shard-0": ("ok", 16)}
+    pages.get(f"{base}/shards")
+    until("the shards page", lambda: pages.attr("body", "data-ready") == "true")
+    until("the shard rows", lambda: {
+        r.get_attribute("data-shard"): (r.get_attribute("data-health"),
+                                        int(r.get_attribute("data-held")))
+        for r in pages.els("#shards tr[data-shard]")} == expected)
+    password = split_password(cluster.dsn)[1]
+    assert password and password not in pages.driver.page_source
+    assert "No moves." in pages.el("#moves-note").text
+    pages.shoot("shards")
 
 
 def paused_schedule_stops(side: ConsoleThread, pages: Pages, base: str) -> None:
