@@ -10,10 +10,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from chronoq.errors import PartitionMoved
 from chronoq.models import AckOutcome, HeartbeatOutcome, Lease, Task
 from chronoq.store import fanout
-from chronoq.store.shard_routing import ShardRouting
+from chronoq.store.shard_routing import Route, ShardRouting
 from chronoq.store.store import Store
 
 R = TypeVar("R")
@@ -28,15 +27,11 @@ class ByTaskId(ShardRouting):
         return await self._by_id(task_id, lambda s: s.get(task_id, namespace))
 
     async def cancel(self, task_id: str, namespace: str, now: datetime) -> Task:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.cancel(task_id, namespace, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.cancel(task_id, namespace, now))
+        if not isinstance(first, Route):
+            return first
         return await self._by_id(
-            task_id, lambda s: s.cancel(task_id, namespace, now), retry=not retried
+            task_id, lambda s: s.cancel(task_id, namespace, now), retry=first.retry
         )
 
     async def _by_leases(
@@ -57,29 +52,21 @@ class ByTaskId(ShardRouting):
     async def heartbeat(
         self, namespace: str, leases: Sequence[Lease], now: datetime
     ) -> list[HeartbeatOutcome]:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.heartbeat(namespace, leases, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.heartbeat(namespace, leases, now))
+        if not isinstance(first, Route):
+            return first
         return await self._by_leases(
-            leases, lambda s, ls: s.heartbeat(namespace, ls, now), retry=not retried
+            leases, lambda s, ls: s.heartbeat(namespace, ls, now), retry=first.retry
         )
 
     async def complete(
         self, namespace: str, leases: Sequence[Lease], now: datetime
     ) -> list[AckOutcome]:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.complete(namespace, leases, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.complete(namespace, leases, now))
+        if not isinstance(first, Route):
+            return first
         return await self._by_leases(
-            leases, lambda s, ls: s.complete(namespace, ls, now), retry=not retried
+            leases, lambda s, ls: s.complete(namespace, ls, now), retry=first.retry
         )
 
     async def fail(
@@ -98,43 +85,31 @@ class ByTaskId(ShardRouting):
                 namespace, lease, error, now, fatal=fatal, retry_after=retry_after, rng=rng
             )
 
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await call(solo)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
-        return await self._by_id(lease.task_id, call, retry=not retried)
+        first = await self._straight(call)
+        if not isinstance(first, Route):
+            return first
+        return await self._by_id(lease.task_id, call, retry=first.retry)
 
     async def release(self, namespace: str, lease: Lease) -> Task:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.release(namespace, lease)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.release(namespace, lease))
+        if not isinstance(first, Route):
+            return first
         return await self._by_id(
-            lease.task_id, lambda s: s.release(namespace, lease), retry=not retried
+            lease.task_id, lambda s: s.release(namespace, lease), retry=first.retry
         )
 
     async def release_handed(
         self, leases: Mapping[str, str], fired_at: datetime, now: datetime
     ) -> Counter[tuple[str, str]]:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.release_handed(leases, fired_at, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.release_handed(leases, fired_at, now))
+        if not isinstance(first, Route):
+            return first
         ids = list(leases)
         answers = await self._routed(
             ids,
             self._id_partition,
             lambda s, pos: s.release_handed({ids[i]: leases[ids[i]] for i in pos}, fired_at, now),
-            retry=not retried,
+            retry=first.retry,
         )
         out: Counter[tuple[str, str]] = Counter()
         for _pos, given in answers:

@@ -12,7 +12,6 @@ from chronoq import errors
 from chronoq.errors import (
     ChronoqError,
     InvalidArgument,
-    PartitionMoved,
     RequeuePartlyDone,
     StoreUnavailable,
 )
@@ -21,6 +20,7 @@ from chronoq.models import Page, QueueCounts, Task, TaskState
 from chronoq.store import fanout
 from chronoq.store.rows import Fence
 from chronoq.store.shard_ids import ByTaskId
+from chronoq.store.shard_routing import Route
 from chronoq.store.tasks import PAGE_BYTES
 
 
@@ -34,13 +34,9 @@ class ShardListings(ByTaskId):
         committed (an outage, or a race that changed one of its tasks) raises
         ``RequeuePartlyDone`` naming the ids requeued; the rest were not, or their outcome is
         unknown (their shard did not answer)."""
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.requeue(namespace, ids, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.requeue(namespace, ids, now))
+        if not isinstance(first, Route):
+            return first
         if not ids:
             raise InvalidArgument("ids", "name at least one dead task")
         m = self._routing()
@@ -51,7 +47,7 @@ class ShardListings(ByTaskId):
                 mine,
                 self._id_partition,
                 lambda s, pos: s.requeue(namespace, [mine[i] for i in pos], now),
-                retry=not retried,
+                retry=first.retry,
             )
             return [t for _pos, tasks in answers for t in tasks]
 

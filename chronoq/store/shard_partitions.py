@@ -9,11 +9,11 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 
-from chronoq.errors import PartitionMoved, StoreUnavailable
+from chronoq.errors import StoreUnavailable
 from chronoq.models import Task, TaskState
 from chronoq.store import fanout, legacy
 from chronoq.store.rows import Fence, FireResult
-from chronoq.store.shard_routing import DueSoon, ShardRouting
+from chronoq.store.shard_routing import DueSoon, Route, ShardRouting
 from chronoq.store.store import Store
 
 log = logging.getLogger("chronoq.store")
@@ -44,13 +44,11 @@ class ByPartition(ShardRouting):
     async def fire_due(
         self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000, node_id: str = ""
     ) -> FireResult:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.fire_due(owned, now, batch=batch, node_id=node_id)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(
+            lambda solo: solo.fire_due(owned, now, batch=batch, node_id=node_id)
+        )
+        if not isinstance(first, Route):
+            return first
         ps = list(owned)
         answers = await self._routed(
             ps,
@@ -59,7 +57,7 @@ class ByPartition(ShardRouting):
                 {ps[i]: owned[ps[i]] for i in pos}, now, batch=batch, node_id=node_id
             ),
             skip_down=True,
-            retry=not retried,
+            retry=first.retry,
         )
         return fanout.fire_results(r for _pos, r in answers)
 
@@ -73,15 +71,13 @@ class ByPartition(ShardRouting):
         leases: Mapping[str, str] | None = None,
         budgets: Mapping[str, tuple[int, int]] | None = None,
     ) -> FireResult:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.fire_listed(
-                    owned, now, task_ids, node_id=node_id, leases=leases, budgets=budgets
-                )
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(
+            lambda solo: solo.fire_listed(
+                owned, now, task_ids, node_id=node_id, leases=leases, budgets=budgets
+            )
+        )
+        if not isinstance(first, Route):
+            return first
         ids = list(task_ids)
 
         def fire(s: Store, pos: list[int]) -> Awaitable[FireResult]:
@@ -94,18 +90,14 @@ class ByPartition(ShardRouting):
             )
 
         answers = await self._routed(
-            ids, self._id_partition, fire, skip_down=True, retry=not retried
+            ids, self._id_partition, fire, skip_down=True, retry=first.retry
         )
         return fanout.fire_results(r for _pos, r in answers)
 
     async def advance_watermarks(self, owned: Mapping[int, int], bucket: int) -> set[int]:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.advance_watermarks(owned, bucket)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.advance_watermarks(owned, bucket))
+        if not isinstance(first, Route):
+            return first
         ps = list(owned)
         out: set[int] = set()
         for _pos, moved in await self._routed(
@@ -113,7 +105,7 @@ class ByPartition(ShardRouting):
             int,
             lambda s, pos: s.advance_watermarks({ps[i]: owned[ps[i]] for i in pos}, bucket),
             skip_down=True,
-            retry=not retried,
+            retry=first.retry,
         ):
             out |= moved
         return out
@@ -126,13 +118,11 @@ class ByPartition(ShardRouting):
         batch: int = 1000,
         rng: random.Random | None = None,
     ) -> list[Task]:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.reap_expired(owned, now, batch=batch, rng=rng)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(
+            lambda solo: solo.reap_expired(owned, now, batch=batch, rng=rng)
+        )
+        if not isinstance(first, Route):
+            return first
         ps = list(owned)
         answers = await self._routed(
             ps,
@@ -141,7 +131,7 @@ class ByPartition(ShardRouting):
                 {ps[i]: owned[ps[i]] for i in pos}, now, batch=batch, rng=rng
             ),
             skip_down=True,
-            retry=not retried,
+            retry=first.retry,
         )
         return [t for _pos, tasks in answers for t in tasks]
 

@@ -16,6 +16,7 @@ from chronoq.routing import submit_partitions
 from chronoq.store import fanout, legacy
 from chronoq.store.rows import Accepted
 from chronoq.store.shard_ids import ByTaskId
+from chronoq.store.shard_routing import Route
 from chronoq.store.store import Store
 
 R = TypeVar("R")
@@ -112,13 +113,9 @@ class Placement(ByTaskId):
         )
 
     async def submit(self, specs: Sequence[TaskSpec], now: datetime) -> list[SubmitOutcome]:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.submit(specs, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.submit(specs, now))
+        if not isinstance(first, Route):
+            return first
         if not specs:
             return []
 
@@ -132,7 +129,7 @@ class Placement(ByTaskId):
                 s, mine, parts, lambda m, p: s.submit(m, now, partitions=p), old
             ),
             lambda o: (o.task.id, o.created),
-            retry=not retried,
+            retry=first.retry,
         )
 
     async def submit_leased(self, spec: TaskSpec, now: datetime, worker_id: str) -> SubmitOutcome:
@@ -142,13 +139,9 @@ class Placement(ByTaskId):
         take first, on any shard, makes this a plain submit (READY, waiting its turn)."""
         if spec.run_at > now:
             raise ValueError("only a task due at once is leased by its submit")
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.submit_leased(spec, now, worker_id)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.submit_leased(spec, now, worker_id))
+        if not isinstance(first, Route):
+            return first
         heads = await self._every(
             lambda s: s.ready_heads(spec.namespace, [spec.queue], 1, worker_id)
         )
@@ -169,7 +162,7 @@ class Placement(ByTaskId):
                 s, mine, parts, lambda m, p: leased(s, m, p), old
             ),
             lambda o: (o.task.id, o.created),
-            retry=not retried,
+            retry=first.retry,
         )
         return outcome
 
@@ -181,13 +174,9 @@ class Placement(ByTaskId):
             return None
 
     async def submit_ids(self, specs: Sequence[TaskSpec], now: datetime) -> Accepted:
-        retried = False
-        if (solo := self._fast()) is not None:
-            try:
-                return await solo.submit_ids(specs, now)
-            except PartitionMoved:
-                await self._refreshed()
-                retried = True
+        first = await self._straight(lambda solo: solo.submit_ids(specs, now))
+        if not isinstance(first, Route):
+            return first
         if not specs:
             return Accepted()
 
@@ -204,5 +193,5 @@ class Placement(ByTaskId):
         ) -> Awaitable[list[tuple[str, bool]]]:
             return legacy.submit_routed(s, mine, parts, lambda m, p: submit(s, m, p), old)
 
-        answer = await self._placed(specs, ids, lambda pair: pair, retry=not retried)
+        answer = await self._placed(specs, ids, lambda pair: pair, retry=first.retry)
         return Accepted.of(specs, answer, now)

@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
@@ -31,6 +32,14 @@ SKIP_WARN_S = 10.0
 
 R = TypeVar("R")
 K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A call the one store did not answer goes through the map: ``retry``, whether a
+    moved partition may still be routed again once (not after the one store refused it)."""
+
+    retry: bool
 
 
 class ShardRouting:
@@ -242,6 +251,19 @@ class ShardRouting:
     def _limits_shard(self) -> str:
         """Where queue limits and their tokens live: the map's first shard."""
         return self._routing().shards[0]
+
+    async def _straight(self, call: Callable[[Store], Awaitable[R]]) -> R | Route:
+        """``call`` on the one store holding every partition, if one does; else, or when
+        that store refused a moved partition (the map refreshed then), a ``Route`` saying
+        whether the routed call still has its one retry."""
+        solo = self._fast()
+        if solo is None:
+            return Route(retry=True)
+        try:
+            return await call(solo)
+        except PartitionMoved:
+            await self._refreshed()
+            return Route(retry=False)
 
     def _fast(self) -> Store | None:
         """The one store holding every partition of the current map, if one does."""
