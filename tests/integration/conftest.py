@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from chronoq.config import NodeSettings
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.node import Node
 from chronoq.store import Store
+from tests.conftest import create_test_database
 
 NodeFactory = Callable[..., Awaitable[Node]]
 
@@ -103,3 +105,25 @@ def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def empty_db(postgres: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh database with no migration applied: what an operator gives add-shard."""
+    name = f"s_{uuid.uuid4().hex[:12]}"
+    url = postgres.create_database(name)
+    try:
+        yield url
+    finally:
+        postgres.drop_database(name)
+
+
+@pytest.fixture
+def target_dsn(postgres: EmbeddedPostgres, template_db: str) -> Iterator[str]:
+    """A second migrated database, empty: the target shard of a move."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    url = create_test_database(postgres, name, template_db)
+    try:
+        yield url
+    finally:
+        postgres.drop_database(name)

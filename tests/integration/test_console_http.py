@@ -10,8 +10,7 @@ import asyncio
 import json
 import re
 import socket
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,7 +21,6 @@ import pytest
 from chronoq.client import Client
 from chronoq.console.guard import CSRF_HEADER, SESSION_COOKIE
 from chronoq.console.server import Console, ConsoleSettings
-from chronoq.embedded.postgres import EmbeddedPostgres
 from tests.integration.conftest import NodeFactory
 from tests.integration.test_cluster_inproc import cluster
 
@@ -145,16 +143,6 @@ def shard_tokens(tmp_path: Path) -> Path:
     path.write_text(f'[tokens]\n"{ADMIN}" = ["*"]\n"{TENANT}" = ["team-a"]\n')
     path.chmod(0o600)
     return path
-
-
-@pytest.fixture
-def empty_db(postgres: EmbeddedPostgres) -> Iterator[str]:
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    url = postgres.create_database(name)
-    try:
-        yield url
-    finally:
-        postgres.drop_database(name)
 
 
 async def _open(address: str, token: str) -> Console:

@@ -7,9 +7,8 @@ routes of purged tasks go. The old rows are written with raw SQL, as the old cod
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,6 @@ from chronoq.store.legacy import RoutesFirst, build
 from chronoq.store.mover import PartitionMove
 from chronoq.store.schedules import Schedules
 from chronoq.store.sharded import ShardedSchedules, ShardedStore
-from tests.conftest import create_test_database
 from tests.integration.test_mover import HOLDINGS, _open
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,14 +31,6 @@ pytestmark = pytest.mark.timeout(120)
 P = 8
 NS = "default"
 NOW = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
-
-
-@pytest.fixture
-def target_dsn(postgres: Any, template_db: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    url = create_test_database(postgres, name, template_db)
-    yield url
-    postgres.drop_database(name)
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from chronoq.store.mover import (
     StaleMoveToken,
 )
 from chronoq.store.schedules import Schedules
-from tests.conftest import create_test_database
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -141,16 +140,6 @@ async def _open(dsn: str, holds: Sequence[int] | None) -> Store:
                     P,
                 )
     return store
-
-
-@pytest.fixture
-def target_dsn(postgres: Any, template_db: str) -> Any:
-    import uuid
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    url = create_test_database(postgres, name, template_db)
-    yield url
-    postgres.drop_database(name)
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ move records in Status (real etcd, real PostgreSQL databases)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,6 @@ import pytest
 
 from chronoq.client import Client
 from chronoq.coordinator.etcd import Keys, connect
-from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import AccessDenied, BadRequest, PreconditionFailed
 from chronoq.moves import Phase
 from tests.integration.conftest import NodeFactory
@@ -30,17 +27,6 @@ def tokens(tmp_path: Path) -> Path:
     path.write_text(f'[tokens]\n"{ADMIN}" = ["*"]\n"{TENANT}" = ["team-a"]\n')
     path.chmod(0o600)
     return path
-
-
-@pytest.fixture
-def empty_db(postgres: EmbeddedPostgres) -> Iterator[str]:
-    """A fresh database with no migration applied: what an operator gives add-shard."""
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    url = postgres.create_database(name)
-    try:
-        yield url
-    finally:
-        postgres.drop_database(name)
 
 
 async def _etcd_values(etcd: Any, cluster_name: str) -> list[bytes]:
