@@ -28,13 +28,8 @@ import aetcd
 
 from chronoq.config import NodeSettings
 from chronoq.coordinator.etcd import Keys, translated
-from chronoq.coordinator.moves import (
-    EtcdMoveBook,
-    MoveDriver,
-    PartitionMover,
-    Stored,
-    member_map_versions,
-)
+from chronoq.coordinator.move_book import EtcdMoveBook, Stored, member_map_versions
+from chronoq.coordinator.moves import MoveDriver, PartitionMover
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.errors import ChronoqError, InvalidArgument
 from chronoq.limits import (

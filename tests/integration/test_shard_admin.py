@@ -113,7 +113,8 @@ async def test_a_move_overlapping_an_open_one_is_refused_and_requests_leave_the_
 ) -> None:
     """The request side alone, on real etcd (no node drives the records here)."""
     from chronoq.config import NodeSettings
-    from chronoq.coordinator.moves import EtcdMoveBook, MoveDriver
+    from chronoq.coordinator.move_book import EtcdMoveBook
+    from chronoq.coordinator.moves import MoveDriver
     from chronoq.node.shard_admin import MoverStores, ShardAdmin, ShardAdminRefused
     from chronoq.shardmap import single
 

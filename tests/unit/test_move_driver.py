@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from chronoq.coordinator.moves import MoveDriver, MoveLost, Stored
+from chronoq.coordinator.move_book import MoveLost, Stored
+from chronoq.coordinator.moves import MoveDriver
 from chronoq.errors import CoordinatorUnavailable, StoreUnavailable
 from chronoq.moves import (
     MoveRecord,
