@@ -22,7 +22,6 @@ import contextlib
 import enum
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +33,9 @@ from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.coordinator import ring
 from chronoq.coordinator.etcd import ClusterSettings, Keys, connect, translated
+from chronoq.coordinator.fence_audit import audit_fences
 from chronoq.coordinator.lease import NodeLease
+from chronoq.coordinator.loads import due_loads, worth_publishing
 from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.coordinator.shards import ShardMapView
 from chronoq.coordinator.view import PrefixView
@@ -473,38 +474,9 @@ class EtcdOwnership:
             log.debug("fence audit skipped while %s", ", ".join(self.held_out))
 
     async def audit_fences(self) -> set[int]:
-        """Take our fences again where the store holds an older token than ours; returns
-        those partitions.
-
-        Tokens only grow, so an older one in the store means the store went back in time (a
-        failover to a standby that had not received the last commits). Until fixed, every
-        owner write of ours would match nothing: the partition would not fire at all. Raising
-        the fence to our token again is what ``take_fence`` does on a claim; it stays refused
-        when a newer owner exists. A newer token than ours means we lost the partition: our
-        writes are fenced, and etcd tells us to let go.
-        """
-        owned = dict(self.owned())
-        if not owned:
-            return set()
-        stored = {f.partition: f for f in await self._store.fences()}
-        retaken: set[int] = set()
-        for partition, token in sorted(owned.items()):
-            fence = stored.get(partition)
-            if fence is not None and (fence.cluster_id != self.cluster_id or fence.token >= token):
-                if fence.token > token and fence.cluster_id == self.cluster_id:
-                    log.warning(
-                        "partition %d: the store holds a newer token (%d > %d); not firing it",
-                        partition, fence.token, token,
-                    )
-                continue
-            if await self._store.take_fence(partition, token, self.cluster_id, self.node_id):
-                retaken.add(partition)
-                log.warning(
-                    "partition %d: the store had lost this owner's fence (it holds %s, ours is "
-                    "%d): taken again",
-                    partition, "none" if fence is None else fence.token, token,
-                )
-        return retaken
+        """Take our fences again where the store holds an older token than ours (it went
+        back in time: ``chronoq.coordinator.fence_audit``); returns those partitions."""
+        return await audit_fences(self._store, self.owned(), self.cluster_id, self.node_id)
 
     async def _release(self, partitions: set[int], *, wait_in_flight: bool = True) -> None:
         if wait_in_flight:
@@ -560,22 +532,16 @@ class EtcdOwnership:
             current,
             current + self.settings.load_horizon_buckets - 1,
         )
-        fresh: dict[int, float] = {}
-        for (part, _b), count in counts.items():
-            fresh[part] = fresh.get(part, 0.0) + count
-        fresh = {part: _quantize(count) for part, count in fresh.items() if count > 0}
-        if fresh == self.published_loads():
-            return False
+        fresh = due_loads(counts)
         members = [m.node_id for m in self.live_members()]
-        current_map = self.assignment()
-        weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in self.partitions.all}
-        cap = ring.capacity(sum(weights.values()), len(members), self.settings.epsilon)
-        per_member: dict[str, float] = {}
-        for part, member in current_map.items():
-            per_member[member] = per_member.get(member, 0.0) + weights[part]
-        overloaded = any(v > cap for v in per_member.values())
-        stale_hot = bool(self.published_loads()) and not fresh
-        if not (overloaded or stale_hot):
+        if not worth_publishing(
+            fresh,
+            self.published_loads(),
+            self.assignment(),
+            self.partitions.all,
+            len(members),
+            self.settings.epsilon,
+        ):
             return False
         with translated("publish loads"):
             await self.client.put(
@@ -599,8 +565,3 @@ class EtcdOwnership:
             with contextlib.suppress(ValueError):
                 out[entry.key[len(self.keys.stats) :].decode()] = json.loads(entry.value)
         return out
-
-
-def _quantize(n: float) -> float:
-    """Round a due count to a power of two, so small drifts do not move partitions."""
-    return float(2 ** round(math.log2(n))) if n >= 1 else 0.0

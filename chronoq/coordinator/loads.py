@@ -1,0 +1,51 @@
+"""The published loads: which partitions' coming work moves them between members, and when.
+
+Pure: no I/O. The leading node counts the due tasks of the coming buckets per partition;
+``due_loads`` rounds the counts so that small drifts move nothing, and ``worth_publishing``
+says whether the new loads should reach etcd (``ring.assign`` weighs them): only when the
+current assignment would overload a member with them, or when loads published before are
+all gone. Publishing less often keeps the assignment, and so the owners, still.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from chronoq.coordinator import ring
+
+
+def quantize(n: float) -> float:
+    """Round a due count to a power of two, so small drifts do not move partitions."""
+    return float(2 ** round(math.log2(n))) if n >= 1 else 0.0
+
+
+def due_loads(counts: Mapping[tuple[int, int], int]) -> dict[int, float]:
+    """Per-partition due work from (partition, bucket) → count, rounded (``quantize``)."""
+    summed: dict[int, float] = {}
+    for (part, _b), count in counts.items():
+        summed[part] = summed.get(part, 0.0) + count
+    return {part: quantize(count) for part, count in summed.items() if count > 0}
+
+
+def worth_publishing(
+    fresh: Mapping[int, float],
+    published: Mapping[int, float],
+    assignment: Mapping[int, str],
+    partitions: Iterable[int],
+    members: int,
+    epsilon: float,
+) -> bool:
+    """Whether ``fresh`` loads should replace the ``published`` ones: they differ, and with
+    them the current ``assignment`` puts a member above the ring's capacity, or no partition
+    is hot any more while some were published as hot."""
+    if fresh == published:
+        return False
+    weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in partitions}
+    cap = ring.capacity(sum(weights.values()), members, epsilon)
+    per_member: dict[str, float] = {}
+    for part, member in assignment.items():
+        per_member[member] = per_member.get(member, 0.0) + weights[part]
+    overloaded = any(v > cap for v in per_member.values())
+    stale_hot = bool(published) and not fresh
+    return overloaded or stale_hot

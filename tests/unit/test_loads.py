@@ -1,0 +1,35 @@
+"""The published loads (pure): rounding, summing over buckets, and when to publish."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chronoq.coordinator.loads import due_loads, quantize, worth_publishing
+
+
+@given(st.floats(min_value=1, max_value=1e12))
+def test_a_count_rounds_to_a_power_of_two_within_a_factor_of_root_two(n: float) -> None:
+    q = quantize(n)
+    assert math.log2(q).is_integer()
+    assert n / 2**0.5 <= q * (1 + 1e-9) and q <= n * 2**0.5 * (1 + 1e-9)
+
+
+def test_counts_are_summed_per_partition_and_empty_ones_dropped() -> None:
+    assert due_loads({(1, 10): 3, (1, 11): 5, (2, 10): 0, (3, 12): 1}) == {1: 8.0, 3: 1.0}
+    assert quantize(0.5) == 0.0
+
+
+def test_loads_are_published_only_when_they_change_and_overload_or_go_cold() -> None:
+    parts = range(4)
+    even = {0: "a", 1: "a", 2: "b", 3: "b"}
+    # The same loads again: nothing to publish.
+    assert not worth_publishing({0: 64.0}, {0: 64.0}, even, parts, 2, 0.25)
+    # A hot partition overloads its member under the current assignment.
+    assert worth_publishing({0: 64.0}, {}, even, parts, 2, 0.25)
+    # Loads spread evenly enough: the assignment stays.
+    assert not worth_publishing({0: 1.0, 2: 1.0}, {}, even, parts, 2, 0.25)
+    # Every hot partition went cold: the old loads must not keep moving partitions.
+    assert worth_publishing({}, {0: 64.0}, even, parts, 2, 0.25)
