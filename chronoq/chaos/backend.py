@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from chronoq.chaos.disk import CappedDisk
-from chronoq.chaos.faults import (
+from chronoq.chaos.fault_plan import (
     ALL_KINDS,
     SHARD_KINDS,
     SINGLE_STORE_KINDS,

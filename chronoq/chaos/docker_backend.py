@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from chronoq.chaos.faults import FaultKind
+from chronoq.chaos.fault_plan import FaultKind
 from chronoq.chaos.shaping import LinkShape
 from chronoq.coordinator.settings import EtcdSettings
 from chronoq.errors import ChronoqError, ConfigError

@@ -26,14 +26,8 @@ from rich.console import Console
 
 from chronoq.chaos import ledger
 from chronoq.chaos.checker import Verdict, check
-from chronoq.chaos.faults import (
-    FaultKind,
-    FaultTarget,
-    Injector,
-    ShardFaultTarget,
-    default_holds,
-    schedule,
-)
+from chronoq.chaos.fault_plan import FaultKind, default_holds, schedule
+from chronoq.chaos.faults import FaultTarget, Injector, ShardFaultTarget
 from chronoq.chaos.history import History, OwnerEvent, Params, TaskRow, to_us
 from chronoq.chaos.report import plot_timeline, print_report, write_json
 from chronoq.chaos.worker import WorkerPool

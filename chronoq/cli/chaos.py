@@ -108,7 +108,7 @@ def chaos(
     Example: chronoq chaos --duration 300 --faults all --seed 7 --out chaos-out
     """
     from chronoq.chaos.docker_backend import DockerUnavailable
-    from chronoq.chaos.faults import parse_kinds
+    from chronoq.chaos.fault_plan import parse_kinds
     from chronoq.chaos.harness import ChaosOptions, judge, run
     from chronoq.chaos.history import History
     from chronoq.embedded.shards import check_store_shards

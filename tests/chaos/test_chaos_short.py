@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from chronoq.chaos.faults import FaultKind
+from chronoq.chaos.fault_plan import FaultKind
 from chronoq.chaos.harness import ChaosOptions, run
 
 pytestmark = pytest.mark.timeout(240)

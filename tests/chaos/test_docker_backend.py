@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from chronoq.chaos.docker_backend import DockerBackend, DockerUnavailable
-from chronoq.chaos.faults import FaultKind
+from chronoq.chaos.fault_plan import FaultKind
 from chronoq.chaos.harness import ChaosOptions, run
 
 pytestmark = pytest.mark.timeout(300)

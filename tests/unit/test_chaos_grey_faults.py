@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from chronoq.chaos.checker import check, fire_lateness
 from chronoq.chaos.drift import ACT_S, Drift
-from chronoq.chaos.faults import (
+from chronoq.chaos.fault_plan import (
     ALL_KINDS,
     STORE_HA_KINDS,
     FaultKind,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chronoq.chaos.faults import ALL_KINDS, FaultKind, default_holds, parse_kinds, schedule
+from chronoq.chaos.fault_plan import ALL_KINDS, FaultKind, default_holds, parse_kinds, schedule
 from chronoq.chaos.ledger import LedgerWriter, read_file
 from chronoq.chaos.workload import MIX, plan_tasks
 

@@ -4,7 +4,7 @@ report separates the firing gap of the surviving shards' partitions from the dow
 from __future__ import annotations
 
 from chronoq.chaos.checker import DUPLICATE_CAUSES, check, shard_outages
-from chronoq.chaos.faults import ALL_KINDS, SHARD_KINDS, FaultKind, parse_kinds
+from chronoq.chaos.fault_plan import ALL_KINDS, SHARD_KINDS, FaultKind, parse_kinds
 from chronoq.chaos.history import FaultRecord, History, Params, TaskRow
 
 US = 1_000_000
@@ -53,7 +53,7 @@ def test_a_shard_outage_reports_the_surviving_and_the_down_partitions_apart() ->
 
 
 def test_move_partitions_is_a_shard_fault_with_a_kill_node_variant() -> None:
-    from chronoq.chaos.faults import default_holds, schedule
+    from chronoq.chaos.fault_plan import default_holds, schedule
 
     assert FaultKind.MOVE_PARTITIONS in SHARD_KINDS
     assert FaultKind.MOVE_PARTITIONS not in parse_kinds("all")

@@ -106,7 +106,7 @@ def test_a_cancelled_wait_for_the_standby_is_recognised() -> None:
 
 
 def test_all_faults_has_the_store_faults_only_with_a_replicated_store() -> None:
-    from chronoq.chaos.faults import STORE_HA_KINDS, FaultKind, parse_kinds
+    from chronoq.chaos.fault_plan import STORE_HA_KINDS, FaultKind, parse_kinds
 
     single = parse_kinds("all")
     assert not set(single) & set(STORE_HA_KINDS)
