@@ -2,7 +2,7 @@
 
 ``config`` is the pure part (addresses, Patroni's configuration, the DSN, reading roles),
 ``install`` what the machine needs (an account, a venv with Patroni, usable binaries),
-``cluster`` the processes and their faults.
+``member`` one member's files and Patroni process, ``cluster`` the members and their faults.
 """
 
 from chronoq.embedded.ha.cluster import PatroniCluster

@@ -20,26 +20,22 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from chronoq.coordinator.credentials import read_password
-from chronoq.embedded import processes
 from chronoq.embedded.ha.config import (
     APP_ROLE,
     MEMBER_HOSTS,
     RESTAPI_USER,
     SUPERUSER,
-    MemberAddress,
     Topology,
     member_addresses,
     member_config,
@@ -52,6 +48,7 @@ from chronoq.embedded.ha.install import (
     postgres_bin_dir,
     run_as,
 )
+from chronoq.embedded.ha.member import Member, free_ports, signal_pid, tail, traversable
 from chronoq.embedded.pg_auth import give_database_sql, give_tables_sql, role_sql
 from chronoq.embedded.pg_quote import quote_ident, quote_literal
 from chronoq.embedded.supervisor import Child
@@ -63,7 +60,6 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 API_TIMEOUT_S = 2.0
 #: Seconds a member gets to stop (Patroni stops its postgres first) before SIGKILL.
 STOP_TIMEOUT_S = 20.0
-_LOG_TAIL_LINES = 30
 _POLL_S = 0.1
 #: The generated secrets (mode 0600): PostgreSQL's superuser, replication and the nodes' role,
 #: and Patroni's REST API.
@@ -75,62 +71,6 @@ PROBE_SQL = (
     "INSERT INTO chronoq_ha_probe VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()"
 )
 PROBE_TIMEOUT_S = 5.0
-
-
-def _free_ports(hosts: Sequence[str]) -> list[int]:
-    """A free TCP port on each of ``hosts``, all bound at once so none is handed out twice."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in hosts]
-    try:
-        for sock, host in zip(sockets, hosts, strict=True):
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
-@dataclass
-class Member:
-    """One member's files and its Patroni process."""
-
-    address: MemberAddress
-    home: Path  # owned by the member's account: data, config, pgpass
-    log_file: Path
-    socket_dir: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.address.name
-
-    @property
-    def data_dir(self) -> Path:
-        return self.home / "data"
-
-    @property
-    def config_file(self) -> Path:
-        return self.home / "patroni.yml"
-
-    @property
-    def patroni_pid(self) -> int | None:
-        """Patroni's PID while it runs (reaps it once it exited)."""
-        if self.process is not None and self.process.poll() is None:
-            return self.process.pid
-        return None
-
-    @property
-    def postmaster_pid(self) -> int | None:
-        """The postmaster's PID from ``postmaster.pid``, while that process is a live postgres."""
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            pid = abs(int((self.data_dir / "postmaster.pid").read_text().splitlines()[0]))
-            if processes.process_name(pid) == "postgres":
-                return pid
-        return None
 
 
 class PatroniCluster:
@@ -163,7 +103,7 @@ class PatroniCluster:
         self.etcd_auth = etcd_auth
         self.durable = durable
         self.scope = scope or f"chronoq-{secrets.token_hex(4)}"
-        ports = _free_ports([MEMBER_HOSTS[i // 2] for i in range(2 * members)])
+        ports = free_ports([MEMBER_HOSTS[i // 2] for i in range(2 * members)])
         self.addresses = member_addresses(members, ports)
         self.members = {
             a.name: Member(
@@ -236,15 +176,15 @@ class PatroniCluster:
         is left, postgres processes included, by PID. Safe to call repeatedly."""
         for member in self.members.values():
             if (pid := member.patroni_pid) is not None:
-                _signal(pid, signal.SIGCONT)
-                _signal(pid, signal.SIGTERM)
+                signal_pid(pid, signal.SIGCONT)
+                signal_pid(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for member in self.members.values():
             if member.process is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     member.process.wait(max(0.1, deadline - time.monotonic()))
         for member in self.members.values():
-            self._kill(member)
+            member.kill(self.bin_dir)
             shutil.rmtree(member.socket_dir, ignore_errors=True)
 
     def __enter__(self) -> PatroniCluster:
@@ -348,7 +288,7 @@ class PatroniCluster:
         ]
 
     def log_tails(self) -> str:
-        return "\n".join(f"--- {m.log_file}\n{_tail(m.log_file)}" for m in self.members.values())
+        return "\n".join(f"--- {m.log_file}\n{tail(m.log_file)}" for m in self.members.values())
 
     # -- faults ------------------------------------------------------------------------------
 
@@ -359,14 +299,14 @@ class PatroniCluster:
         pid = member.postmaster_pid
         if pid is None:
             raise PatroniError(f"{member.name} has no running postmaster")
-        _signal(pid, signal.SIGKILL)
+        signal_pid(pid, signal.SIGKILL)
         return member.name
 
     def kill_member(self, name: str | None = None) -> str:
         """SIGKILL Patroni and every postgres process of ``name`` (default: the leader), as a
         lost machine would; ``restart_member`` brings it back. Returns the member's name."""
         member = self._member(name)
-        self._kill(member)
+        member.kill(self.bin_dir)
         return member.name
 
     def kill_standby(self) -> str:
@@ -423,7 +363,7 @@ class PatroniCluster:
         """Start a member that is down again, on its data; wait until its postgres runs."""
         member = self.members[name]
         if member.patroni_pid is None:
-            self._kill(member)  # its postgres may outlive a killed Patroni
+            member.kill(self.bin_dir)  # its postgres may outlive a killed Patroni
             self._spawn(member)
         deadline = time.monotonic() + timeout
         while True:
@@ -431,7 +371,7 @@ class PatroniCluster:
             if seen is not None and name in seen.running:
                 return
             if member.patroni_pid is None:
-                raise PatroniError(f"{name} exited while starting:\n{_tail(member.log_file)}")
+                raise PatroniError(f"{name} exited while starting:\n{tail(member.log_file)}")
             if time.monotonic() > deadline:
                 raise PatroniError(f"{name} did not run within {timeout:g} s (seen: {seen})")
             time.sleep(_POLL_S)
@@ -513,6 +453,10 @@ class PatroniCluster:
             raise PatroniError("no Patroni member answers")
         return seen
 
+    def _spawn(self, member: Member) -> None:
+        assert self._patroni is not None  # found by ``start``
+        member.spawn(self._patroni, self._user)
+
     def _load_passwords(self) -> dict[str, str]:
         """The secrets of ``PASSWORDS_FILE``; those missing (all on a first start, the newer
         ones in a workdir of an older chronoq) are generated and the file rewritten, 0600."""
@@ -535,7 +479,7 @@ class PatroniCluster:
         passwords = self._load_passwords()
         user = self._user
         if user is not None:
-            _traversable(self.workdir)
+            traversable(self.workdir)
         for member in self.members.values():
             for directory in (member.home, member.socket_dir):
                 directory.mkdir(parents=True, exist_ok=True)
@@ -565,65 +509,6 @@ class PatroniCluster:
                 json.dump(config, out, indent=2)
             if user is not None:
                 os.chown(member.config_file, user.pw_uid, user.pw_gid)
-
-    def _spawn(self, member: Member) -> None:
-        assert self._patroni is not None
-        user = self._user
-        for lock in processes.clear_stale_locks(member.data_dir):
-            del lock  # a killed member's postmaster.pid: postgres refuses to start on it
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LC_ALL": "C.UTF-8",
-            "LANG": "C.UTF-8",
-            "HOME": str(member.home),
-        }
-        with member.log_file.open("ab") as log:
-            member.process = subprocess.Popen(
-                [str(self._patroni), str(member.config_file)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=member.home,
-                user=user.pw_uid if user else None,
-                group=user.pw_gid if user else None,
-                extra_groups=[] if user else None,
-                start_new_session=True,  # a Ctrl-C aimed at chronoq must not reach it
-            )
-
-    def _kill(self, member: Member) -> None:
-        """SIGKILL Patroni and every postgres process on the member's data directory."""
-        if (pid := member.patroni_pid) is not None:
-            _signal(pid, signal.SIGKILL)
-        if member.process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                member.process.wait(10)
-        deadline = time.monotonic() + 10
-        while pids := processes.server_pids(member.data_dir, self.bin_dir):
-            for pid in pids:
-                _signal(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise PatroniError(f"postgres processes {pids} of {member.name} survived SIGKILL")
-            time.sleep(0.02)
-
-
-def _traversable(path: Path) -> None:
-    """o+x (pass, not list) on ``path`` and its parents, so the member's account reaches it."""
-    for p in (path, *path.parents):
-        mode = p.stat().st_mode
-        if not mode & 0o001:
-            p.chmod(mode | 0o001)
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError as exc:
-        return f"<cannot read: {exc}>"
-    return "\n".join(lines[-_LOG_TAIL_LINES:])
 
 
 def scratch_dir(prefix: str = "cqha-") -> Path:
