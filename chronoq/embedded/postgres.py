@@ -28,14 +28,12 @@ import pwd
 import secrets
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from chronoq.embedded import processes
 from chronoq.embedded.pg_account import (
@@ -52,6 +50,21 @@ from chronoq.embedded.pg_auth import (
     give_tables_sql,
     role_sql,
     scram_verifier,
+)
+from chronoq.embedded.pg_dsn import over_tcp, server_dsn
+from chronoq.embedded.pg_process import (
+    accepting,
+    initdb,
+    kill_orphans,
+    log_tail,
+    pid_file_ready,
+    postmaster_file,
+    private_dir,
+    run_psql,
+    server_settings,
+    signal_pid,
+    spawn_postmaster,
+    wait_exit,
 )
 from chronoq.embedded.pg_quote import quote_ident, quote_literal
 from chronoq.embedded.processes import clear_stale_locks, free_port, lock_holder
@@ -86,16 +99,6 @@ AUTH_METHOD = "scram-sha-256"
 
 log = logging.getLogger("chronoq.embedded")
 
-_INITDB_TIMEOUT = 180.0
-_LOG_TAIL_LINES = 40
-
-
-def _clean_env() -> dict[str, str]:
-    """The environment without PG* variables, which would silently redirect our tools."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env["LC_ALL"] = "C"
-    return env
-
 
 def _stored_secret(path: Path) -> str | None:
     """The secret kept in ``path`` (as ``write_password`` wrote it), None while there is none."""
@@ -105,12 +108,6 @@ def _stored_secret(path: Path) -> str | None:
         return None
     except OSError as exc:
         raise EmbeddedPostgresError(f"cannot read {path}: {exc}") from exc
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    """Send ``sig`` to ``pid``, ignoring a process that is already gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
 
 
 class EmbeddedPostgres:
@@ -272,22 +269,15 @@ class EmbeddedPostgres:
         that an impostor could read, see ``chronoq.store.password_guard``).
         """
         user, secret = (POSTGRES_USER, self.password) if admin else (APP_ROLE, self.app_password)
-        userinfo = f"{user}:{quote(secret, safe='')}" if password else user
-        name = quote(database, safe="")
-        if tcp:
-            host = f"[{self._host}]" if ":" in self._host else self._host
-            return f"postgresql://{userinfo}@{host}:{self._port}/{name}"
-        socket = quote(str(self._socket_dir), safe="")
-        return f"postgresql://{userinfo}@/{name}?host={socket}&port={self._port}"
+        socket_dir = None if tcp else self._socket_dir
+        return server_dsn(
+            user, secret if password else None, database, self._host, self._port, socket_dir
+        )
 
     def over_tcp(self, dsn: str) -> str:
         """``dsn`` (one of ``dsn_for``'s) going to this server's TCP address instead of its
         socket: for a proxy put in between (the chaos harness cuts nodes off that way)."""
-        parts = urlsplit(dsn)
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("host", "port")]
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        netloc = f"{parts.netloc.rpartition('@')[0]}@{host}:{self._port}"
-        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+        return over_tcp(dsn, self._host, self._port)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -348,9 +338,9 @@ class EmbeddedPostgres:
         """
         pid = self.pid
         if pid is not None:
-            _signal(pid, signal.SIGINT)
-            _signal(pid, signal.SIGCONT)  # a SIGSTOPped postmaster must wake up to exit
-            if not self._wait_exit(pid, timeout):
+            signal_pid(pid, signal.SIGINT)
+            signal_pid(pid, signal.SIGCONT)  # a SIGSTOPped postmaster must wake up to exit
+            if not wait_exit(self._proc, pid, timeout):
                 self.kill()
         self._kill_orphans()
         self._proc = None
@@ -366,8 +356,8 @@ class EmbeddedPostgres:
         """
         pid = self.pid
         if pid is not None:
-            _signal(pid, signal.SIGKILL)
-            self._wait_exit(pid, 10.0)
+            signal_pid(pid, signal.SIGKILL)
+            wait_exit(self._proc, pid, 10.0)
         self._kill_orphans()
         self._proc = None
         self._adopted_pid = None
@@ -396,35 +386,9 @@ class EmbeddedPostgres:
         Raises:
             EmbeddedPostgresError: psql failed; the message carries its stderr.
         """
-        cmd = [
-            str(self._bin / "psql"),
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-d",
-            self.dsn_for(database, password=False, admin=True),
-            *([] if hidden else ["-c", sql]),
-        ]
+        dsn = self.dsn_for(database, password=False, admin=True)
         shown = "a statement with a secret" if hidden else repr(sql)
-        env = _clean_env()
-        env["PGCONNECT_TIMEOUT"] = "10"
-        env["PGPASSWORD"] = self.password  # not in argv, which every local user can read
-        try:
-            result = subprocess.run(
-                cmd,
-                input=sql if hidden else None,
-                stdin=None if hidden else subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=120,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise EmbeddedPostgresError(f"psql timed out running {shown}") from exc
+        result = run_psql(self._bin, dsn, self.password, sql, hidden=hidden)
         if result.returncode != 0:
             raise EmbeddedPostgresError(
                 f"psql failed (exit {result.returncode}) running {shown} on {database!r}: "
@@ -438,9 +402,8 @@ class EmbeddedPostgres:
             return ""
         code = self._proc.poll() if self._proc is not None else None
         ended = f" (exit status {code})" if code is not None else ""
-        return (
-            f"; the server is not running{ended}; {self._log_file} ends with:\n{self._log_tail()}"
-        )
+        tail = log_tail(self._log_file)
+        return f"; the server is not running{ended}; {self._log_file} ends with:\n{tail}"
 
     def create_database(self, name: str, template: str | None = None) -> str:
         """Create database ``name`` (a copy of ``template`` if given), owned by ``APP_ROLE``
@@ -495,38 +458,18 @@ class EmbeddedPostgres:
         self._data_dir.chmod(0o700)  # postgres refuses group/other access
 
     def _ensure_socket_dir(self, user: pwd.struct_passwd | None) -> Path:
-        """The private directory of the unix socket, kept across kill/start, removed by stop.
-
-        Created 0700 for the server's account; one found in its place must be exactly that
-        (another account may have made it in /tmp first, to listen there itself).
-        """
-        path = self._socket_dir
-        uid, gid = (user.pw_uid, user.pw_gid) if user is not None else (os.geteuid(), -1)
-        try:
-            path.mkdir(mode=0o700)
-            os.chown(path, uid, gid)
-        except FileExistsError:
-            pass
-        found = path.lstat()
-        if not stat.S_ISDIR(found.st_mode) or found.st_uid != uid or found.st_mode & 0o077:
-            raise EmbeddedPostgresError(
-                f"{path} exists but is not a private directory of uid {uid} (mode 0700); "
-                "another account may have made it: remove it, or run again (a new name)"
-            )
-        return path
+        """The private directory of the unix socket, kept across kill/start, removed by stop."""
+        return private_dir(self._socket_dir, user)
 
     def _remove_socket_dir(self) -> None:
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _adopt_running(self) -> bool:
         """Reuse a live postmaster on our data directory and port; refuse one on another port."""
-        try:
-            lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
-            pid = abs(int(lines[0]))
-            port = int(lines[3]) if len(lines) > 3 and lines[3].strip() else None
-            socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else None
-        except (OSError, ValueError, IndexError):
+        found = postmaster_file(self._data_dir)
+        if found is None:
             return False
+        pid, port, socket_dir = found
         if pid not in self.server_pids():
             return False  # stale file from a crash; postgres removes it itself
         if port != self._port:
@@ -542,42 +485,21 @@ class EmbeddedPostgres:
 
     def _kill_orphans(self, timeout: float = 10.0) -> None:
         """SIGKILL leftover postgres processes on our data directory; wait until they are gone."""
-        deadline = time.monotonic() + timeout
-        while pids := [p for p in self.server_pids() if p != self.pid]:
-            for p in pids:
-                _signal(p, signal.SIGKILL)
-            if time.monotonic() >= deadline:
-                raise EmbeddedPostgresError(
-                    f"postgres processes {pids} on {self._data_dir} survived SIGKILL"
-                )
-            time.sleep(0.02)
+        kill_orphans(self._data_dir, self._bin, self.pid, timeout)
 
     def _initdb(self, user: pwd.struct_passwd | None) -> None:
         """Create the cluster: superuser ``postgres`` with our password (scram-sha-256 for
         every connection), UTF8 with C collation; then keep the password in the data dir."""
-        fd, pwfile = tempfile.mkstemp(prefix="cqpw-")  # mode 0600; initdb wants a file
-        with os.fdopen(fd, "w") as out:
-            out.write(self.password + "\n")
-        if user is not None:  # initdb runs as the server's account and must read it
-            os.chown(pwfile, user.pw_uid, user.pw_gid)
-        cmd = [
-            str(self._bin / "initdb"),
-            "-D",
-            str(self._data_dir),
-            f"--auth-host={AUTH_METHOD}",
-            f"--auth-local={AUTH_METHOD}",
-            f"--pwfile={pwfile}",
-            f"--username={POSTGRES_USER}",
-            "--encoding=UTF8",
-            "--locale=C",
-            "--no-instructions",
-        ]
-        if not self._durable:
-            cmd.append("--no-sync")
-        try:
-            self._run_initdb(cmd, user)
-        finally:
-            os.unlink(pwfile)
+        initdb(
+            self._bin,
+            self._data_dir,
+            self._log_file,
+            self.password,
+            superuser=POSTGRES_USER,
+            auth_method=AUTH_METHOD,
+            durable=self._durable,
+            user=user,
+        )
         self._store_password()
 
     def _store_password(self) -> None:
@@ -633,62 +555,14 @@ class EmbeddedPostgres:
             self.password_file,
         )
 
-    def _run_initdb(self, cmd: list[str], user: pwd.struct_passwd | None) -> None:
-        try:
-            with self._log_file.open("ab") as log:
-                result = subprocess.run(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=_clean_env(),
-                    cwd=self._data_dir,
-                    timeout=_INITDB_TIMEOUT,
-                    check=False,
-                    user=user.pw_uid if user else None,
-                    group=user.pw_gid if user else None,
-                    extra_groups=[] if user else None,
-                )
-        except subprocess.TimeoutExpired as exc:
-            raise EmbeddedPostgresError(
-                f"initdb of {self._data_dir} took over {_INITDB_TIMEOUT:.0f}s"
-            ) from exc
-        if result.returncode != 0:
-            raise EmbeddedPostgresError(
-                f"initdb of {self._data_dir} failed (exit {result.returncode}); "
-                f"{self._log_file} ends with:\n{self._log_tail()}"
-            )
-
     def _spawn(self, user: pwd.struct_passwd | None) -> None:
-        """Start ``postgres`` directly (not pg_ctl) so that our child is the postmaster."""
-        settings = {
-            "listen_addresses": self._host,
-            "unix_socket_directories": str(self._ensure_socket_dir(user)),
-            "max_connections": "200",
-            "shared_buffers": "256MB",
-            "max_wal_size": "4GB",
-            "timezone": "UTC",
-            "log_timezone": "UTC",
-        }
-        if not self._durable:
-            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-        settings |= self._settings
-        cmd = [str(self._bin / "postgres"), "-D", str(self._data_dir), "-p", str(self._port)]
-        for key, value in settings.items():
-            cmd += ["-c", f"{key}={value}"]
-        with self._log_file.open("ab") as log:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_clean_env(),
-                cwd=self._data_dir,
-                user=user.pw_uid if user else None,
-                group=user.pw_gid if user else None,
-                extra_groups=[] if user else None,
-                start_new_session=True,  # a Ctrl-C aimed at the test run must not reach it
-            )
+        socket_dir = self._ensure_socket_dir(user)
+        settings = server_settings(
+            self._host, socket_dir, durable=self._durable, extra=self._settings
+        )
+        self._proc = spawn_postmaster(
+            self._bin, self._data_dir, self._port, settings, self._log_file, user
+        )
 
     def _wait_ready(self, deadline: float, timeout: float) -> None:
         """Poll pg_isready over TCP until the server accepts connections, or fail with its log."""
@@ -698,83 +572,18 @@ class EmbeddedPostgres:
                 code = self._proc.returncode if self._proc is not None else None
                 raise EmbeddedPostgresError(
                     f"postgres on {self._data_dir} exited while starting (exit {code}); "
-                    f"{self._log_file} ends with:\n{self._log_tail()}"
+                    f"{self._log_file} ends with:\n{log_tail(self._log_file)}"
                 )
-            if self._pid_file_ready(pid) and self._accepting():
+            if pid_file_ready(self._data_dir, pid) and accepting(
+                self._bin, self._host, self._port, POSTGRES_USER
+            ):
                 return
             if time.monotonic() >= deadline:
                 raise EmbeddedPostgresError(
                     f"postgres pid {pid} did not accept connections on {self._host}:{self._port} "
-                    f"within {timeout:g}s; {self._log_file} ends with:\n{self._log_tail()}"
+                    f"within {timeout:g}s; {self._log_file} ends with:\n{log_tail(self._log_file)}"
                 )
             time.sleep(0.05)
-
-    def _pid_file_ready(self, pid: int) -> bool:
-        """Whether postmaster.pid belongs to ``pid`` and says it accepts connections.
-
-        Checked before probing the port, which may belong to someone else while we start.
-        """
-        try:
-            lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
-        except OSError:
-            return False
-        return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
-
-    def _accepting(self) -> bool:
-        """Whether the server accepts TCP connections now (pg_isready exit code 0)."""
-        cmd = [
-            str(self._bin / "pg_isready"),
-            "-q",
-            "-h",
-            self._host,
-            "-p",
-            str(self._port),
-            "-U",
-            POSTGRES_USER,
-            "-d",
-            "postgres",
-            "-t",
-            "1",
-        ]
-        try:
-            result = subprocess.run(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=_clean_env(),
-                timeout=10,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return False
-        return result.returncode == 0
-
-    def _wait_exit(self, pid: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` for ``pid`` to exit (reaping it if it is our child)."""
-        if self._proc is not None and self._proc.pid == pid:
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        deadline = time.monotonic() + timeout
-        while processes.alive(pid):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _log_tail(self) -> str:
-        """The last lines of the log file, for error messages."""
-        try:
-            with self._log_file.open("rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - 16384))
-                data = log.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"<cannot read log: {exc}>"
-        return "\n".join(data.splitlines()[-_LOG_TAIL_LINES:])
 
 
 @contextlib.contextmanager
