@@ -26,6 +26,8 @@ from chronoq.recurrence import Cron
 from chronoq.recurrence import check as check_rule
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from chronoq.models import ScheduleSpec, Task, TaskSpec
 
 # ---------------------------------------------------------------- lengths (characters)
@@ -51,6 +53,27 @@ _MIME_TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*"
 _CONTENT_TYPE = re.compile(
     rf"{_MIME_TOKEN}/{_MIME_TOKEN}(\s*;\s*{_MIME_TOKEN}=(?:{_MIME_TOKEN}|\"[^\"\\\x00-\x1f]*\"))*"
 )
+
+#: A task's concurrency, unique and debounce keys: 1..``MAX_CONTROL_KEY`` characters, no NUL.
+MAX_CONTROL_KEY = 128
+#: Labels per task, and the bounds of each: a key of ``LABEL_KEY_CHARACTERS`` (as a metric or
+#: Kubernetes label key), a value of free text.
+MAX_LABELS = 16
+MAX_LABEL_KEY = 63
+LABEL_KEY_CHARACTERS = "[A-Za-z0-9._/-]"
+_LABEL_KEY = re.compile(LABEL_KEY_CHARACTERS + "+")
+MAX_LABEL_VALUE = 256
+
+# ---------------------------------------------------------------- durations of queue controls
+
+#: A unique key's window after the first task's run_at (unset: while the task is pending).
+MAX_UNIQUE_FOR = timedelta(days=30)
+#: How long a debounced task waits after the last submit of its key.
+MAX_DEBOUNCE = timedelta(days=1)
+#: How long after its first submit a debounced task may be postponed at most; unset, it is
+#: ``DEBOUNCE_MAX_FACTOR`` times the debounce, at most ``MAX_DEBOUNCE_MAX``.
+MAX_DEBOUNCE_MAX = timedelta(days=7)
+DEBOUNCE_MAX_FACTOR = 10
 
 # ---------------------------------------------------------------- numbers
 
@@ -147,6 +170,7 @@ class Limits:
         )
         check_range("priority", spec.priority, MIN_PRIORITY, MAX_PRIORITY)
         self.check_delay("misfire_grace", spec.misfire_grace)
+        check_controls(spec)
         return spec
 
     def check_schedule(self, spec: ScheduleSpec, now: datetime) -> ScheduleSpec:
@@ -237,6 +261,88 @@ def check_name(field: str, value: str) -> str:
     return value
 
 
+def check_controls(spec: TaskSpec) -> None:
+    """A spec's queue controls: its keys, their durations (each only with its key) and labels."""
+    for field, key in (
+        ("concurrency_key", spec.concurrency_key),
+        ("unique_key", spec.unique_key),
+        ("debounce_key", spec.debounce_key),
+    ):
+        if key is not None:
+            check_control_key(field, key)
+    if spec.unique_for is not None:
+        if spec.unique_key is None:
+            raise InvalidArgument("unique_for", "needs a unique_key (the key it keeps unique)")
+        check_window("unique_for", spec.unique_for, MAX_UNIQUE_FOR)
+    _check_debounce(spec)
+    if spec.labels:
+        check_labels(spec.labels)
+
+
+def _check_debounce(spec: TaskSpec) -> None:
+    """A debounce needs its key and a key its debounce; debounce_max in [debounce, 7 days]."""
+    if spec.debounce_key is None:
+        for field, value in (("debounce", spec.debounce), ("debounce_max", spec.debounce_max)):
+            if value is not None:
+                raise InvalidArgument(field, "needs a debounce_key (the key it debounces)")
+        return
+    if spec.debounce is None:
+        raise InvalidArgument("debounce", "is required with a debounce_key (how long to wait)")
+    check_window("debounce", spec.debounce, MAX_DEBOUNCE)
+    if spec.debounce_max is not None and not (
+        spec.debounce <= spec.debounce_max <= MAX_DEBOUNCE_MAX
+    ):
+        raise InvalidArgument(
+            "debounce_max",
+            f"must be between the debounce ({spec.debounce}) and {human(MAX_DEBOUNCE_MAX)}, "
+            f"got {spec.debounce_max}",
+        )
+
+
+def check_control_key(field: str, value: str) -> str:
+    """A concurrency, unique or debounce key: 1..``MAX_CONTROL_KEY`` characters, no NUL."""
+    if not value:
+        raise InvalidArgument(field, "must not be empty (leave it unset for none)")
+    return check_text(field, value, MAX_CONTROL_KEY)
+
+
+def check_window(field: str, value: timedelta, high: timedelta) -> timedelta:
+    """A duration of a queue control: more than 0, at most ``high``."""
+    if not timedelta(0) < value <= high:
+        raise InvalidArgument(
+            field, f"must be more than 0 and at most {human(high)}, got {value}"
+        )
+    return value
+
+
+def default_debounce_max(debounce: timedelta) -> timedelta:
+    """A debounce's ``debounce_max`` when unset: ``DEBOUNCE_MAX_FACTOR`` times it, capped."""
+    return min(debounce * DEBOUNCE_MAX_FACTOR, MAX_DEBOUNCE_MAX)
+
+
+def check_labels(labels: Iterable[tuple[str, str]], field: str = "labels") -> None:
+    """At most ``MAX_LABELS`` pairs, keys of ``LABEL_KEY_CHARACTERS`` (1..``MAX_LABEL_KEY``),
+    values of at most ``MAX_LABEL_VALUE`` characters without NUL."""
+    pairs = list(labels)
+    if len(pairs) > MAX_LABELS:
+        raise InvalidArgument(field, f"holds {len(pairs)} labels; the limit is {MAX_LABELS}")
+    for key, value in pairs:
+        if not 1 <= len(key) <= MAX_LABEL_KEY or _LABEL_KEY.fullmatch(key) is None:
+            raise InvalidArgument(
+                field,
+                f"key {shown(key[:MAX_LABEL_KEY])} must be 1..{MAX_LABEL_KEY} characters of "
+                f"{LABEL_KEY_CHARACTERS}",
+            )
+        if len(value) > MAX_LABEL_VALUE:
+            raise InvalidArgument(
+                field,
+                f"value of {key!r} is {len(value)} characters long; the limit is "
+                f"{MAX_LABEL_VALUE}",
+            )
+        if "\x00" in value:
+            raise InvalidArgument(field, f"value of {key!r} must not contain NUL characters")
+
+
 def check_content_type(value: str, field: str = "content_type") -> str:
     """A MIME type such as ``application/json``: at most ``MAX_CONTENT_TYPE`` characters of
     ``type/subtype`` with optional ``; name=value`` parameters."""
@@ -281,6 +387,10 @@ def task_bytes(task: Task) -> int:
         + len((task.fired_by or "").encode())
         + (0 if task.content_type == OCTET_STREAM else len(task.content_type.encode()))
         + tracecontext.stored_bytes(task.trace_context)
+        + len((task.concurrency_key or "").encode())
+        + len((task.unique_key or "").encode())
+        + len((task.debounce_key or "").encode())
+        + tracecontext.stored_bytes(task.labels)
         + TASK_FIXED_BYTES
     )
 

@@ -78,6 +78,14 @@ class TaskSpec:
     content_type: str = OCTET_STREAM  # what ``payload`` holds, as a MIME type
     # W3C trace context (chronoq.tracecontext.Carrier): sorted (key, value) pairs; () untraced
     trace_context: tuple[tuple[str, str], ...] = ()
+    # Queue controls; a key also places the task (chronoq.routing.spec_routing_key).
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_for: timedelta | None = None  # None: unique while pending
+    debounce_key: str | None = None
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None  # None: chronoq.limits.default_debounce_max
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
 
     @classmethod
     def of_fields(cls, fields: dict[str, Any]) -> TaskSpec:
@@ -121,6 +129,12 @@ class Task:
     fire_token: int | None = None
     content_type: str = OCTET_STREAM  # what ``payload`` holds, as a MIME type
     trace_context: tuple[tuple[str, str], ...] = ()  # as submitted
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_until: datetime | None = None  # the end of its unique_for window; None: while pending
+    debounce_key: str | None = None
+    debounce_until: datetime | None = None  # first submit + debounce_max: the latest run_at
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
 
     @property
     def lease_token(self) -> int:

@@ -7,8 +7,9 @@ so two things must hold:
   routing key is a hash of its namespace and that key (``key_partition``): a repeated
   idempotent submit reaches the same partition, so the same shard, whose unique index on
   (namespace, idempotency_key) decides alone. ``submit_partition`` takes the keys in order of
-  precedence and uses the first present (today only the idempotency key; later a
-  concurrency or unique key); a task without one gets a uniformly drawn partition.
+  precedence and uses the first present (``spec_routing_key``: the concurrency key, the
+  unique key, the debounce key, the idempotency key); a task without one gets a uniformly
+  drawn partition.
 - **A task id names its partition.** ``GetTask``, ``CancelTask``, heartbeats, completes and
   requeues reach one shard without a lookup: ``id_partition`` reads the partition off the id.
 
@@ -42,9 +43,13 @@ import hashlib
 import os
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from chronoq.buckets import partitions_of
 from chronoq.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from chronoq.models import TaskSpec
 
 #: Byte 6 of a new id: version 8 in the high nibble, layout 1 in the low one.
 LAYOUT_BYTE = 0x81
@@ -74,6 +79,28 @@ def routing_key(keys: Iterable[str | None]) -> str | None:
         if key:
             return key
     return None
+
+
+def spec_routing_key(spec: TaskSpec) -> str | None:
+    """A spec's placement key, in order of precedence: its concurrency key (so one statement
+    counts a key's running tasks), else its unique key, else its debounce key (so one
+    statement finds a key's pending task), else its idempotency key. A spec with a
+    concurrency key and a unique or debounce key is placed by the concurrency key: its
+    uniqueness holds among the tasks placed alike."""
+    return routing_key(
+        (spec.concurrency_key, spec.unique_key, spec.debounce_key, spec.idempotency_key)
+    )
+
+
+def spec_routes(specs: Iterable[TaskSpec]) -> list[tuple[str, str | None]]:
+    """(namespace, routing key) of each spec, as ``submit_partitions`` takes them."""
+    return [
+        (
+            s.namespace,
+            s.concurrency_key or s.unique_key or s.debounce_key or s.idempotency_key or None,
+        )
+        for s in specs
+    ]
 
 
 def submit_partition(

@@ -10,7 +10,14 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from chronoq.api.v1 import schedules_pb2, tasks_pb2, worker_pb2
 from chronoq.errors import InvalidArgument
-from chronoq.limits import MAX_LEASE_TOKEN, MAX_TASK_ID, Limits, check_name, check_text
+from chronoq.limits import (
+    MAX_LABELS,
+    MAX_LEASE_TOKEN,
+    MAX_TASK_ID,
+    Limits,
+    check_name,
+    check_text,
+)
 from chronoq.models import (
     DEFAULT_NAMESPACE,
     OCTET_STREAM,
@@ -175,7 +182,28 @@ def spec_from_pb(
         ),
         content_type=pb.content_type or OCTET_STREAM,
         trace_context=check_carrier(pb.trace_context),
+        **_control_fields(pb),
     )
+
+
+def _opt_duration(pb: Any, name: str) -> timedelta | None:
+    """A message's optional duration field, None when unset."""
+    return from_duration(name, getattr(pb, name)) if pb.HasField(name) else None
+
+
+def _control_fields(pb: tasks_pb2.TaskSpec) -> dict[str, Any]:
+    """A spec's queue controls (``Limits.check`` bounds them); the wire's empty key is none."""
+    if len(pb.labels) > MAX_LABELS:  # counted before any entry is looked at
+        raise InvalidArgument("labels", f"holds {len(pb.labels)} labels; the limit is {MAX_LABELS}")
+    return {
+        "concurrency_key": pb.concurrency_key or None,
+        "unique_key": pb.unique_key or None,
+        "unique_for": _opt_duration(pb, "unique_for"),
+        "debounce_key": pb.debounce_key or None,
+        "debounce": _opt_duration(pb, "debounce"),
+        "debounce_max": _opt_duration(pb, "debounce_max"),
+        "labels": tuple(sorted(pb.labels.items())),
+    }
 
 
 def state_policy_to_pb(policy: MisfirePolicy) -> Any:
@@ -228,7 +256,28 @@ def task_to_pb(task: Task) -> tasks_pb2.Task:
     )
     if task.trace_context:
         pb.trace_context.update(task.trace_context)
+    if (
+        task.concurrency_key is not None
+        or task.unique_key is not None
+        or task.debounce_key is not None
+        or task.labels
+    ):
+        _controls_to_pb(task, pb)
     return pb
+
+
+def _controls_to_pb(task: Task, pb: tasks_pb2.Task) -> None:
+    """A task's queue controls into ``pb`` (rare: kept off the common path)."""
+    pb.concurrency_key = task.concurrency_key or ""
+    pb.unique_key = task.unique_key or ""
+    pb.debounce_key = task.debounce_key or ""
+    windows = (("unique_until", task.unique_until), ("debounce_until", task.debounce_until))
+    for name, when in windows:
+        ts = to_timestamp(when)
+        if ts is not None:
+            getattr(pb, name).CopyFrom(ts)
+    if task.labels:
+        pb.labels.update(task.labels)
 
 
 def _opt_ts(pb: tasks_pb2.Task, name: str) -> datetime | None:
@@ -280,6 +329,12 @@ def task_from_pb(pb: tasks_pb2.Task) -> Task:
         finished_at=_opt_ts(pb, "finished_at"),
         content_type=pb.content_type or OCTET_STREAM,
         trace_context=tuple(sorted(pb.trace_context.items())),
+        concurrency_key=pb.concurrency_key or None,
+        unique_key=pb.unique_key or None,
+        unique_until=_opt_ts(pb, "unique_until"),
+        debounce_key=pb.debounce_key or None,
+        debounce_until=_opt_ts(pb, "debounce_until"),
+        labels=tuple(sorted(pb.labels.items())),
     )
 
 

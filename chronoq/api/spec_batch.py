@@ -98,6 +98,7 @@ class SpecChecker:
         """The spec's fields when every shared value was passed before and its own values
         are within bounds; None sends it the long way (which refuses it, or remembers)."""
         latest = self._latest
+        has = pb.HasField
         shared = self._execution.get(execution)
         namespace = self._namespaces.get(pb.namespace)
         queue = pb.queue
@@ -111,6 +112,14 @@ class SpecChecker:
             or content_type is None
             or policy is None
             or pb.trace_context  # rare: the long way, every time
+            # queue controls: the long way too (inline, a call costs more than the reads)
+            or pb.concurrency_key
+            or pb.unique_key
+            or pb.debounce_key
+            or pb.labels
+            or has("unique_for")
+            or has("debounce")
+            or has("debounce_max")
         ):
             return None
         which = pb.WhichOneof("when")
@@ -155,5 +164,7 @@ class SpecChecker:
             "misfire_grace": misfire_grace,
             "content_type": content_type,
             "trace_context": (),
+            # The queue controls are left out: a spec here has none, and the class holds
+            # their defaults (None, ()), which an instance without its own value reads.
         }
 

@@ -155,8 +155,9 @@ class RawCeilings:
 
 
 def _insert_columns(batch: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    """``insert_task_ids`` parameters $1..$18 from COPY-shaped rows, as the store makes them
-    (content type and trace context NULL: bytes, untraced)."""
+    """``insert_task_ids`` parameters $1..$24 from COPY-shaped rows, as the store makes them
+    (content type and trace context NULL: bytes, untraced; no queue controls, each of their
+    columns one NULL for every row)."""
     cols: list[list[Any]] = [[] for _ in range(18)]
     for r in batch:
         (task_id, namespace, queue, partition, bucket, run_at, state, payload, max_attempts,
@@ -166,7 +167,7 @@ def _insert_columns(batch: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
                None)
         for col, value in zip(cols, row, strict=True):
             col.append(value)
-    return cols
+    return [*cols, *([None] for _ in range(6))]
 
 
 async def _on_each(

@@ -55,7 +55,15 @@ CASE WHEN t.fired_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59
 CASE WHEN t.finished_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
      WHEN t.finished_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
      ELSE t.finished_at END AS finished_at,
-t.fired_by, t.fire_token, t.content_type, t.trace_context
+t.fired_by, t.fire_token, t.content_type, t.trace_context, t.concurrency_key, t.unique_key,
+CASE WHEN t.unique_until > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.unique_until < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.unique_until END AS unique_until,
+t.debounce_key,
+CASE WHEN t.debounce_until > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+     WHEN t.debounce_until < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+     ELSE t.debounce_until END AS debounce_until,
+t.labels
 
 -- fragment: task_bytes
 -- What a task's variable-length columns (of `t`) cost in an answer, in bytes; the caller adds
@@ -65,6 +73,8 @@ octet_length(t.payload) + octet_length(t.namespace) + octet_length(t.queue)
 + coalesce(octet_length(t.last_error), 0) + coalesce(octet_length(t.idempotency_key), 0)
 + coalesce(octet_length(t.worker_id), 0) + coalesce(octet_length(t.fired_by), 0)
 + coalesce(octet_length(t.content_type), 0) + coalesce(pg_column_size(t.trace_context), 0)
++ coalesce(octet_length(t.concurrency_key), 0) + coalesce(octet_length(t.unique_key), 0)
++ coalesce(octet_length(t.debounce_key), 0) + coalesce(pg_column_size(t.labels), 0)
 
 -- fragment: fired_row
 -- What firing answers: no instant, only the lateness in seconds, so that no stored value
@@ -94,7 +104,7 @@ SET state = CASE WHEN t.misfire_policy = 1
                       ELSE t.last_error END
 
 -- fragment: insert_tasks
--- New tasks from column arrays ($1..$18, created at $19). A column other than the ids ($1)
+-- New tasks from column arrays ($1..$24, created at $25). A column other than the ids ($1)
 -- may hold one value that stands for every row (an array of one, spread once per statement):
 -- what a batch shares (namespace, queue, retry policy, ...) is sent once, which halves the
 -- driver's encoding of a submit. A conflict on (namespace, idempotency_key) inserts nothing:
@@ -103,13 +113,15 @@ SET state = CASE WHEN t.misfire_policy = 1
 INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
-                   fired_by, content_type, trace_context)
+                   fired_by, content_type, trace_context, concurrency_key, unique_key,
+                   unique_until, debounce_key, debounce_until, labels)
 SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at, u.state, u.priority,
        u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
-       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $19::timestamptz,
-       CASE WHEN u.state = 1 THEN $19::timestamptz END,
+       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $25::timestamptz,
+       CASE WHEN u.state = 1 THEN $25::timestamptz END,
        CASE WHEN u.state = 1 THEN 'submit' END,
-       u.content_type, u.trace_context
+       u.content_type, u.trace_context, u.concurrency_key, u.unique_key, u.unique_until,
+       u.debounce_key, u.debounce_until, u.labels
 FROM unnest($1::uuid[],
             CASE WHEN cardinality($2::text[]) = 1
                  THEN array_fill(($2::text[])[1], ARRAY[cardinality($1::uuid[])])
@@ -161,10 +173,29 @@ FROM unnest($1::uuid[],
                  ELSE $17::text[] END,
             CASE WHEN cardinality($18::jsonb[]) = 1
                  THEN array_fill(($18::jsonb[])[1], ARRAY[cardinality($1::uuid[])])
-                 ELSE $18::jsonb[] END)
+                 ELSE $18::jsonb[] END,
+            CASE WHEN cardinality($19::text[]) = 1
+                 THEN array_fill(($19::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $19::text[] END,
+            CASE WHEN cardinality($20::text[]) = 1
+                 THEN array_fill(($20::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $20::text[] END,
+            CASE WHEN cardinality($21::timestamptz[]) = 1
+                 THEN array_fill(($21::timestamptz[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $21::timestamptz[] END,
+            CASE WHEN cardinality($22::text[]) = 1
+                 THEN array_fill(($22::text[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $22::text[] END,
+            CASE WHEN cardinality($23::timestamptz[]) = 1
+                 THEN array_fill(($23::timestamptz[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $23::timestamptz[] END,
+            CASE WHEN cardinality($24::jsonb[]) = 1
+                 THEN array_fill(($24::jsonb[])[1], ARRAY[cardinality($1::uuid[])])
+                 ELSE $24::jsonb[] END)
      AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
           idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
-          misfire_policy, misfire_grace_ms, content_type, trace_context)
+          misfire_policy, misfire_grace_ms, content_type, trace_context, concurrency_key,
+          unique_key, unique_until, debounce_key, debounce_until, labels)
 -- every partition of the rows held live here at the caller's map version, else nothing
 WHERE (SELECT chronoq_hold($4::smallint[], {{map_version}}))
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -183,34 +214,40 @@ RETURNING t.id;
 RETURNING {{task_row}};
 
 -- name: insert_task_leased
--- One task due now, from the column arrays of insert_tasks ($1..$18, one row, created at
--- $19), leased in the same write to the worker ($20) of a stream waiting on this node: the
+-- One task due now, from the column arrays of insert_tasks ($1..$24, one row, created at
+-- $25), leased in the same write to the worker ($26) of a stream waiting on this node: the
 -- submit's hand-off. RUNNING at attempt 1, leased as claim leases (its lease timeout
--- saturated into [$21, $22] ms); no claim follows. Unless a READY task of its queue would be
+-- saturated into [$27, $28] ms); no claim follows. Unless a READY task of its queue would be
 -- claimed before it (a higher priority, or the same and not later): then it goes READY, as
 -- insert_tasks makes it, and waits its turn. A repeated key inserts nothing, as in
 -- insert_tasks (its first task is not leased). Every partition held live, as in insert_tasks.
 INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
-                   fired_by, content_type, trace_context, attempt, worker_id, lease_until)
+                   fired_by, content_type, trace_context, concurrency_key, unique_key,
+                   unique_until, debounce_key, debounce_until, labels, attempt, worker_id,
+                   lease_until)
 SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at,
        CASE WHEN w.waits THEN 1 ELSE 2 END, u.priority,
        u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
-       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $19::timestamptz,
-       $19::timestamptz, 'submit', u.content_type, u.trace_context, (NOT w.waits)::integer,
-       CASE WHEN NOT w.waits THEN $20::text END,
+       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $25::timestamptz,
+       $25::timestamptz, 'submit', u.content_type, u.trace_context, u.concurrency_key,
+       u.unique_key, u.unique_until, u.debounce_key, u.debounce_until, u.labels,
+       (NOT w.waits)::integer,
+       CASE WHEN NOT w.waits THEN $26::text END,
        CASE WHEN NOT w.waits
-            THEN $19::timestamptz
-                 + least(greatest(u.lease_timeout_ms, $21::bigint), $22::bigint) * interval '1 ms'
+            THEN $25::timestamptz
+                 + least(greatest(u.lease_timeout_ms, $27::bigint), $28::bigint) * interval '1 ms'
        END
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
             $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
             $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
-            $16::bigint[], $17::text[], $18::jsonb[])
+            $16::bigint[], $17::text[], $18::jsonb[], $19::text[], $20::text[],
+            $21::timestamptz[], $22::text[], $23::timestamptz[], $24::jsonb[])
      AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
           idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
-          misfire_policy, misfire_grace_ms, content_type, trace_context)
+          misfire_policy, misfire_grace_ms, content_type, trace_context, concurrency_key,
+          unique_key, unique_until, debounce_key, debounce_until, labels)
 CROSS JOIN LATERAL (
     -- the head of the queue in claim order, one probe of tasks_ready whatever the backlog
     SELECT coalesce(bool_or(h.priority > u.priority
@@ -220,7 +257,7 @@ CROSS JOIN LATERAL (
           ORDER BY r.priority DESC, r.run_at
           LIMIT 1) h
 ) w
-WHERE u.run_at <= $19::timestamptz AND (SELECT chronoq_hold($4::smallint[], {{map_version}}))
+WHERE u.run_at <= $25::timestamptz AND (SELECT chronoq_hold($4::smallint[], {{map_version}}))
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {{task_row}};
 

@@ -147,6 +147,12 @@ def task_of(row: Any) -> Task:
         fire_token=row.get("fire_token"),
         content_type=row.get("content_type") or OCTET_STREAM,
         trace_context=tracecontext.from_json(row.get("trace_context")),
+        concurrency_key=row.get("concurrency_key"),
+        unique_key=row.get("unique_key"),
+        unique_until=row.get("unique_until"),
+        debounce_key=row.get("debounce_key"),
+        debounce_until=row.get("debounce_until"),
+        labels=tracecontext.from_json(row.get("labels")),
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from chronoq import errors
 from chronoq.errors import BatchPartlyAccepted, InvalidArgument, PartitionMoved, StoreUnavailable
 from chronoq.models import SubmitOutcome, Task, TaskSpec
-from chronoq.routing import submit_partitions
+from chronoq.routing import spec_routes, submit_partitions
 from chronoq.store import fanout, legacy
 from chronoq.store.rows import Accepted
 from chronoq.store.shard_ids import ByTaskId
@@ -31,6 +31,10 @@ def _check_storable(specs: Sequence[TaskSpec]) -> None:
             ("queue", s.queue),
             ("idempotency_key", s.idempotency_key or ""),
             ("content_type", s.content_type),
+            ("concurrency_key", s.concurrency_key or ""),
+            ("unique_key", s.unique_key or ""),
+            ("debounce_key", s.debounce_key or ""),
+            *(("labels", text) for pair in s.labels for text in pair),
         ):
             if "\x00" in value:
                 raise InvalidArgument(field, "must not contain NUL characters")
@@ -58,7 +62,7 @@ class Placement(ByTaskId):
         A group refused as moved is routed again once (``retry`` False: the caller did)."""
         _check_storable(specs)
         m = self._routing()
-        parts = submit_partitions([(s.namespace, s.idempotency_key) for s in specs], m.partitions)
+        parts = submit_partitions(spec_routes(specs), m.partitions)
         groups = fanout.grouped(parts, m.shard_of)
         names = list(groups)
 

@@ -17,7 +17,13 @@ from asyncpg.pgproto.pgproto import UUID as PgUUID
 from chronoq import tracecontext
 from chronoq.buckets import bucket_of, buckets_of
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
-from chronoq.limits import MAX_ANSWER_BYTES, MAX_ERROR_MESSAGE, MAX_PAGE_SIZE, TASK_FIXED_BYTES
+from chronoq.limits import (
+    MAX_ANSWER_BYTES,
+    MAX_ERROR_MESSAGE,
+    MAX_PAGE_SIZE,
+    TASK_FIXED_BYTES,
+    default_debounce_max,
+)
 from chronoq.models import (
     OCTET_STREAM,
     AckOutcome,
@@ -30,8 +36,8 @@ from chronoq.models import (
     TaskSpec,
     TaskState,
 )
-from chronoq.routing import new_task_id_bytes, submit_partitions
-from chronoq.saturating import ms_of
+from chronoq.routing import new_task_id_bytes, spec_routes, submit_partitions
+from chronoq.saturating import ms_of, shifted
 from chronoq.store.connection import Connected
 from chronoq.store.quarantine import POISON, reason
 from chronoq.store.rows import Accepted, known, parse_task_id, retry_decision, task_of
@@ -115,6 +121,27 @@ def _each_once(values: list[K], convert: Callable[[K], Any]) -> list[Any]:
 def _stored_content_type(content_type: str) -> str | None:
     """NULL for raw bytes, the default."""
     return None if content_type == OCTET_STREAM else content_type
+
+
+def _control_columns(specs: Sequence[TaskSpec], now: datetime) -> list[list[Any]]:
+    """The queue-control columns of ``insert_tasks``: keys, the ends of the unique and
+    debounce windows (from ``run_at`` and from the submit), labels as JSON (NULL: none)."""
+    return [
+        [s.concurrency_key for s in specs],
+        [s.unique_key for s in specs],
+        [None if s.unique_for is None else shifted(s.run_at, s.unique_for) for s in specs],
+        [s.debounce_key for s in specs],
+        [_debounce_until(s, now) for s in specs],
+        _each_once([s.labels for s in specs], tracecontext.to_json),
+    ]
+
+
+def _debounce_until(spec: TaskSpec, now: datetime) -> datetime | None:
+    """The latest a debounced task may be postponed to: its first submit + debounce_max."""
+    if spec.debounce_key is None or spec.debounce is None:
+        return None
+    longest = spec.debounce_max or default_debounce_max(spec.debounce)
+    return shifted(now, longest)
 
 
 def _rows_of(cols: list[list[Any]], start: int) -> list[list[Any]]:
@@ -237,13 +264,11 @@ class TaskStatements(Connected):
     ) -> tuple[list[uuid.UUID], list[list[Any]]]:
         """New ids and the column arrays of ``insert_tasks``; due tasks start READY.
 
-        Each task goes to the partition of its (namespace, idempotency key), else to a random
-        one (``chronoq.routing``), unless ``partitions`` places them (a schedule's
+        Each task goes to the partition of its (namespace, routing key), else to a random
+        one (``chronoq.routing.spec_routes``), unless ``partitions`` places them (a schedule's
         occurrences go to its own); its id carries that partition."""
         if partitions is None:
-            partitions = submit_partitions(
-                [(s.namespace, s.idempotency_key) for s in specs], self.partitions
-            )
+            partitions = submit_partitions(spec_routes(specs), self.partitions)
         # Time-ordered: a batch's index entries land side by side (see chronoq.ids). As the
         # driver's own UUID type, which it encodes and prints without a detour through ints.
         raw = new_task_id_bytes(partitions, time.time_ns() // 1_000_000)
@@ -273,6 +298,7 @@ class TaskStatements(Connected):
             _each_once([s.misfire_grace for s in specs], ms_of),
             _each_once([s.content_type for s in specs], _stored_content_type),
             _each_once([s.trace_context for s in specs], tracecontext.to_json),
+            *_control_columns(specs, now),
         ]
 
     async def _insert_columns_sliced(

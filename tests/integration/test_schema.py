@@ -46,6 +46,12 @@ TASK_COLUMNS = [
     ("fire_token", "bigint"),
     ("content_type", "text"),  # 0008: NULL is application/octet-stream
     ("trace_context", "jsonb"),  # 0009: NULL is untraced
+    ("concurrency_key", "text"),  # 0016: queue controls, NULL is none
+    ("unique_key", "text"),
+    ("unique_until", "timestamp with time zone"),
+    ("debounce_key", "text"),
+    ("debounce_until", "timestamp with time zone"),
+    ("labels", "jsonb"),
 ]
 
 # The rows each partial index of `tasks` holds, by the state its predicate names.

@@ -60,7 +60,26 @@ def specs(draw: st.DrawFn, valid: bool = False) -> tasks_pb2.TaskSpec:
         pb.misfire_grace.seconds = pick(draw, [0, 10, -3], v)  # type: ignore[assignment]
     if not valid and draw(st.integers(0, 9)) == 0:
         pb.trace_context["traceparent"] = draw(st.sampled_from(["00-ok", "\x01"]))
+    if draw(st.integers(0, 3)) == 0:  # queue controls, valid and not
+        controls(draw, pb, valid)
     return pb
+
+
+def controls(draw: st.DrawFn, pb: tasks_pb2.TaskSpec, valid: bool) -> None:
+    """Some of a spec's queue controls; with ``valid``, a combination that passes."""
+    good = 2 if valid else None
+    pb.concurrency_key = pick(draw, ["", "c1", "k" * 129, "n\x00"], good)  # type: ignore[assignment]
+    pb.unique_key = pick(draw, ["u1", "", "u" * 129], 1 if valid else None)  # type: ignore[assignment]
+    if draw(st.booleans()):
+        pb.unique_for.seconds = pick(draw, [60, 86_400, 0, -1, 31 * 86_400], good)  # type: ignore[assignment]
+    if valid or draw(st.booleans()):
+        pb.debounce_key = pick(draw, ["d1", "", "d" * 129], 1 if valid else None)  # type: ignore[assignment]
+        pb.debounce.seconds = pick(draw, [5, 60, 0, 2 * 86_400], good)  # type: ignore[assignment]
+        if draw(st.booleans()):
+            pb.debounce_max.seconds = pick(draw, [600, 3600, 1, 8 * 86_400], good)  # type: ignore[assignment]
+    if draw(st.booleans()):
+        label = pick(draw, ["team", "a/b.c", "bad key", ""], good)
+        pb.labels[label] = pick(draw, ["v", "", "x" * 257], good)  # type: ignore[index]
 
 
 def one_at_a_time(pb: tasks_pb2.TaskSpec) -> TaskSpec | str:
@@ -90,8 +109,16 @@ def batches(draw: st.DrawFn) -> list[tasks_pb2.TaskSpec]:
         field = draw(st.sampled_from([
             "namespace", "queue", "payload", "content_type", "idempotency_key", "priority",
             "misfire_policy", "run_at", "delay", "retry", "lease_timeout", "misfire_grace",
+            "concurrency_key", "unique_key", "unique_for", "debounce_key", "debounce",
+            "debounce_max", "labels",
         ]))
-        if field in ("run_at", "delay", "retry", "lease_timeout", "misfire_grace"):
+        if field == "labels":
+            pb.labels.clear()
+            pb.labels.update(other.labels)
+        elif field in (
+            "run_at", "delay", "retry", "lease_timeout", "misfire_grace", "unique_for",
+            "debounce", "debounce_max",
+        ):
             if other.HasField(field):
                 getattr(pb, field).CopyFrom(getattr(other, field))
             else:

@@ -85,6 +85,51 @@ class TaskServiceStub:
                 request_serializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksRequest.SerializeToString,
                 response_deserializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksResponse.FromString,
                 _registered_method=True)
+        self.CancelWhere = channel.unary_unary(
+                '/chronoq.v1.TaskService/CancelWhere',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.BulkRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.BulkResponse.FromString,
+                _registered_method=True)
+        self.RequeueWhere = channel.unary_unary(
+                '/chronoq.v1.TaskService/RequeueWhere',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.BulkRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.BulkResponse.FromString,
+                _registered_method=True)
+        self.RunNowWhere = channel.unary_unary(
+                '/chronoq.v1.TaskService/RunNowWhere',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.BulkRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.BulkResponse.FromString,
+                _registered_method=True)
+        self.QueueCounts = channel.unary_unary(
+                '/chronoq.v1.TaskService/QueueCounts',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueCountsRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueCountsResponse.FromString,
+                _registered_method=True)
+        self.SetQueue = channel.unary_unary(
+                '/chronoq.v1.TaskService/SetQueue',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.SetQueueRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueSettings.FromString,
+                _registered_method=True)
+        self.PauseQueue = channel.unary_unary(
+                '/chronoq.v1.TaskService/PauseQueue',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueRef.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueSettings.FromString,
+                _registered_method=True)
+        self.ResumeQueue = channel.unary_unary(
+                '/chronoq.v1.TaskService/ResumeQueue',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueRef.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.ResumeQueueResponse.FromString,
+                _registered_method=True)
+        self.GetQueue = channel.unary_unary(
+                '/chronoq.v1.TaskService/GetQueue',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueRef.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueSettings.FromString,
+                _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/chronoq.v1.TaskService/ListQueues',
+                request_serializer=chronoq_dot_v1_dot_tasks__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=chronoq_dot_v1_dot_tasks__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -154,6 +199,67 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelWhere(self, request, context):
+        """Bulk operations by filter, in the caller's namespace: cancel (SCHEDULED, READY, RUNNING
+        or DEAD -> CANCELLED), requeue (DEAD -> READY now, a fresh attempt budget), run now
+        (SCHEDULED -> READY now). Each call changes at most max_tasks tasks in batches and
+        answers where it stopped; call again with that token while more is true.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueWhere(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunNowWhere(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueueCounts(self, request, context):
+        """Counts by queue and state and the oldest READY task's age, as the owners keep them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQueue(self, request, context):
+        """Queue settings of the caller's namespace: pause and resume (the misfire policy applies
+        at the resume), limits per concurrency key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueues(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -206,6 +312,51 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.CountTasks,
                     request_deserializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksRequest.FromString,
                     response_serializer=chronoq_dot_v1_dot_tasks__pb2.CountTasksResponse.SerializeToString,
+            ),
+            'CancelWhere': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelWhere,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.BulkRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.BulkResponse.SerializeToString,
+            ),
+            'RequeueWhere': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueWhere,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.BulkRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.BulkResponse.SerializeToString,
+            ),
+            'RunNowWhere': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunNowWhere,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.BulkRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.BulkResponse.SerializeToString,
+            ),
+            'QueueCounts': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueCounts,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueCountsRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueCountsResponse.SerializeToString,
+            ),
+            'SetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueue,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.SetQueueRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueSettings.SerializeToString,
+            ),
+            'PauseQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseQueue,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueRef.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueSettings.SerializeToString,
+            ),
+            'ResumeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeQueue,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueRef.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.ResumeQueueResponse.SerializeToString,
+            ),
+            'GetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueue,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.QueueRef.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.QueueSettings.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=chronoq_dot_v1_dot_tasks__pb2.ListQueuesRequest.FromString,
+                    response_serializer=chronoq_dot_v1_dot_tasks__pb2.ListQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +630,249 @@ class TaskService:
             '/chronoq.v1.TaskService/CountTasks',
             chronoq_dot_v1_dot_tasks__pb2.CountTasksRequest.SerializeToString,
             chronoq_dot_v1_dot_tasks__pb2.CountTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelWhere(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/CancelWhere',
+            chronoq_dot_v1_dot_tasks__pb2.BulkRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.BulkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueWhere(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/RequeueWhere',
+            chronoq_dot_v1_dot_tasks__pb2.BulkRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.BulkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunNowWhere(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/RunNowWhere',
+            chronoq_dot_v1_dot_tasks__pb2.BulkRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.BulkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueCounts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/QueueCounts',
+            chronoq_dot_v1_dot_tasks__pb2.QueueCountsRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.QueueCountsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/SetQueue',
+            chronoq_dot_v1_dot_tasks__pb2.SetQueueRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.QueueSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/PauseQueue',
+            chronoq_dot_v1_dot_tasks__pb2.QueueRef.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.QueueSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/ResumeQueue',
+            chronoq_dot_v1_dot_tasks__pb2.QueueRef.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.ResumeQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/GetQueue',
+            chronoq_dot_v1_dot_tasks__pb2.QueueRef.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.QueueSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chronoq.v1.TaskService/ListQueues',
+            chronoq_dot_v1_dot_tasks__pb2.ListQueuesRequest.SerializeToString,
+            chronoq_dot_v1_dot_tasks__pb2.ListQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

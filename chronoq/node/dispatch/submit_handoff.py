@@ -65,6 +65,10 @@ def spec_bytes(spec: TaskSpec) -> int:
         + len(FIRED_BY_SUBMIT)
         + (0 if spec.content_type == OCTET_STREAM else len(spec.content_type.encode()))
         + tracecontext.stored_bytes(spec.trace_context)
+        + len((spec.concurrency_key or "").encode())
+        + len((spec.unique_key or "").encode())
+        + len((spec.debounce_key or "").encode())
+        + tracecontext.stored_bytes(spec.labels)
         + TASK_FIXED_BYTES
     )
 
