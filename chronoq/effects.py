@@ -75,8 +75,13 @@ def released(tasks: Iterable[Task]) -> Effects:
 
 
 def of_submits(outcomes: Iterable[SubmitOutcome]) -> Effects:
-    """A submit's: only the tasks it created (a repeated key made nothing new)."""
-    return of_tasks(o.task for o in outcomes if o.created)
+    """A submit's: the tasks it created (a repeated key made nothing new), and the pending
+    task of a debounce key that it moved (the wheel must hold it at its new instant)."""
+    return of_tasks(
+        o.task
+        for o in outcomes
+        if o.created or (o.task.debounce_key is not None and o.task.state is TaskState.SCHEDULED)
+    )
 
 
 def of_accepted(

@@ -113,6 +113,20 @@ class InvalidTransition(ChronoqError):
         super().__init__(f"cannot {action} task {task_id}: it is {state}")
 
 
+class UniqueKeyTaken(InvalidTransition):
+    """A dead task cannot go back to pending beside the pending task of its unique key."""
+
+    def __init__(self, task_id: str, unique_key: str, holder: str) -> None:
+        self.task_id = task_id
+        self.unique_key = unique_key
+        self.holder = holder
+        ChronoqError.__init__(
+            self,
+            f"cannot requeue task {task_id}: its unique_key {unique_key!r} is held by pending "
+            f"task {holder}; cancel that task or wait until it finishes; nothing was requeued",
+        )
+
+
 class QuotaExceeded(ChronoqError):
     """A namespace submitted faster than its quota allows."""
 

@@ -96,6 +96,20 @@ MAX_LEASES_PER_CALL = 1000
 MAX_QUEUES_PER_CLAIM = 100
 #: Tasks per Claim.
 MAX_CLAIM_TASKS = 1000
+#: Label pairs a listing or a bulk operation filters by (all must match).
+MAX_LABEL_FILTERS = 16
+#: Tasks one bulk call (CancelWhere, RequeueWhere, RunNowWhere) changes or counts at most;
+#: it answers where it stopped, and the caller calls again.
+MAX_BULK_TASKS = 100_000
+#: Tasks one statement of a bulk call changes (its own transaction: row locks held briefly).
+BULK_BATCH = 1000
+#: Index entries one statement of a bulk call or of a filtered listing reads at most: a
+#: filter that matches few of the namespace's tasks costs bounded statements, not a scan.
+MAX_FILTER_EXAMINED = 10_000
+#: Seconds one bulk call works at most before it answers where it stopped.
+BULK_DEADLINE_S = 20.0
+#: Bulk calls of one namespace running at once on a node (one more: RESOURCE_EXHAUSTED).
+MAX_BULK_PER_NAMESPACE = 2
 #: Credits a worker stream may have outstanding (tasks the node may push it unasked).
 MAX_STREAM_CREDITS = 10_000
 #: Task ids per Requeue.

@@ -113,15 +113,13 @@ def page(
     """One keyset page (ordered by id) from each shard's page after the same token.
 
     Each shard answered its first rows after the token; a shard whose page has more
-    (``next_token``) may hold ids between its last one and the others' last ones, so the
-    merged page ends at the lowest such last id. Within that, the first ``page_size`` ids
-    that fit ``max_bytes`` (always one). The token is the last id kept, whatever the map.
-    Ids of one layout sort as the store sorts UUIDs (their text is fixed-width hex)."""
-    bound: str | None = None
-    for p in pages:
-        if p.next_token and p.tasks:
-            last = p.tasks[-1].id
-            bound = last if bound is None else min(bound, last)
+    (``next_token``: the id it stopped at, its last task's or, for a filtered page that read
+    a stretch without a match, past it) may hold ids between that and the others' last ones,
+    so the merged page ends at the lowest such token. Within that, the first ``page_size``
+    ids that fit ``max_bytes`` (always one). The token is the last id kept, or the bound
+    when every task up to it was kept, whatever the map. Ids of one layout sort as the store
+    sorts UUIDs (their text is fixed-width hex)."""
+    bound = min((p.next_token for p in pages if p.next_token), default=None)
     merged = sorted((t for p in pages for t in p.tasks), key=lambda t: t.id)
     within = [t for t in merged if bound is None or t.id <= bound]
     kept: list[Task] = []
@@ -132,8 +130,9 @@ def page(
             break
         kept.append(t)
         used += cost
-    more = bound is not None or len(kept) < len(merged)
-    return Page(kept, kept[-1].id if more and kept else "")
+    if len(kept) < len(within):
+        return Page(kept, kept[-1].id)
+    return Page(kept, bound or "")
 
 
 def queue_counts(answers: Iterable[QueueCounts], max_queues: int) -> QueueCounts:

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
+
+import asyncpg
 
 from chronoq.buckets import bucket_of
-from chronoq.errors import InvalidArgument, NamespaceCapReached
+from chronoq.errors import InvalidArgument, NamespaceCapReached, UniqueKeyTaken
 from chronoq.models import QueueCount, QueueCounts, Task, TaskState
 from chronoq.store.connection import Connected
+from chronoq.store.keyed import UNIQUE_PENDING
 from chronoq.store.rows import known, parse_task_id, task_of
 from chronoq.store.sql import q
 
@@ -35,15 +39,33 @@ class OperatorStatements(Connected):
         if not ids:
             raise InvalidArgument("ids", "name at least one dead task")
         parsed = [parse_task_id(i) for i in ids]
-        async with self.connection() as conn, conn.transaction():
-            rows = await conn.fetch(
-                self._q("requeue_dead"), parsed, namespace, now, bucket_of(now, self.bucket_seconds)
-            )
-            if len(rows) != len(set(parsed)):
-                done = {str(r["id"]) for r in rows}
-                bad = next(i for i in ids if str(parse_task_id(i)) not in done)
-                raise _Abort(bad)
+        try:
+            async with self.connection() as conn, conn.transaction():
+                rows = await conn.fetch(
+                    self._q("requeue_dead"),
+                    parsed,
+                    namespace,
+                    now,
+                    bucket_of(now, self.bucket_seconds),
+                )
+                if len(rows) != len(set(parsed)):
+                    done = {str(r["id"]) for r in rows}
+                    bad = next(i for i in ids if str(parse_task_id(i)) not in done)
+                    raise _Abort(bad)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != UNIQUE_PENDING:
+                raise
+            raise await self._unique_taken(parsed, namespace) from None
         return [task_of(r) for r in rows]
+
+    async def _unique_taken(self, ids: list[Any], namespace: str) -> UniqueKeyTaken:
+        """Why a requeue collided on a unique key: which task, and which pending one holds it
+        (two dead tasks of one key requeued together hold it against each other)."""
+        async with self.connection() as conn:
+            row = await conn.fetchrow(q("unique_blockers"), ids, namespace)
+        if row is None:
+            return UniqueKeyTaken(str(ids[0]), "(shared by the tasks requeued)", "among them")
+        return UniqueKeyTaken(str(row["id"]), row["unique_key"], str(row["holder"]))
 
     async def ready_counts(
         self, keys: Sequence[tuple[str, str]], caps: Sequence[int]

@@ -33,6 +33,7 @@ from chronoq.models import (
     TaskState,
 )
 from chronoq.store.rows import Accepted, Fence, FireResult
+from chronoq.taskfilter import BulkAction, BulkDone, TaskFilter
 
 if TYPE_CHECKING:
     from chronoq.store.schedules import Charge, Materialized
@@ -237,8 +238,28 @@ class Admin(Protocol):
         page_size: int = ...,
         page_token: str = ...,
         max_bytes: int = ...,
+        labels: tuple[tuple[str, str], ...] = ...,
+        run_at_from: datetime | None = ...,
+        run_at_to: datetime | None = ...,
     ) -> Page:
-        """A keyset page of a namespace's tasks (``state=DEAD``: its dead letters)."""
+        """A keyset page of a namespace's tasks (``state=DEAD``: its dead letters); filtered
+        by labels or run_at, a page may hold fewer tasks than asked before its next token."""
+        ...
+
+    async def bulk_where(
+        self,
+        action: BulkAction,
+        namespace: str,
+        where: TaskFilter,
+        now: datetime,
+        *,
+        dry_run: bool = ...,
+        page_token: str = ...,
+        max_tasks: int = ...,
+        deadline_s: float = ...,
+    ) -> BulkDone:
+        """Cancel, requeue or run now the tasks ``where`` matches, in bounded batches from
+        ``page_token`` on (``chronoq.store.bulk``); the answer says where it stopped."""
         ...
 
     async def queue_counts(

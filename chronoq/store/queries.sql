@@ -845,10 +845,13 @@ WHERE state = 0 AND partition = ANY($1::smallint[]) AND bucket BETWEEN $2 AND $3
 GROUP BY namespace, queue;
 
 -- name: purge_finished
--- Retention: finished tasks of some partitions, oldest first, in a bounded batch.
+-- Retention: finished tasks of some partitions, oldest first, in a bounded batch. A task that
+-- holds its unique key's unique_for window is kept until the window ended as long before $3
+-- (its retention counts from the later of its finish and its window's end).
 DELETE FROM tasks WHERE id = ANY(ARRAY(
     SELECT id FROM tasks
     WHERE partition = ANY($1::smallint[]) AND state = ANY($2::smallint[]) AND finished_at < $3
+      AND (unique_until IS NULL OR unique_closed OR unique_until < $3)
     ORDER BY finished_at
     LIMIT $4
 )) AND (SELECT chronoq_hold($1::smallint[], {{map_version}}));
@@ -1043,3 +1046,63 @@ GROUP BY x.namespace ORDER BY min(x.turn), min(x.at) LIMIT $2;
 -- A pause over several shards, in its transaction: whether the schedule was paused before
 -- (its row locked, so two pauses racing learn which one paused it).
 SELECT paused FROM schedules WHERE namespace = $1 AND name = $2 FOR UPDATE;
+
+-- Unique tasks and debounce (chronoq.store.keyed; the indexes of migration 0019). Each
+-- statement names one key of one namespace in one partition ($1, $2, $3): the partition its
+-- tasks are placed in, so each is one probe of a partial index.
+
+-- name: unique_holder
+-- The task that holds unique key $3: the pending one (SCHEDULED, READY or RUNNING), else,
+-- for a submit with a unique_for window ($4), the one whose window is open at $5.
+SELECT * FROM (
+    (SELECT {{task_row}}, 0 AS holds FROM tasks t
+     WHERE t.namespace = $1 AND t.partition = $2 AND t.unique_key = $3
+       AND t.state IN (0, 1, 2)
+     LIMIT 1)
+    UNION ALL
+    (SELECT {{task_row}}, 1 AS holds FROM tasks t
+     WHERE $4 AND t.namespace = $1 AND t.partition = $2 AND t.unique_key = $3
+       AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL AND t.unique_until > $5
+     LIMIT 1)
+) h
+ORDER BY h.holds
+LIMIT 1;
+
+-- name: close_unique_windows
+-- The unique_for window of key $3 that ended by $4 no longer holds the key (the row lock
+-- orders concurrent submits: the second finds it closed). Held live, as every write.
+UPDATE tasks t SET unique_closed = true
+WHERE t.namespace = $1 AND t.partition = $2 AND t.unique_key = $3
+  AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL AND t.unique_until <= $4
+  AND (SELECT chronoq_hold(ARRAY[$2::smallint], {{map_version}}));
+
+-- name: debounce_pending
+-- The debounced task of key $3 that has not started (SCHEDULED, attempt 0) moves to $4 or
+-- its debounce_until, whichever is earlier (never earlier than it was: of two submits that
+-- raced, the one whose instant is older may commit last), in the bucket of that instant ($5
+-- s wide), and takes the last submit's payload, content type and trace context ($6..$8). A
+-- fire of the row waits for this write and finds it no longer due (every fire checks
+-- run_at in SQL); a fire that committed first made it READY, and this matches nothing.
+UPDATE tasks t
+SET run_at = least(greatest(t.run_at, $4::timestamptz), t.debounce_until),
+    bucket = floor(extract(epoch FROM least(greatest(t.run_at, $4::timestamptz),
+                                            t.debounce_until))
+                   / $5::integer)::bigint,
+    payload = $6, content_type = $7, trace_context = $8
+WHERE t.namespace = $1 AND t.partition = $2 AND t.debounce_key = $3
+  AND t.state = 0 AND t.attempt = 0
+  AND (SELECT chronoq_hold(ARRAY[$2::smallint], {{map_version}}))
+RETURNING {{task_row}};
+
+-- name: unique_blockers
+-- Of the dead tasks $1 of namespace $2, one whose unique key a pending task holds (what
+-- refused their requeue), and that task.
+SELECT t.id, t.unique_key, o.id AS holder
+FROM tasks t CROSS JOIN LATERAL (
+    SELECT o.id FROM tasks o
+    WHERE o.namespace = t.namespace AND o.partition = t.partition
+      AND o.unique_key = t.unique_key AND o.state IN (0, 1, 2)
+    LIMIT 1
+) o
+WHERE t.id = ANY($1::uuid[]) AND t.namespace = $2 AND t.unique_key IS NOT NULL
+LIMIT 1;

@@ -87,6 +87,9 @@ class ShardListings(ByTaskId):
         page_size: int = 100,
         page_token: str = "",
         max_bytes: int = PAGE_BYTES,
+        labels: tuple[tuple[str, str], ...] = (),
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
     ) -> Page:
         """Every shard's page after the token, merged by id (a down shard fails the page:
         its token would walk past that shard's rows)."""
@@ -98,6 +101,9 @@ class ShardListings(ByTaskId):
                 page_size=page_size,
                 page_token=page_token,
                 max_bytes=max_bytes,
+                labels=labels,
+                run_at_from=run_at_from,
+                run_at_to=run_at_to,
             )
         pages = await self._every(
             lambda s: s.list_tasks(
@@ -107,6 +113,9 @@ class ShardListings(ByTaskId):
                 page_size=page_size,
                 page_token=page_token,
                 max_bytes=max_bytes,
+                labels=labels,
+                run_at_from=run_at_from,
+                run_at_to=run_at_to,
             ),
             skip_down=False,
         )

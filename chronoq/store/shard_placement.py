@@ -5,11 +5,13 @@ handed to its shard's store, one transaction per shard (``chronoq.store.sharded`
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 from chronoq import errors
+from chronoq.effects import NO_EFFECTS, Effects
 from chronoq.errors import BatchPartlyAccepted, InvalidArgument, PartitionMoved, StoreUnavailable
 from chronoq.models import SubmitOutcome, Task, TaskSpec
 from chronoq.routing import spec_routes, submit_partitions
@@ -184,10 +186,17 @@ class Placement(ByTaskId):
         if not specs:
             return Accepted()
 
+        # What each shard's part did, as that shard's store said (a debounce moves a task it
+        # did not create; a debounced task's instant is not its spec's run_at).
+        done: list[Effects] = []
+
         async def submit(
             s: Store, mine: list[TaskSpec], parts: list[int]
         ) -> list[tuple[str, bool]]:
-            return list(await s.submit_ids(mine, now, partitions=parts))
+            accepted = await s.submit_ids(mine, now, partitions=parts)
+            done.append(accepted.effects)
+            return list(accepted)
+
 
         async def old(route: legacy.Route) -> tuple[str, bool] | None:
             return None if await self._old_task(route) is None else (str(route.id), False)
@@ -198,4 +207,4 @@ class Placement(ByTaskId):
             return legacy.submit_routed(s, mine, parts, lambda m, p: submit(s, m, p), old)
 
         answer = await self._placed(specs, ids, lambda pair: pair, retry=first.retry)
-        return Accepted.of(specs, answer, now)
+        return Accepted(answer, functools.reduce(Effects.merge, done, NO_EFFECTS))

@@ -52,6 +52,7 @@ shard through ``server_clock_of``. ``ShardedSchedules(sharded)`` replaces ``Sche
 
 from __future__ import annotations
 
+from chronoq.store.shard_bulk import ShardBulk
 from chronoq.store.shard_claims import SOLE_ENTRIES, ShardClaims
 from chronoq.store.shard_health import ShardHealth
 from chronoq.store.shard_listings import ShardListings
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 
-class ShardedStore(Placement, ShardClaims, ShardListings, ByPartition, ShardHealth):
+class ShardedStore(Placement, ShardClaims, ShardListings, ShardBulk, ByPartition, ShardHealth):
     """The task store as shards (one ``Store`` per shard), routed by ``current_map()``.
 
     ``refresh``: makes ``current_map()`` answer the newest map (awaited after a
@@ -81,6 +82,7 @@ class ShardedStore(Placement, ShardClaims, ShardListings, ByPartition, ShardHeal
     Its parts, by how a call routes: ``shard_routing`` (the map, the fan-out core),
     ``shard_placement`` (submits), ``shard_ids`` (by task id and leases), ``shard_claims``
     (claims, queue limits), ``shard_partitions`` (owner statements, reads, retention),
-    ``shard_listings`` (listings, counts, fences, requeue) and ``shard_health`` (notices,
-    probes, clocks); ``sharded_schedules`` holds ``ShardedSchedules``.
+    ``shard_listings`` (listings, counts, fences, requeue), ``shard_bulk`` (bulk operations
+    by filter) and ``shard_health`` (notices, probes, clocks); ``sharded_schedules``
+    holds ``ShardedSchedules``.
     """

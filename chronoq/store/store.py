@@ -7,6 +7,7 @@ when the stored token is no longer the caller's.
 
 from __future__ import annotations
 
+from chronoq.store.bulk import BulkStatements
 from chronoq.store.connection import IDLE_IN_TRANSACTION_TIMEOUT_MS, Listener, _translated
 from chronoq.store.operator import OperatorStatements
 from chronoq.store.owner import OwnerStatements
@@ -28,10 +29,11 @@ __all__ = [
 ]
 
 
-class Store(TaskStatements, OwnerStatements, OperatorStatements):
+class Store(TaskStatements, OwnerStatements, OperatorStatements, BulkStatements):
     """The task store on one PostgreSQL database (a pool of connections).
 
     Its roles: ``connection`` (pool, liveness, error translation, notices), ``migrations``,
     ``tasks`` (client and worker statements), ``owner`` (fenced owner statements) and
-    ``operator`` (requeue, limits, retention, counts); ``rows`` maps what they read.
+    ``operator`` (requeue, limits, retention, counts), ``bulk`` (bulk operations by
+    filter); ``rows`` maps what they read.
     """

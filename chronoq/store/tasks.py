@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import asyncpg
 from asyncpg.pgproto.pgproto import UUID as PgUUID
 
-from chronoq import tracecontext
+from chronoq import submit_keys, tracecontext
 from chronoq.buckets import bucket_of, buckets_of
+from chronoq.effects import of_submits
 from chronoq.errors import InvalidArgument, InvalidTransition, StaleLease, TaskNotFound
 from chronoq.limits import (
     MAX_ANSWER_BYTES,
@@ -39,6 +40,7 @@ from chronoq.models import (
 from chronoq.routing import new_task_id_bytes, spec_routes, submit_partitions
 from chronoq.saturating import ms_of, shifted
 from chronoq.store.connection import Connected
+from chronoq.store.keyed import submit_keyed
 from chronoq.store.quarantine import POISON, reason
 from chronoq.store.rows import Accepted, known, parse_task_id, retry_decision, task_of
 from chronoq.store.sql import q
@@ -336,21 +338,70 @@ class TaskStatements(Connected):
         """
         if not specs:
             return []
+        if any(submit_keys.keyed(s) for s in specs):
+            return await self._submit_keyed(specs, now, partitions)
         ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
-            inserted = {
-                r["id"]: r for r in await _insert_chunked(conn, self._q("insert_tasks"), cols, now)
-            }
-            existing: dict[tuple[str, str], Any] = {}
-            for ns, keys in _conflicting_keys(ids, specs, inserted).items():
-                for r in await conn.fetch(q("tasks_by_idempotency_key"), ns, keys):
-                    existing[(ns, r["idempotency_key"])] = r
-        matched = _matched(ids, specs, inserted, existing)
+            matched = await self._inserted_rows(conn, ids, specs, cols, now)
         tasks = await converted([row for row, _created in matched], task_of)
         return [
             SubmitOutcome(task, created)
             for task, (_row, created) in zip(tasks, matched, strict=True)
         ]
+
+    async def _inserted_rows(
+        self,
+        conn: Any,
+        ids: list[uuid.UUID],
+        specs: Sequence[TaskSpec],
+        cols: list[list[Any]],
+        now: datetime,
+    ) -> list[tuple[Any, bool]]:
+        """The plain insert of ``specs``: per spec its row and whether it was created (else
+        the first task of its idempotency key)."""
+        inserted = {
+            r["id"]: r for r in await _insert_chunked(conn, self._q("insert_tasks"), cols, now)
+        }
+        existing: dict[tuple[str, str], Any] = {}
+        for ns, keys in _conflicting_keys(ids, specs, inserted).items():
+            for r in await conn.fetch(q("tasks_by_idempotency_key"), ns, keys):
+                existing[(ns, r["idempotency_key"])] = r
+        return _matched(ids, specs, inserted, existing)
+
+    async def _submit_keyed(
+        self, specs: Sequence[TaskSpec], now: datetime, partitions: Sequence[int] | None
+    ) -> list[SubmitOutcome]:
+        """``submit`` of a batch holding unique or debounce keys, in one transaction: its
+        plain specs in one insert, then its keyed ones, each decided by its key's indexes
+        (``chronoq.store.keyed``). Every answer is the task as its own spec left it."""
+        parts = (
+            list(partitions)
+            if partitions is not None
+            else submit_partitions(spec_routes(specs), self.partitions)
+        )
+        plain = [i for i, s in enumerate(specs) if not submit_keys.keyed(s)]
+        mine = [i for i, s in enumerate(specs) if submit_keys.keyed(s)]
+        made: dict[int, tuple[Any, bool]] = {}
+        async with self.connection() as conn, conn.transaction():
+            if plain:
+                plain_specs = [specs[i] for i in plain]
+                ids, cols = await self._insert_columns_sliced(
+                    plain_specs, now, [parts[i] for i in plain]
+                )
+                rows = await self._inserted_rows(conn, ids, plain_specs, cols, now)
+                made.update(zip(plain, rows, strict=True))
+            decided = await submit_keyed(
+                conn,
+                self._q,
+                [specs[i] for i in mine],
+                [parts[i] for i in mine],
+                now,
+                self._insert_columns,
+                self.bucket_seconds,
+            )
+            made.update((i, (d.row, d.created)) for i, d in zip(mine, decided, strict=True))
+        tasks = await converted([made[i][0] for i in range(len(specs))], task_of)
+        return [SubmitOutcome(task, made[i][1]) for i, task in enumerate(tasks)]
 
     async def submit_ids(
         self, specs: Sequence[TaskSpec], now: datetime, *, partitions: Sequence[int] | None = None
@@ -358,6 +409,9 @@ class TaskStatements(Connected):
         """``submit`` that answers only (task id, created) per spec: no rows sent back."""
         if not specs:
             return Accepted()
+        if any(submit_keys.keyed(s) for s in specs):
+            outcomes = await self._submit_keyed(specs, now, partitions)
+            return Accepted([(o.task.id, o.created) for o in outcomes], of_submits(outcomes))
         ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
             count = await _insert_counted(conn, self._q("insert_tasks_counted"), cols, now)
@@ -386,6 +440,11 @@ class TaskStatements(Connected):
         ``partition``: placed already (see ``submit``)."""
         if spec.run_at > now:
             raise ValueError("only a task due at once is leased by its submit")
+        if submit_keys.keyed(spec):  # its key decides first: submitted READY, for a claim
+            (outcome,) = await self._submit_keyed(
+                [spec], now, None if partition is None else [partition]
+            )
+            return outcome
         ids, cols = self._insert_columns([spec], now, None if partition is None else [partition])
         async with self.connection() as conn:
             row = await conn.fetchrow(
