@@ -295,6 +295,20 @@ class TooManyLongPolls(ChronoqError):
         )
 
 
+class TooManyBulkCalls(ChronoqError):
+    """A namespace has as many bulk operations running on this node as it may: retry later."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, namespace: str, limit: int) -> None:
+        self.namespace = namespace
+        self.limit = limit
+        super().__init__(
+            f"namespace {namespace!r} has {limit} bulk operations running on this node, the "
+            "limit: wait for one to answer, then retry"
+        )
+
+
 class StreamStalled(ChronoqError):
     """A worker stream's worker took none of its messages within the write deadline: the stream
     is closed and the tasks it had not delivered are given back."""

@@ -1106,3 +1106,146 @@ FROM tasks t CROSS JOIN LATERAL (
 ) o
 WHERE t.id = ANY($1::uuid[]) AND t.namespace = $2 AND t.unique_key IS NOT NULL
 LIMIT 1;
+
+-- fragment: filter_hit
+-- Whether the row `t` passes a listing's or a bulk operation's filter: of queue $6, carrying
+-- every label of $7 (a JSON object; containment), run_at in [$8, $9) (NULL: not filtered).
+(($6::text IS NULL OR t.queue = $6::text)
+ AND ($7::jsonb IS NULL OR t.labels @> $7::jsonb)
+ AND ($8::timestamptz IS NULL OR t.run_at >= $8::timestamptz)
+ AND ($9::timestamptz IS NULL OR t.run_at < $9::timestamptz))
+
+-- fragment: filter_walk
+-- A bounded stretch of a namespace's ($1) tasks in the states $2, after the id $3, keyset
+-- in id order: per state one range of tasks_listing (namespace, state, id), read lazily
+-- until it has $4 matching rows (filter_hit) or has read $5 entries (that entry is kept as
+-- the state's position, `n = $5`). A state that stopped so has a position; the stretch ends
+-- at the lowest one (`upto`; NULL: every state was read to its end), and every matching row
+-- of ($3, upto] was read: `pick`, the first $4 of them. Rows of partitions this shard holds
+-- as a copy (incoming or gone: state >= 2) are not this shard's tasks and are left out; a
+-- frozen partition's rows are kept (their write is then refused whole, PartitionMoved, and
+-- the caller tries again). `next` is where the walk goes on: the last id picked when $4
+-- were, else upto; NULL at the end.
+held AS MATERIALIZED (
+    SELECT ARRAY(SELECT h.partition FROM shard_partitions h WHERE h.state >= 2) AS copies
+),
+walked AS MATERIALIZED (
+    SELECT s.state, w.id, w.hit, w.n
+    FROM unnest($2::smallint[]) AS s(state) CROSS JOIN LATERAL (
+        SELECT r.id, r.hit, r.n
+        FROM (
+            SELECT t.id, {{filter_hit}} AS hit, row_number() OVER (ORDER BY t.id) AS n
+            FROM tasks t
+            WHERE t.namespace = $1 AND t.state = s.state AND t.id > $3::uuid
+              AND NOT t.partition = ANY((SELECT copies FROM held)::smallint[])
+            ORDER BY t.id
+            LIMIT $5
+        ) r
+        WHERE r.hit OR r.n = $5
+        LIMIT $4
+    ) w
+),
+stops AS (
+    SELECT w.state, (array_agg(w.id ORDER BY w.id DESC))[1] AS last,
+           count(*) >= $4 OR bool_or(w.n = $5) AS stopped
+    FROM walked w
+    GROUP BY w.state
+),
+bound AS (
+    SELECT (SELECT s.last FROM stops s WHERE s.stopped ORDER BY s.last LIMIT 1) AS upto
+),
+pick AS MATERIALIZED (
+    SELECT w.id FROM walked w
+    WHERE w.hit AND ((SELECT upto FROM bound) IS NULL OR w.id <= (SELECT upto FROM bound))
+    ORDER BY w.id
+    LIMIT $4
+),
+walk_next AS (
+    SELECT CASE WHEN (SELECT count(*) FROM pick) >= $4
+                THEN (SELECT p.id FROM pick p ORDER BY p.id DESC LIMIT 1)
+                ELSE (SELECT upto FROM bound) END AS next
+)
+
+-- name: list_tasks_filtered
+-- A page of the tasks filter_walk picks ($4 the page size), ending before its rows' size
+-- passes $10 bytes (variable-length columns plus $11 each; the first row always comes).
+-- `next`: where the next page starts (NULL: the end). A page may hold fewer than $4 tasks,
+-- even none, and still go on: it read a bounded stretch of the namespace.
+WITH {{filter_walk}},
+sized AS (
+    SELECT {{task_row}}, {{task_bytes}} + $11::integer AS row_bytes
+    FROM tasks t
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pick))
+),
+paged AS (
+    SELECT s.*, sum(s.row_bytes) OVER (ORDER BY s.id) AS page_bytes,
+           row_number() OVER (ORDER BY s.id) AS page_row
+    FROM sized s
+)
+-- one row even when the page is empty (its task columns NULL), to carry `next`
+SELECT p.*, (SELECT count(*) FROM pick) AS picked, n.next
+FROM walk_next n LEFT JOIN paged p ON p.page_bytes <= $10 OR p.page_row = 1
+ORDER BY p.id;
+
+-- name: bulk_match
+-- A bulk operation's dry run: the ids filter_walk picks ($4 of them at most), changing none.
+WITH {{filter_walk}}
+SELECT ARRAY(SELECT id FROM pick ORDER BY id) AS ids, (SELECT next FROM walk_next) AS next;
+
+-- fragment: bulk_done
+-- What a bulk write answers: how many rows it changed, their queues (the READY ones wake
+-- claims), and where its walk goes on. Every row it writes is of a partition this shard
+-- holds live at the caller's map version (chronoq_hold_ids; else PartitionMoved, nothing
+-- written), still in one of the states $2 and still matching the filter as it is written.
+SELECT (SELECT count(*) FROM done) AS n, ARRAY(SELECT queue FROM done) AS queues,
+       (SELECT next FROM walk_next) AS next
+
+-- name: bulk_cancel
+-- SCHEDULED, READY, RUNNING or DEAD -> CANCELLED at $10 for the rows filter_walk picks (one
+-- batch of $4); a running worker learns it by heartbeat.
+WITH {{filter_walk}},
+done AS (
+    UPDATE tasks t
+    SET state = 5, finished_at = $10::timestamptz, lease_until = NULL
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
+      AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
+      AND (SELECT chronoq_hold_ids(ARRAY(SELECT id FROM pick), {{map_version}}))
+    RETURNING t.queue
+)
+{{bulk_done}};
+
+-- name: bulk_requeue
+-- DEAD -> READY now ($10, bucket $11) with a fresh attempt budget, as requeue_dead, for the
+-- rows filter_walk picks (one batch of $4).
+WITH {{filter_walk}},
+done AS (
+    UPDATE tasks t
+    SET state = 1, run_at = $10::timestamptz, bucket = $11::bigint,
+        fired_at = $10::timestamptz, finished_at = NULL, fired_by = 'requeue',
+        fire_token = NULL, retry_base = t.attempt, lease_until = NULL, worker_id = NULL
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
+      AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
+      AND (SELECT chronoq_hold_ids(ARRAY(SELECT id FROM pick), {{map_version}}))
+    RETURNING t.queue
+)
+{{bulk_done}};
+
+-- name: bulk_run_now
+-- SCHEDULED -> READY now ($10; a task already overdue keeps its run_at, so its lateness
+-- shows) for the rows filter_walk picks (one batch of $4). Conditional on SCHEDULED like the
+-- owner's fire: whichever commits first wins and the other changes nothing, so no task fires
+-- twice, and the owner's watermark needs no change (a row leaving SCHEDULED is simply no
+-- longer due). Claims then take them through the queue's gate like any READY task.
+WITH {{filter_walk}},
+done AS (
+    UPDATE tasks t
+    SET state = 1,
+        bucket = CASE WHEN t.run_at <= $10::timestamptz THEN t.bucket ELSE $11::bigint END,
+        run_at = least(t.run_at, $10::timestamptz),
+        fired_at = $10::timestamptz, fired_by = 'run-now', fire_token = NULL
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
+      AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
+      AND (SELECT chronoq_hold_ids(ARRAY(SELECT id FROM pick), {{map_version}}))
+    RETURNING t.queue
+)
+{{bulk_done}};

@@ -39,11 +39,13 @@ from chronoq.models import (
 )
 from chronoq.routing import new_task_id_bytes, spec_routes, submit_partitions
 from chronoq.saturating import ms_of, shifted
+from chronoq.store.bulk import list_filtered
 from chronoq.store.connection import Connected
 from chronoq.store.keyed import submit_keyed
 from chronoq.store.quarantine import POISON, reason
 from chronoq.store.rows import Accepted, known, parse_task_id, retry_decision, task_of
 from chronoq.store.sql import q
+from chronoq.taskfilter import TaskFilter
 from chronoq.timeslice import Timeslice, converted
 
 log = logging.getLogger("chronoq.store")
@@ -483,11 +485,17 @@ class TaskStatements(Connected):
         page_size: int = 100,
         page_token: str = "",
         max_bytes: int = PAGE_BYTES,
+        labels: tuple[tuple[str, str], ...] = (),
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
     ) -> Page:
         """A page of tasks ordered by id; pass ``next_token`` back for the next page.
 
         The page ends early rather than pass ``max_bytes`` (it always holds one task), so a page
-        of large payloads costs the node megabytes, not ``page_size`` times the payload limit."""
+        of large payloads costs the node megabytes, not ``page_size`` times the payload limit.
+        Filtered by ``labels`` (every pair) or a run_at range ``[run_at_from, run_at_to)``, a
+        page reads a bounded stretch of the namespace and may hold fewer tasks, even none,
+        before its next token (``chronoq.store.bulk.list_filtered``)."""
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 1 and {MAX_PAGE_SIZE}")
         after = _ZERO_UUID
@@ -496,6 +504,18 @@ class TaskStatements(Connected):
                 after = uuid.UUID(page_token)
             except ValueError:
                 raise InvalidArgument("page_token", "is not a token from a previous page") from None
+        where = TaskFilter(queue, labels, state, run_at_from, run_at_to)
+        if where.narrowed:
+            async with self.connection() as conn:
+                return await list_filtered(
+                    conn,
+                    namespace,
+                    where,
+                    page_size=page_size,
+                    after=after,
+                    max_bytes=max_bytes,
+                    row_bytes=ROW_BYTES,
+                )
         query = q("list_tasks") if state is None else q("list_tasks_in_state")
         async with self.connection() as conn:
             rows = await conn.fetch(
