@@ -255,6 +255,68 @@ class RequeuePartlyDone(StoreUnavailable):
         )
 
 
+# -- the shard map and partition moves ---------------------------------------------------
+
+
+class ShardMapInvalid(ChronoqError):
+    """A shard map breaks its rules (a partition held twice or by no shard, a bad name or
+    version): it is refused whole."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class ShardMapConflict(ChronoqError):
+    """The shard map changed since a move was planned: plan it again."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class ShardAdminRefused(ChronoqError):
+    """The shard map cannot take this change now."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class MoveRecordInvalid(ChronoqError):
+    """A move record in etcd does not parse: it is left alone and reported."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class MoveRefused(ChronoqError):
+    """The partition move cannot take this step in the shards' present state."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class StaleMoveToken(MoveRefused):
+    """A newer mover of these partitions holds them: this one's token is stale."""
+
+    def __init__(self, move_id: str, token: int, current: int) -> None:
+        self.move_id = move_id
+        self.token = token
+        self.current = current
+        super().__init__(
+            f"move {move_id!r}: token {token} is stale, the partitions were taken by a mover "
+            f"with token {current}; this mover stops"
+        )
+
+
+class MoveLost(ChronoqError):
+    """This node no longer holds the move's key (its lease lapsed, or another took over)."""
+
+    grpc_code = "UNAVAILABLE"
+
+
+class FreezeOverrun(StoreUnavailable):
+    """The frozen last round took longer than its budget allows: the partitions are live on
+    the source again (move fewer partitions per cut-over, or catch up once more first)."""
+
+
+class FreezeTimedOut(StoreUnavailable):
+    """Writes in flight on the shard did not finish in time: nothing was frozen."""
+
+
 class ConfigError(ChronoqError):
     """A setting is invalid."""
 

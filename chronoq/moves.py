@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from chronoq.errors import ChronoqError
+from chronoq.errors import MoveRecordInvalid as MoveRecordInvalid
 from chronoq.shardmap import Move, format_partitions, shard_number
 
 #: Bytes of a stored record read at most (a partition list of 1024 single partitions fits).
@@ -70,12 +70,6 @@ FORWARD: dict[Phase, Phase] = {
     Phase.CLEAN_UP: Phase.DONE,
     Phase.ROLLING_BACK: Phase.ROLLED_BACK,
 }
-
-
-class MoveRecordInvalid(ChronoqError):
-    """A move record in etcd does not parse: it is left alone and reported."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 class Recovery(enum.Enum):

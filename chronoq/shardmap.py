@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from chronoq.buckets import MAX_PARTITIONS
-from chronoq.errors import ChronoqError, InvalidArgument
+from chronoq.errors import InvalidArgument
+from chronoq.errors import ShardMapConflict as ShardMapConflict
+from chronoq.errors import ShardMapInvalid as ShardMapInvalid
 
 SHARD_PREFIX = "shard-"
 #: Shards a map may name: far more than partitions will ever usefully spread over.
@@ -36,19 +38,6 @@ MAP_FORMAT = 1
 
 _SHARD_NAME = re.compile(r"shard-(0|[1-9][0-9]{0,5})")
 _ITEM = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
-
-
-class ShardMapInvalid(ChronoqError):
-    """A shard map breaks its rules (a partition held twice or by no shard, a bad name or
-    version): it is refused whole."""
-
-    grpc_code = "FAILED_PRECONDITION"
-
-
-class ShardMapConflict(ChronoqError):
-    """The shard map changed since a move was planned: plan it again."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 def shard_name(number: int) -> str:

@@ -105,10 +105,31 @@ def task_table(task: Task) -> Table:
         ("worker_id", escape(task.worker_id or "-")),
         ("finished_at", when(task.finished_at)),
         ("last_error", escape(task.last_error or "-")),
+        *_control_rows(task),
     ]
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _control_rows(task: Task) -> list[tuple[str, str]]:
+    """The queue controls a task carries (none: no rows)."""
+    rows = [
+        (name, escape(value))
+        for name, value in (
+            ("concurrency_key", task.concurrency_key),
+            ("unique_key", task.unique_key),
+            ("debounce_key", task.debounce_key),
+        )
+        if value is not None
+    ]
+    if task.unique_until is not None:
+        rows.append(("unique_until", when(task.unique_until)))
+    if task.debounce_until is not None:
+        rows.append(("debounce_until", when(task.debounce_until)))
+    if task.labels:
+        rows.append(("labels", escape(", ".join(f"{k}={v}" for k, v in task.labels))))
+    return rows
 
 
 def tasks_table(tasks: Sequence[Task], *, title: str, errors: bool = False) -> Table:

@@ -28,6 +28,7 @@ from chronoq.cli.common import (
     progress,
     run,
 )
+from chronoq.cli.labels import parse_labels
 from chronoq.cli.render import print_json, state, task_table, tasks_table
 from chronoq.client import Client, NewTask, Submitted
 from chronoq.client.pacing import pacer
@@ -163,6 +164,61 @@ def submit(
             envvar=env("SUBMIT_MISFIRE_GRACE"), help="How late 'skip' still fires, e.g. 60s."
         ),
     ] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=env("SUBMIT_CONCURRENCY_KEY"),
+            help="Concurrency key: the queue's per-key limits count tasks by it.",
+        ),
+    ] = None,
+    unique_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=env("SUBMIT_UNIQUE_KEY"),
+            help="Unique key: no second pending task with it (see --unique-for).",
+        ),
+    ] = None,
+    unique_for: Annotated[
+        timedelta | None,
+        duration_opt(
+            "--unique-for",
+            envvar=env("SUBMIT_UNIQUE_FOR"),
+            help="Keep the unique key for this long after run_at, e.g. 1h. Default: while "
+            "pending.",
+        ),
+    ] = None,
+    debounce_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=env("SUBMIT_DEBOUNCE_KEY"),
+            help="Debounce key: a submit with it postpones its pending task (with --debounce).",
+        ),
+    ] = None,
+    debounce: Annotated[
+        timedelta | None,
+        duration_opt(
+            "--debounce",
+            envvar=env("SUBMIT_DEBOUNCE"),
+            help="Run this long after the last submit of the debounce key, e.g. 5s.",
+        ),
+    ] = None,
+    debounce_max: Annotated[
+        timedelta | None,
+        duration_opt(
+            "--debounce-max",
+            envvar=env("SUBMIT_DEBOUNCE_MAX"),
+            help="Postpone at most this long after the first submit. Default: 10 x --debounce.",
+        ),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            metavar="KEY=VALUE",
+            envvar=env("SUBMIT_LABEL"),
+            help="A label of the task (repeatable).",
+        ),
+    ] = None,
     count: Annotated[
         int,
         typer.Option(
@@ -196,6 +252,13 @@ def submit(
         max_attempts=max_attempts,
         lease_timeout=lease_timeout,
         misfire_grace=misfire_grace,
+        concurrency_key=concurrency_key,
+        unique_key=unique_key,
+        unique_for=unique_for,
+        debounce_key=debounce_key,
+        debounce=debounce,
+        debounce_max=debounce_max,
+        labels=parse_labels(label) or None,
         **given(priority=priority, misfire_policy=misfire.policy if misfire else None),
     )
     for result in run(_submit(address, namespace, template, key, count, rate)):

@@ -29,8 +29,10 @@ from datetime import datetime, timedelta
 from typing import Any, overload
 
 from chronoq import errors
+from chronoq.client import controls
 from chronoq.client.client import Client
 from chronoq.client.context import Handler
+from chronoq.client.controls import KeyOption, LabelsOption
 from chronoq.client.payload import Payload
 from chronoq.client.sync import SyncClient
 from chronoq.client.values import NewTask, Submitted
@@ -55,6 +57,7 @@ _OVERRIDABLE = frozenset(
         "misfire_policy",
         "misfire_grace",
         "content_type",
+        *controls.FIELDS,
     }
 )
 
@@ -71,11 +74,26 @@ class TaskOptions:
     priority: int | None = None
     misfire_policy: MisfirePolicy | None = None
     misfire_grace: timedelta | None = None
+    # Queue controls: each key and the labels a value, or a function of the payload that
+    # gives it at each submit (``concurrency_key=lambda data: data["customer"]``).
+    concurrency_key: KeyOption = None
+    unique_key: KeyOption = None
+    unique_for: timedelta | None = None
+    debounce_key: KeyOption = None
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None
+    labels: LabelsOption = None
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and self.max_attempts < 1:
             raise errors.ConfigError(f"max_attempts: must be >= 1, got {self.max_attempts}")
-        for name in ("backoff_initial", "backoff_max", "lease_timeout", "misfire_grace"):
+        for name in (
+            "backoff_initial",
+            "backoff_max",
+            "lease_timeout",
+            "misfire_grace",
+            *controls.WINDOW_FIELDS,
+        ):
             value = getattr(self, name)
             if value is not None and value < timedelta(0):
                 raise errors.ConfigError(f"{name}: must not be negative, got {value}")
@@ -130,6 +148,7 @@ class TaskDefinition:
             )
         fields = self.options.fields()
         fields.update(overrides)
+        fields = controls.resolved(fields, payload)
         return NewTask(queue=self.queue, run_at=at, delay=delay, payload=payload, **fields)
 
     # ------------------------------------------------------------------ blocking
@@ -219,6 +238,13 @@ class TaskRegistry:
         priority: int | None = None,
         misfire_policy: MisfirePolicy | None = None,
         misfire_grace: timedelta | None = None,
+        concurrency_key: KeyOption = None,
+        unique_key: KeyOption = None,
+        unique_for: timedelta | None = None,
+        debounce_key: KeyOption = None,
+        debounce: timedelta | None = None,
+        debounce_max: timedelta | None = None,
+        labels: LabelsOption = None,
     ) -> Callable[[Handler], TaskDefinition]: ...
 
     def task(
@@ -230,7 +256,8 @@ class TaskRegistry:
         **defaults: Any,
     ) -> TaskDefinition | Callable[[Handler], TaskDefinition]:
         """Register a handler: ``@tasks.task`` (queue named after the function) or
-        ``@tasks.task(queue="emails", max_attempts=5, ...)`` with its defaults."""
+        ``@tasks.task(queue="emails", max_attempts=5, ...)`` with its defaults; a key or the
+        labels may be a function of the payload (``concurrency_key=lambda d: d["customer"]``)."""
         options = TaskOptions(**defaults)
 
         def register(fn: Handler) -> TaskDefinition:

@@ -4,12 +4,14 @@ status. Plain values (``NewTask.to_pb`` writes a task as the wire wants it)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from chronoq import errors, tracing
 from chronoq.api import convert
 from chronoq.api.v1 import tasks_pb2
+from chronoq.client import controls
 from chronoq.client.payload import Payload
 from chronoq.client.payload import encode as encode_payload
 from chronoq.ids import time_ordered_id_bytes
@@ -37,6 +39,14 @@ class NewTask:
     priority: int = TASK_DEFAULTS.priority
     misfire_policy: MisfirePolicy = TASK_DEFAULTS.misfire_policy
     misfire_grace: timedelta | None = None
+    # Queue controls (chronoq.client.controls); unset: none.
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_for: timedelta | None = None  # None: unique while pending
+    debounce_key: str | None = None
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None  # None: 10 x debounce, at most 7 days
+    labels: Mapping[str, str] | None = None
 
     def to_pb(self, namespace: str, *, idempotency_key: str = "") -> tasks_pb2.TaskSpec:
         """The task as the wire wants it; ``idempotency_key`` is used when it has none."""
@@ -69,6 +79,8 @@ class NewTask:
             pb.lease_timeout.FromTimedelta(self.lease_timeout)
         if self.misfire_grace is not None:
             pb.misfire_grace.FromTimedelta(self.misfire_grace)
+        if controls.has_controls(self):
+            controls.write(pb, self)
         tracing.inject(pb.trace_context)  # no-op unless tracing is on
         return pb
 

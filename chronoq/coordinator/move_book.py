@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import aetcd
 
 from chronoq.coordinator.etcd import Keys, translated
-from chronoq.errors import ChronoqError
+from chronoq.errors import MoveLost as MoveLost
 from chronoq.moves import MoveRecord, MoveRecordInvalid
 from chronoq.shardmap import ShardMap, ShardMapInvalid
 
@@ -26,12 +26,6 @@ log = logging.getLogger("chronoq.moves")
 
 #: The member-stats field in which a node reports the map version it routes by.
 MAP_VERSION_STAT = "map_version"
-
-
-class MoveLost(ChronoqError):
-    """This node no longer holds the move's key (its lease lapsed, or another took over)."""
-
-    grpc_code = "UNAVAILABLE"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from chronoq.coordinator.move_book import EtcdMoveBook, Stored, member_map_versi
 from chronoq.coordinator.moves import MoveDriver, PartitionMover
 from chronoq.coordinator.ownership import EtcdOwnership
 from chronoq.errors import ChronoqError, InvalidArgument
+from chronoq.errors import ShardAdminRefused as ShardAdminRefused
 from chronoq.limits import (
     ADD_SHARD_TIMEOUT,
     KEPT_FINISHED_MOVES,
@@ -39,7 +40,7 @@ from chronoq.limits import (
     MAX_OPEN_MOVES,
 )
 from chronoq.moves import MoveRecord, Phase
-from chronoq.redact import mask_dsn
+from chronoq.redact import mask_dsn, mask_text
 from chronoq.shardmap import (
     Move,
     ShardMap,
@@ -54,12 +55,6 @@ log = logging.getLogger("chronoq.shards")
 #: Seconds between passes of the move driver (a request wakes it at once on this node).
 DRIVER_INTERVAL = 1.0
 _MASKED_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@]*):\*\*\*@", re.IGNORECASE)
-
-
-class ShardAdminRefused(ChronoqError):
-    """The shard map cannot take this change now."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 def without_masked_password(dsn: str) -> str:
@@ -207,7 +202,7 @@ class ShardAdmin:
                 why = exc.message if isinstance(exc, ChronoqError) else f"{type(exc).__name__}"
                 raise ShardAdminRefused(
                     f"cannot connect to and migrate {masked} within {ADD_SHARD_TIMEOUT:.0f} s: "
-                    f"{mask_dsn(why)}"
+                    f"{mask_text(why)}"
                 ) from None
             try:
                 ident = await identity(new)

@@ -30,10 +30,10 @@ from typing import Any
 
 import asyncpg
 
-from chronoq.errors import StoreUnavailable
+from chronoq.errors import FreezeTimedOut as FreezeTimedOut
+from chronoq.errors import MoveRefused, StaleMoveToken
 from chronoq.shardmap import format_partitions
 from chronoq.store.connection import Connected
-from chronoq.store.mover import MoveRefused, StaleMoveToken
 
 LIVE, FROZEN, INCOMING, GONE = 0, 1, 2, 3
 _NAMES = {LIVE: "live", FROZEN: "frozen", INCOMING: "incoming", GONE: "gone"}
@@ -42,10 +42,6 @@ LOCK_CLASS = 0x63687271
 LOCK_STRIPES = 8
 #: Seconds a freeze waits at most for the writes in flight (then nothing is frozen).
 FREEZE_WAIT_S = 5.0
-
-
-class FreezeTimedOut(StoreUnavailable):
-    """Writes in flight on the shard did not finish in time: nothing was frozen."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The states a move gives a shard's partitions (``shard_partitions``), the statements over
-them a move takes (``chronoq.store.holdings``), and a move's refusals.
+them a move takes (``chronoq.store.holdings``). A move's refusals are in ``chronoq.errors``
+(re-exported here and from ``chronoq.store.mover``).
 """
 
 from __future__ import annotations
@@ -10,37 +11,15 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from chronoq.errors import ChronoqError, StoreUnavailable
+from chronoq.errors import FreezeOverrun as FreezeOverrun
+from chronoq.errors import MoveRefused as MoveRefused
+from chronoq.errors import StaleMoveToken as StaleMoveToken
 from chronoq.shardmap import format_partitions
 
 # States of shard_partitions (migration 0011).
 LIVE, FROZEN, INCOMING, GONE = 0, 1, 2, 3
 
 _STATES = {LIVE: "live", FROZEN: "frozen", INCOMING: "incoming", GONE: "gone"}
-
-
-class MoveRefused(ChronoqError):
-    """The partition move cannot take this step in the shards' present state."""
-
-    grpc_code = "FAILED_PRECONDITION"
-
-
-class StaleMoveToken(MoveRefused):
-    """A newer mover of these partitions holds them: this one's token is stale."""
-
-    def __init__(self, move_id: str, token: int, current: int) -> None:
-        self.move_id = move_id
-        self.token = token
-        self.current = current
-        super().__init__(
-            f"move {move_id!r}: token {token} is stale, the partitions were taken by a mover "
-            f"with token {current}; this mover stops"
-        )
-
-
-class FreezeOverrun(StoreUnavailable):
-    """The frozen last round took longer than its budget allows: the partitions are live on
-    the source again (move fewer partitions per cut-over, or catch up once more first)."""
 
 
 class Holdings(Protocol):

@@ -157,3 +157,19 @@ async def test_typescript_client_submits_and_works_tasks(
             "text": "héllo ✓ 東京",
             "nested": {"list": [0, None, True]},
         }
+
+        # Every queue control the Node client sent, as it read it back and as Python reads it.
+        controls = report["controls"]
+        assert controls["concurrencyKey"] == "customer-7" and controls["uniqueKey"] == "report-7"
+        assert controls["debounceKey"] == "sync-7"
+        assert controls["labels"] == {"team": "billing", "tier": "gold"}
+        assert controls["uniqueUntil"] and controls["debounceUntil"]
+        stored = await client.get(controls["id"])
+        assert (stored.concurrency_key, stored.unique_key, stored.debounce_key) == (
+            "customer-7",
+            "report-7",
+            "sync-7",
+        )
+        assert stored.labels == (("team", "billing"), ("tier", "gold"))
+        assert stored.unique_until is not None and stored.debounce_until is not None
+        assert stored.unique_until.isoformat().startswith(controls["uniqueUntil"][:19])

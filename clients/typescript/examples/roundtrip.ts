@@ -21,6 +21,28 @@ async function main(): Promise<void> {
   const flaky = await client.submit("ts-flaky", { payload: { failFirst: true }, maxAttempts: 3 });
   submitted.push(flaky.task.id);
 
+  // Every queue control, on a queue no worker here serves, read back as stored.
+  const controlled = await client.submit("ts-controls", {
+    delayMs: 3_600_000,
+    concurrencyKey: "customer-7",
+    uniqueKey: "report-7",
+    uniqueForMs: 600_000,
+    debounceKey: "sync-7",
+    debounceMs: 5_000,
+    debounceMaxMs: 60_000,
+    labels: { team: "billing", tier: "gold" },
+  });
+  const stored = await client.get(controlled.task.id);
+  const controls = {
+    id: stored.id,
+    concurrencyKey: stored.concurrencyKey,
+    uniqueKey: stored.uniqueKey,
+    uniqueUntil: stored.uniqueUntil?.toISOString(),
+    debounceKey: stored.debounceKey,
+    debounceUntil: stored.debounceUntil?.toISOString(),
+    labels: stored.labels,
+  };
+
   const handled: { queue: string; id: string; contentType: string; data: unknown }[] = [];
   const expected = submitted.length + fromPython;
   const seen = (ctx: TaskContext): void => {
@@ -52,7 +74,7 @@ async function main(): Promise<void> {
   const flakyTask = states[states.length - 1];
   client.close();
   console.log(JSON.stringify({ submitted, handled, done, slowAttempts: slowTask.attempt,
-    flakyAttempts: flakyTask.attempt, flakyError: flakyTask.lastError, stats: worker.stats }));
+    flakyAttempts: flakyTask.attempt, flakyError: flakyTask.lastError, stats: worker.stats, controls }));
   if (!done || slowTask.attempt !== 1 || flakyTask.attempt !== 2) process.exitCode = 1;
 }
 

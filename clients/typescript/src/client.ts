@@ -53,6 +53,22 @@ export interface SubmitOptions {
   maxAttempts?: number;
   leaseTimeoutMs?: number;
   priority?: number;
+  /** Queue controls (the node bounds them): the queue's per-key limits count tasks by it. */
+  concurrencyKey?: string;
+  /** No second pending task with this key; for `uniqueForMs` after run_at when given. */
+  uniqueKey?: string;
+  uniqueForMs?: number;
+  /** A submit with this key postpones its pending task to now + `debounceMs` (last payload
+   * wins), at most `debounceMaxMs` (default 10 x debounceMs) after the first submit. */
+  debounceKey?: string;
+  debounceMs?: number;
+  debounceMaxMs?: number;
+  /** At most 16 labels; keys of [A-Za-z0-9._/-], values of at most 256 characters. */
+  labels?: Record<string, string>;
+}
+
+function optionalDuration(ms: number | undefined): Duration | undefined {
+  return ms === undefined ? undefined : durationOf(ms);
 }
 
 export interface Lease {
@@ -139,6 +155,13 @@ export class Client {
       delay: options.runAt === undefined ? durationOf(options.delayMs ?? 0) : undefined,
       retry: options.maxAttempts === undefined ? undefined : { maxAttempts: options.maxAttempts },
       leaseTimeout: options.leaseTimeoutMs === undefined ? undefined : durationOf(options.leaseTimeoutMs),
+      concurrencyKey: options.concurrencyKey ?? "",
+      uniqueKey: options.uniqueKey ?? "",
+      uniqueFor: optionalDuration(options.uniqueForMs),
+      debounceKey: options.debounceKey ?? "",
+      debounce: optionalDuration(options.debounceMs),
+      debounceMax: optionalDuration(options.debounceMaxMs),
+      labels: options.labels ?? {},
     });
     const reply = await this.call(this.tasks.submit as Unary<unknown, { task?: Task; created: boolean }>, this.tasks, { task: spec });
     return { task: reply.task as Task, created: reply.created };

@@ -187,9 +187,39 @@ export interface TaskSpec {
    * the worker's handler run join its trace. At most 8 entries; empty: untraced.
    */
   traceContext: { [key: string]: string };
+  /**
+   * Queue controls (docs: concurrency keys, unique tasks, debounce, labels). A task is placed
+   * in the partition of its first key of: concurrency_key, unique_key, debounce_key,
+   * idempotency_key (so one statement decides for a key; a task with a concurrency key and a
+   * unique or debounce key is placed by its concurrency key).
+   */
+  concurrencyKey: string;
+  /** 1..128 characters; empty: none */
+  uniqueKey: string;
+  /** (0, 30 days] after run_at; unset: while pending */
+  uniqueFor:
+    | Duration
+    | undefined;
+  /** 1..128 characters; empty: none */
+  debounceKey: string;
+  /** (0, 1 day]: run this long after the last submit */
+  debounce:
+    | Duration
+    | undefined;
+  /** [debounce, 7 days]; unset: 10 x debounce (<= 7 d) */
+  debounceMax:
+    | Duration
+    | undefined;
+  /** At most 16; keys 1..63 characters of [A-Za-z0-9._/-], values at most 256 characters. */
+  labels: { [key: string]: string };
 }
 
 export interface TaskSpec_TraceContextEntry {
+  key: string;
+  value: string;
+}
+
+export interface TaskSpec_LabelsEntry {
   key: string;
   value: string;
 }
@@ -225,9 +255,30 @@ export interface Task {
   contentType: string;
   /** as submitted (TaskSpec.trace_context) */
   traceContext: { [key: string]: string };
+  /** as submitted; empty: none */
+  concurrencyKey: string;
+  /** as submitted; empty: none */
+  uniqueKey: string;
+  /** end of its unique_for window; unset: pending */
+  uniqueUntil:
+    | Date
+    | undefined;
+  /** as submitted; empty: none */
+  debounceKey: string;
+  /** first submit + debounce_max */
+  debounceUntil:
+    | Date
+    | undefined;
+  /** as submitted */
+  labels: { [key: string]: string };
 }
 
 export interface Task_TraceContextEntry {
+  key: string;
+  value: string;
+}
+
+export interface Task_LabelsEntry {
   key: string;
   value: string;
 }
@@ -279,6 +330,20 @@ export interface ListTasksRequest {
   pageSize: number;
   /** from a previous response */
   pageToken: string;
+  /**
+   * Filters (all that are given must hold): tasks carrying every one of these labels (at
+   * most 16 pairs), with run_at in [run_at_from, run_at_to). A filtered page may hold fewer
+   * tasks than page_size (each page reads a bounded stretch of the namespace's tasks) and
+   * still have a next_page_token: page on until the token is empty.
+   */
+  labels: { [key: string]: string };
+  runAtFrom: Date | undefined;
+  runAtTo: Date | undefined;
+}
+
+export interface ListTasksRequest_LabelsEntry {
+  key: string;
+  value: string;
 }
 
 export interface ListTasksResponse {
@@ -339,6 +404,177 @@ export interface ListQueueLimitsRequest {
 
 export interface ListQueueLimitsResponse {
   limits: QueueLimit[];
+}
+
+/**
+ * Which tasks of the caller's namespace a bulk operation changes (all that are given must
+ * hold): one queue, every one of the labels (at most 16 pairs), one state (among those the
+ * operation changes), run_at in [run_at_from, run_at_to).
+ */
+export interface TaskFilter {
+  queue: string;
+  labels: { [key: string]: string };
+  state: TaskState;
+  runAtFrom: Date | undefined;
+  runAtTo: Date | undefined;
+}
+
+export interface TaskFilter_LabelsEntry {
+  key: string;
+  value: string;
+}
+
+export interface BulkRequest {
+  namespace: string;
+  filter:
+    | TaskFilter
+    | undefined;
+  /** count what would change, change nothing */
+  dryRun: boolean;
+  /** at most this many this call (default and limit 100,000) */
+  maxTasks: number;
+  /** where the previous call stopped */
+  pageToken: string;
+}
+
+export interface BulkResponse {
+  /** tasks changed (a dry run: tasks that match) */
+  count: number;
+  /** stopped at max_tasks or the call's deadline: call again */
+  more: boolean;
+  /** pass it back to go on; empty when nothing is left */
+  nextPageToken: string;
+  dryRun: boolean;
+}
+
+/**
+ * Counts of the caller's namespace by queue, as the partition owners keep them: each owner
+ * recounts its partitions from an index every few seconds (more when that is costly), and a
+ * call sums those counts, never reading tasks. An answer says how fresh it is (as_of).
+ */
+export interface QueueCountsRequest {
+  namespace: string;
+  /** these queues only (at most 100); empty: every queue */
+  queues: string[];
+  /**
+   * Also count per value of this label (1..63 characters [A-Za-z0-9._/-]): read from the
+   * tasks, at most 10,000 per state, so past that its counts are lower bounds.
+   */
+  labelKey: string;
+}
+
+export interface StateTally {
+  scheduled: number;
+  ready: number;
+  running: number;
+  dead: number;
+}
+
+export interface QueueTally {
+  queue: string;
+  counts:
+    | StateTally
+    | undefined;
+  /** run_at of its oldest READY task; unset: none */
+  oldestReadyAt:
+    | Date
+    | undefined;
+  /** now - oldest_ready_at */
+  oldestReadyAge: Duration | undefined;
+}
+
+export interface LabelTally {
+  queue: string;
+  /** empty: tasks without the label */
+  value: string;
+  counts: StateTally | undefined;
+}
+
+export interface QueueCountsResponse {
+  /** in queue order, at most 1,000 */
+  queues: QueueTally[];
+  /** the queues past those answered, summed */
+  other:
+    | StateTally
+    | undefined;
+  /** every queue (the named ones only, when named) */
+  totals:
+    | StateTally
+    | undefined;
+  /** more queues than answered */
+  truncated: boolean;
+  /** The oldest partition count summed: every count is at least this fresh. Unset: none yet. */
+  asOf:
+    | Date
+    | undefined;
+  /** the node's clock when it answered */
+  now:
+    | Date
+    | undefined;
+  /** partitions no owner has counted yet (not in counts) */
+  uncountedPartitions: number;
+  /** with label_key: per (queue, value), at most 1,000 */
+  labels: LabelTally[];
+  /** label counts stopped at their bound: lower bounds */
+  labelsCapped: boolean;
+}
+
+/**
+ * A queue's settings, cluster-wide: paused (its due tasks still fire, READY, but no worker
+ * gets them until it resumes) and its limits per concurrency key (0: no limit). A queue
+ * without settings is unpaused and unlimited.
+ */
+export interface QueueSettings {
+  namespace: string;
+  queue: string;
+  paused: boolean;
+  /** when the current pause began; unset: not paused */
+  pausedAt:
+    | Date
+    | undefined;
+  /** RUNNING tasks of one concurrency key at once */
+  maxRunningPerKey: number;
+  /** claims of one concurrency key per second */
+  maxStartsPerKey: number;
+  /** unset: never set */
+  updatedAt: Date | undefined;
+}
+
+export interface SetQueueRequest {
+  namespace: string;
+  /** 1..128 characters [A-Za-z0-9._:-] */
+  queue: string;
+  /** 0..10,000; 0: no limit; unset: unchanged */
+  maxRunningPerKey?:
+    | number
+    | undefined;
+  /** 0..100,000 per second; 0: no limit; unset: unchanged */
+  maxStartsPerKey?: number | undefined;
+}
+
+export interface QueueRef {
+  namespace: string;
+  queue: string;
+}
+
+export interface ResumeQueueResponse {
+  queue:
+    | QueueSettings
+    | undefined;
+  /**
+   * READY tasks skipped at the resume by their misfire policy (SKIP, and waiting past their
+   * grace since run_at while the queue was paused).
+   */
+  skipped: number;
+}
+
+export interface ListQueuesRequest {
+  namespace: string;
+}
+
+export interface ListQueuesResponse {
+  /** the namespace's queues with settings, by name (<= 1,000) */
+  queues: QueueSettings[];
 }
 
 function createBaseRetryPolicy(): RetryPolicy {
@@ -473,6 +709,13 @@ function createBaseTaskSpec(): TaskSpec {
     misfireGrace: undefined,
     contentType: "",
     traceContext: {},
+    concurrencyKey: "",
+    uniqueKey: "",
+    uniqueFor: undefined,
+    debounceKey: "",
+    debounce: undefined,
+    debounceMax: undefined,
+    labels: {},
   };
 }
 
@@ -516,6 +759,27 @@ export const TaskSpec: MessageFns<TaskSpec> = {
     }
     globalThis.Object.entries(message.traceContext).forEach(([key, value]: [string, string]) => {
       TaskSpec_TraceContextEntry.encode({ key: key as any, value }, writer.uint32(162).fork()).join();
+    });
+    if (message.concurrencyKey !== "") {
+      writer.uint32(170).string(message.concurrencyKey);
+    }
+    if (message.uniqueKey !== "") {
+      writer.uint32(178).string(message.uniqueKey);
+    }
+    if (message.uniqueFor !== undefined) {
+      Duration.encode(message.uniqueFor, writer.uint32(186).fork()).join();
+    }
+    if (message.debounceKey !== "") {
+      writer.uint32(194).string(message.debounceKey);
+    }
+    if (message.debounce !== undefined) {
+      Duration.encode(message.debounce, writer.uint32(202).fork()).join();
+    }
+    if (message.debounceMax !== undefined) {
+      Duration.encode(message.debounceMax, writer.uint32(210).fork()).join();
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      TaskSpec_LabelsEntry.encode({ key: key as any, value }, writer.uint32(218).fork()).join();
     });
     return writer;
   },
@@ -640,6 +904,65 @@ export const TaskSpec: MessageFns<TaskSpec> = {
             }
             continue;
           }
+          case 21: {
+            if (tag !== 170) {
+              break;
+            }
+
+            message.concurrencyKey = reader.string();
+            continue;
+          }
+          case 22: {
+            if (tag !== 178) {
+              break;
+            }
+
+            message.uniqueKey = reader.string();
+            continue;
+          }
+          case 23: {
+            if (tag !== 186) {
+              break;
+            }
+
+            message.uniqueFor = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 24: {
+            if (tag !== 194) {
+              break;
+            }
+
+            message.debounceKey = reader.string();
+            continue;
+          }
+          case 25: {
+            if (tag !== 202) {
+              break;
+            }
+
+            message.debounce = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 26: {
+            if (tag !== 210) {
+              break;
+            }
+
+            message.debounceMax = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 27: {
+            if (tag !== 218) {
+              break;
+            }
+
+            const entry27 = TaskSpec_LabelsEntry.decode(reader, reader.uint32());
+            if (entry27.value !== undefined) {
+              message.labels[entry27.key] = entry27.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -717,6 +1040,46 @@ export const TaskSpec: MessageFns<TaskSpec> = {
           {},
         )
         : {},
+      concurrencyKey: isSet(object.concurrencyKey)
+        ? globalThis.String(object.concurrencyKey)
+        : isSet(object.concurrency_key)
+        ? globalThis.String(object.concurrency_key)
+        : "",
+      uniqueKey: isSet(object.uniqueKey)
+        ? globalThis.String(object.uniqueKey)
+        : isSet(object.unique_key)
+        ? globalThis.String(object.unique_key)
+        : "",
+      uniqueFor: isSet(object.uniqueFor)
+        ? Duration.fromJSON(object.uniqueFor)
+        : isSet(object.unique_for)
+        ? Duration.fromJSON(object.unique_for)
+        : undefined,
+      debounceKey: isSet(object.debounceKey)
+        ? globalThis.String(object.debounceKey)
+        : isSet(object.debounce_key)
+        ? globalThis.String(object.debounce_key)
+        : "",
+      debounce: isSet(object.debounce) ? Duration.fromJSON(object.debounce) : undefined,
+      debounceMax: isSet(object.debounceMax)
+        ? Duration.fromJSON(object.debounceMax)
+        : isSet(object.debounce_max)
+        ? Duration.fromJSON(object.debounce_max)
+        : undefined,
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
     };
   },
 
@@ -767,6 +1130,33 @@ export const TaskSpec: MessageFns<TaskSpec> = {
         });
       }
     }
+    if (message.concurrencyKey !== "") {
+      obj.concurrencyKey = message.concurrencyKey;
+    }
+    if (message.uniqueKey !== "") {
+      obj.uniqueKey = message.uniqueKey;
+    }
+    if (message.uniqueFor !== undefined) {
+      obj.uniqueFor = Duration.toJSON(message.uniqueFor);
+    }
+    if (message.debounceKey !== "") {
+      obj.debounceKey = message.debounceKey;
+    }
+    if (message.debounce !== undefined) {
+      obj.debounce = Duration.toJSON(message.debounce);
+    }
+    if (message.debounceMax !== undefined) {
+      obj.debounceMax = Duration.toJSON(message.debounceMax);
+    }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
     return obj;
   },
 
@@ -796,6 +1186,27 @@ export const TaskSpec: MessageFns<TaskSpec> = {
       : undefined;
     message.contentType = object.contentType ?? "";
     message.traceContext = (globalThis.Object.entries(object.traceContext ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.concurrencyKey = object.concurrencyKey ?? "";
+    message.uniqueKey = object.uniqueKey ?? "";
+    message.uniqueFor = (object.uniqueFor !== undefined && object.uniqueFor !== null)
+      ? Duration.fromPartial(object.uniqueFor)
+      : undefined;
+    message.debounceKey = object.debounceKey ?? "";
+    message.debounce = (object.debounce !== undefined && object.debounce !== null)
+      ? Duration.fromPartial(object.debounce)
+      : undefined;
+    message.debounceMax = (object.debounceMax !== undefined && object.debounceMax !== null)
+      ? Duration.fromPartial(object.debounceMax)
+      : undefined;
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
       (acc: { [key: string]: string }, [key, value]: [string, string]) => {
         if (value !== undefined) {
           acc[key] = globalThis.String(value);
@@ -893,6 +1304,91 @@ export const TaskSpec_TraceContextEntry: MessageFns<TaskSpec_TraceContextEntry> 
   },
 };
 
+function createBaseTaskSpec_LabelsEntry(): TaskSpec_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const TaskSpec_LabelsEntry: MessageFns<TaskSpec_LabelsEntry> = {
+  encode(message: TaskSpec_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TaskSpec_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTaskSpec_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TaskSpec_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: TaskSpec_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TaskSpec_LabelsEntry>, I>>(base?: I): TaskSpec_LabelsEntry {
+    return TaskSpec_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TaskSpec_LabelsEntry>, I>>(object: I): TaskSpec_LabelsEntry {
+    const message = createBaseTaskSpec_LabelsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
 function createBaseTask(): Task {
   return {
     id: "",
@@ -920,6 +1416,12 @@ function createBaseTask(): Task {
     finishedAt: undefined,
     contentType: "",
     traceContext: {},
+    concurrencyKey: "",
+    uniqueKey: "",
+    uniqueUntil: undefined,
+    debounceKey: "",
+    debounceUntil: undefined,
+    labels: {},
   };
 }
 
@@ -999,6 +1501,24 @@ export const Task: MessageFns<Task> = {
     }
     globalThis.Object.entries(message.traceContext).forEach(([key, value]: [string, string]) => {
       Task_TraceContextEntry.encode({ key: key as any, value }, writer.uint32(322).fork()).join();
+    });
+    if (message.concurrencyKey !== "") {
+      writer.uint32(330).string(message.concurrencyKey);
+    }
+    if (message.uniqueKey !== "") {
+      writer.uint32(338).string(message.uniqueKey);
+    }
+    if (message.uniqueUntil !== undefined) {
+      Timestamp.encode(toTimestamp(message.uniqueUntil), writer.uint32(346).fork()).join();
+    }
+    if (message.debounceKey !== "") {
+      writer.uint32(354).string(message.debounceKey);
+    }
+    if (message.debounceUntil !== undefined) {
+      Timestamp.encode(toTimestamp(message.debounceUntil), writer.uint32(362).fork()).join();
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      Task_LabelsEntry.encode({ key: key as any, value }, writer.uint32(370).fork()).join();
     });
     return writer;
   },
@@ -1219,6 +1739,57 @@ export const Task: MessageFns<Task> = {
             }
             continue;
           }
+          case 41: {
+            if (tag !== 330) {
+              break;
+            }
+
+            message.concurrencyKey = reader.string();
+            continue;
+          }
+          case 42: {
+            if (tag !== 338) {
+              break;
+            }
+
+            message.uniqueKey = reader.string();
+            continue;
+          }
+          case 43: {
+            if (tag !== 346) {
+              break;
+            }
+
+            message.uniqueUntil = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 44: {
+            if (tag !== 354) {
+              break;
+            }
+
+            message.debounceKey = reader.string();
+            continue;
+          }
+          case 45: {
+            if (tag !== 362) {
+              break;
+            }
+
+            message.debounceUntil = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 46: {
+            if (tag !== 370) {
+              break;
+            }
+
+            const entry46 = Task_LabelsEntry.decode(reader, reader.uint32());
+            if (entry46.value !== undefined) {
+              message.labels[entry46.key] = entry46.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1344,6 +1915,45 @@ export const Task: MessageFns<Task> = {
           {},
         )
         : {},
+      concurrencyKey: isSet(object.concurrencyKey)
+        ? globalThis.String(object.concurrencyKey)
+        : isSet(object.concurrency_key)
+        ? globalThis.String(object.concurrency_key)
+        : "",
+      uniqueKey: isSet(object.uniqueKey)
+        ? globalThis.String(object.uniqueKey)
+        : isSet(object.unique_key)
+        ? globalThis.String(object.unique_key)
+        : "",
+      uniqueUntil: isSet(object.uniqueUntil)
+        ? fromJsonTimestamp(object.uniqueUntil)
+        : isSet(object.unique_until)
+        ? fromJsonTimestamp(object.unique_until)
+        : undefined,
+      debounceKey: isSet(object.debounceKey)
+        ? globalThis.String(object.debounceKey)
+        : isSet(object.debounce_key)
+        ? globalThis.String(object.debounce_key)
+        : "",
+      debounceUntil: isSet(object.debounceUntil)
+        ? fromJsonTimestamp(object.debounceUntil)
+        : isSet(object.debounce_until)
+        ? fromJsonTimestamp(object.debounce_until)
+        : undefined,
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
     };
   },
 
@@ -1430,6 +2040,30 @@ export const Task: MessageFns<Task> = {
         });
       }
     }
+    if (message.concurrencyKey !== "") {
+      obj.concurrencyKey = message.concurrencyKey;
+    }
+    if (message.uniqueKey !== "") {
+      obj.uniqueKey = message.uniqueKey;
+    }
+    if (message.uniqueUntil !== undefined) {
+      obj.uniqueUntil = message.uniqueUntil.toISOString();
+    }
+    if (message.debounceKey !== "") {
+      obj.debounceKey = message.debounceKey;
+    }
+    if (message.debounceUntil !== undefined) {
+      obj.debounceUntil = message.debounceUntil.toISOString();
+    }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
     return obj;
   },
 
@@ -1471,6 +2105,20 @@ export const Task: MessageFns<Task> = {
     message.finishedAt = object.finishedAt ?? undefined;
     message.contentType = object.contentType ?? "";
     message.traceContext = (globalThis.Object.entries(object.traceContext ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.concurrencyKey = object.concurrencyKey ?? "";
+    message.uniqueKey = object.uniqueKey ?? "";
+    message.uniqueUntil = object.uniqueUntil ?? undefined;
+    message.debounceKey = object.debounceKey ?? "";
+    message.debounceUntil = object.debounceUntil ?? undefined;
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
       (acc: { [key: string]: string }, [key, value]: [string, string]) => {
         if (value !== undefined) {
           acc[key] = globalThis.String(value);
@@ -1562,6 +2210,91 @@ export const Task_TraceContextEntry: MessageFns<Task_TraceContextEntry> = {
   },
   fromPartial<I extends Exact<DeepPartial<Task_TraceContextEntry>, I>>(object: I): Task_TraceContextEntry {
     const message = createBaseTask_TraceContextEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseTask_LabelsEntry(): Task_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const Task_LabelsEntry: MessageFns<Task_LabelsEntry> = {
+  encode(message: Task_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Task_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTask_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Task_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: Task_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Task_LabelsEntry>, I>>(base?: I): Task_LabelsEntry {
+    return Task_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Task_LabelsEntry>, I>>(object: I): Task_LabelsEntry {
+    const message = createBaseTask_LabelsEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? "";
     return message;
@@ -2095,7 +2828,16 @@ export const CancelTaskRequest: MessageFns<CancelTaskRequest> = {
 };
 
 function createBaseListTasksRequest(): ListTasksRequest {
-  return { namespace: "", queue: "", state: 0, pageSize: 0, pageToken: "" };
+  return {
+    namespace: "",
+    queue: "",
+    state: 0,
+    pageSize: 0,
+    pageToken: "",
+    labels: {},
+    runAtFrom: undefined,
+    runAtTo: undefined,
+  };
 }
 
 export const ListTasksRequest: MessageFns<ListTasksRequest> = {
@@ -2114,6 +2856,15 @@ export const ListTasksRequest: MessageFns<ListTasksRequest> = {
     }
     if (message.pageToken !== "") {
       writer.uint32(42).string(message.pageToken);
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      ListTasksRequest_LabelsEntry.encode({ key: key as any, value }, writer.uint32(50).fork()).join();
+    });
+    if (message.runAtFrom !== undefined) {
+      Timestamp.encode(toTimestamp(message.runAtFrom), writer.uint32(58).fork()).join();
+    }
+    if (message.runAtTo !== undefined) {
+      Timestamp.encode(toTimestamp(message.runAtTo), writer.uint32(66).fork()).join();
     }
     return writer;
   },
@@ -2171,6 +2922,33 @@ export const ListTasksRequest: MessageFns<ListTasksRequest> = {
             message.pageToken = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            const entry6 = ListTasksRequest_LabelsEntry.decode(reader, reader.uint32());
+            if (entry6.value !== undefined) {
+              message.labels[entry6.key] = entry6.value;
+            }
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.runAtFrom = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.runAtTo = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2198,6 +2976,30 @@ export const ListTasksRequest: MessageFns<ListTasksRequest> = {
         : isSet(object.page_token)
         ? globalThis.String(object.page_token)
         : "",
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+      runAtFrom: isSet(object.runAtFrom)
+        ? fromJsonTimestamp(object.runAtFrom)
+        : isSet(object.run_at_from)
+        ? fromJsonTimestamp(object.run_at_from)
+        : undefined,
+      runAtTo: isSet(object.runAtTo)
+        ? fromJsonTimestamp(object.runAtTo)
+        : isSet(object.run_at_to)
+        ? fromJsonTimestamp(object.run_at_to)
+        : undefined,
     };
   },
 
@@ -2218,6 +3020,21 @@ export const ListTasksRequest: MessageFns<ListTasksRequest> = {
     if (message.pageToken !== "") {
       obj.pageToken = message.pageToken;
     }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
+    if (message.runAtFrom !== undefined) {
+      obj.runAtFrom = message.runAtFrom.toISOString();
+    }
+    if (message.runAtTo !== undefined) {
+      obj.runAtTo = message.runAtTo.toISOString();
+    }
     return obj;
   },
 
@@ -2231,6 +3048,102 @@ export const ListTasksRequest: MessageFns<ListTasksRequest> = {
     message.state = object.state ?? 0;
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.runAtFrom = object.runAtFrom ?? undefined;
+    message.runAtTo = object.runAtTo ?? undefined;
+    return message;
+  },
+};
+
+function createBaseListTasksRequest_LabelsEntry(): ListTasksRequest_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const ListTasksRequest_LabelsEntry: MessageFns<ListTasksRequest_LabelsEntry> = {
+  encode(message: ListTasksRequest_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListTasksRequest_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListTasksRequest_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListTasksRequest_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: ListTasksRequest_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListTasksRequest_LabelsEntry>, I>>(base?: I): ListTasksRequest_LabelsEntry {
+    return ListTasksRequest_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListTasksRequest_LabelsEntry>, I>>(object: I): ListTasksRequest_LabelsEntry {
+    const message = createBaseListTasksRequest_LabelsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
     return message;
   },
 };
@@ -3082,6 +3995,1833 @@ export const ListQueueLimitsResponse: MessageFns<ListQueueLimitsResponse> = {
   },
 };
 
+function createBaseTaskFilter(): TaskFilter {
+  return { queue: "", labels: {}, state: 0, runAtFrom: undefined, runAtTo: undefined };
+}
+
+export const TaskFilter: MessageFns<TaskFilter> = {
+  encode(message: TaskFilter, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== "") {
+      writer.uint32(10).string(message.queue);
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      TaskFilter_LabelsEntry.encode({ key: key as any, value }, writer.uint32(18).fork()).join();
+    });
+    if (message.state !== 0) {
+      writer.uint32(24).int32(message.state);
+    }
+    if (message.runAtFrom !== undefined) {
+      Timestamp.encode(toTimestamp(message.runAtFrom), writer.uint32(34).fork()).join();
+    }
+    if (message.runAtTo !== undefined) {
+      Timestamp.encode(toTimestamp(message.runAtTo), writer.uint32(42).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TaskFilter {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTaskFilter();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            const entry2 = TaskFilter_LabelsEntry.decode(reader, reader.uint32());
+            if (entry2.value !== undefined) {
+              message.labels[entry2.key] = entry2.value;
+            }
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.state = reader.int32() as any;
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.runAtFrom = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.runAtTo = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TaskFilter {
+    return {
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+      state: isSet(object.state) ? taskStateFromJSON(object.state) : 0,
+      runAtFrom: isSet(object.runAtFrom)
+        ? fromJsonTimestamp(object.runAtFrom)
+        : isSet(object.run_at_from)
+        ? fromJsonTimestamp(object.run_at_from)
+        : undefined,
+      runAtTo: isSet(object.runAtTo)
+        ? fromJsonTimestamp(object.runAtTo)
+        : isSet(object.run_at_to)
+        ? fromJsonTimestamp(object.run_at_to)
+        : undefined,
+    };
+  },
+
+  toJSON(message: TaskFilter): unknown {
+    const obj: any = {};
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
+    if (message.state !== 0) {
+      obj.state = taskStateToJSON(message.state);
+    }
+    if (message.runAtFrom !== undefined) {
+      obj.runAtFrom = message.runAtFrom.toISOString();
+    }
+    if (message.runAtTo !== undefined) {
+      obj.runAtTo = message.runAtTo.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TaskFilter>, I>>(base?: I): TaskFilter {
+    return TaskFilter.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TaskFilter>, I>>(object: I): TaskFilter {
+    const message = createBaseTaskFilter();
+    message.queue = object.queue ?? "";
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.state = object.state ?? 0;
+    message.runAtFrom = object.runAtFrom ?? undefined;
+    message.runAtTo = object.runAtTo ?? undefined;
+    return message;
+  },
+};
+
+function createBaseTaskFilter_LabelsEntry(): TaskFilter_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const TaskFilter_LabelsEntry: MessageFns<TaskFilter_LabelsEntry> = {
+  encode(message: TaskFilter_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TaskFilter_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTaskFilter_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TaskFilter_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: TaskFilter_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TaskFilter_LabelsEntry>, I>>(base?: I): TaskFilter_LabelsEntry {
+    return TaskFilter_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TaskFilter_LabelsEntry>, I>>(object: I): TaskFilter_LabelsEntry {
+    const message = createBaseTaskFilter_LabelsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseBulkRequest(): BulkRequest {
+  return { namespace: "", filter: undefined, dryRun: false, maxTasks: 0, pageToken: "" };
+}
+
+export const BulkRequest: MessageFns<BulkRequest> = {
+  encode(message: BulkRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    if (message.filter !== undefined) {
+      TaskFilter.encode(message.filter, writer.uint32(18).fork()).join();
+    }
+    if (message.dryRun !== false) {
+      writer.uint32(24).bool(message.dryRun);
+    }
+    if (message.maxTasks !== 0) {
+      writer.uint32(32).uint32(message.maxTasks);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(42).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BulkRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBulkRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.filter = TaskFilter.decode(reader, reader.uint32());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.dryRun = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.maxTasks = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BulkRequest {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      filter: isSet(object.filter) ? TaskFilter.fromJSON(object.filter) : undefined,
+      dryRun: isSet(object.dryRun)
+        ? globalThis.Boolean(object.dryRun)
+        : isSet(object.dry_run)
+        ? globalThis.Boolean(object.dry_run)
+        : false,
+      maxTasks: isSet(object.maxTasks)
+        ? globalThis.Number(object.maxTasks)
+        : isSet(object.max_tasks)
+        ? globalThis.Number(object.max_tasks)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: BulkRequest): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.filter !== undefined) {
+      obj.filter = TaskFilter.toJSON(message.filter);
+    }
+    if (message.dryRun !== false) {
+      obj.dryRun = message.dryRun;
+    }
+    if (message.maxTasks !== 0) {
+      obj.maxTasks = Math.round(message.maxTasks);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<BulkRequest>, I>>(base?: I): BulkRequest {
+    return BulkRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<BulkRequest>, I>>(object: I): BulkRequest {
+    const message = createBaseBulkRequest();
+    message.namespace = object.namespace ?? "";
+    message.filter = (object.filter !== undefined && object.filter !== null)
+      ? TaskFilter.fromPartial(object.filter)
+      : undefined;
+    message.dryRun = object.dryRun ?? false;
+    message.maxTasks = object.maxTasks ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseBulkResponse(): BulkResponse {
+  return { count: 0, more: false, nextPageToken: "", dryRun: false };
+}
+
+export const BulkResponse: MessageFns<BulkResponse> = {
+  encode(message: BulkResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.count !== 0) {
+      writer.uint32(8).uint64(message.count);
+    }
+    if (message.more !== false) {
+      writer.uint32(16).bool(message.more);
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(26).string(message.nextPageToken);
+    }
+    if (message.dryRun !== false) {
+      writer.uint32(32).bool(message.dryRun);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BulkResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBulkResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.count = longToNumber(reader.uint64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.more = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.dryRun = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BulkResponse {
+    return {
+      count: isSet(object.count) ? globalThis.Number(object.count) : 0,
+      more: isSet(object.more) ? globalThis.Boolean(object.more) : false,
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
+      dryRun: isSet(object.dryRun)
+        ? globalThis.Boolean(object.dryRun)
+        : isSet(object.dry_run)
+        ? globalThis.Boolean(object.dry_run)
+        : false,
+    };
+  },
+
+  toJSON(message: BulkResponse): unknown {
+    const obj: any = {};
+    if (message.count !== 0) {
+      obj.count = Math.round(message.count);
+    }
+    if (message.more !== false) {
+      obj.more = message.more;
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    if (message.dryRun !== false) {
+      obj.dryRun = message.dryRun;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<BulkResponse>, I>>(base?: I): BulkResponse {
+    return BulkResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<BulkResponse>, I>>(object: I): BulkResponse {
+    const message = createBaseBulkResponse();
+    message.count = object.count ?? 0;
+    message.more = object.more ?? false;
+    message.nextPageToken = object.nextPageToken ?? "";
+    message.dryRun = object.dryRun ?? false;
+    return message;
+  },
+};
+
+function createBaseQueueCountsRequest(): QueueCountsRequest {
+  return { namespace: "", queues: [], labelKey: "" };
+}
+
+export const QueueCountsRequest: MessageFns<QueueCountsRequest> = {
+  encode(message: QueueCountsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    for (const v of message.queues) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.labelKey !== "") {
+      writer.uint32(26).string(message.labelKey);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueCountsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueCountsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.queues.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.labelKey = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueCountsRequest {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      queues: globalThis.Array.isArray(object?.queues) ? object.queues.map((e: any) => globalThis.String(e)) : [],
+      labelKey: isSet(object.labelKey)
+        ? globalThis.String(object.labelKey)
+        : isSet(object.label_key)
+        ? globalThis.String(object.label_key)
+        : "",
+    };
+  },
+
+  toJSON(message: QueueCountsRequest): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.queues?.length) {
+      obj.queues = message.queues;
+    }
+    if (message.labelKey !== "") {
+      obj.labelKey = message.labelKey;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueCountsRequest>, I>>(base?: I): QueueCountsRequest {
+    return QueueCountsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueCountsRequest>, I>>(object: I): QueueCountsRequest {
+    const message = createBaseQueueCountsRequest();
+    message.namespace = object.namespace ?? "";
+    message.queues = object.queues?.map((e) => e) || [];
+    message.labelKey = object.labelKey ?? "";
+    return message;
+  },
+};
+
+function createBaseStateTally(): StateTally {
+  return { scheduled: 0, ready: 0, running: 0, dead: 0 };
+}
+
+export const StateTally: MessageFns<StateTally> = {
+  encode(message: StateTally, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.scheduled !== 0) {
+      writer.uint32(8).uint64(message.scheduled);
+    }
+    if (message.ready !== 0) {
+      writer.uint32(16).uint64(message.ready);
+    }
+    if (message.running !== 0) {
+      writer.uint32(24).uint64(message.running);
+    }
+    if (message.dead !== 0) {
+      writer.uint32(32).uint64(message.dead);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StateTally {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStateTally();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.scheduled = longToNumber(reader.uint64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.ready = longToNumber(reader.uint64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.running = longToNumber(reader.uint64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.dead = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StateTally {
+    return {
+      scheduled: isSet(object.scheduled) ? globalThis.Number(object.scheduled) : 0,
+      ready: isSet(object.ready) ? globalThis.Number(object.ready) : 0,
+      running: isSet(object.running) ? globalThis.Number(object.running) : 0,
+      dead: isSet(object.dead) ? globalThis.Number(object.dead) : 0,
+    };
+  },
+
+  toJSON(message: StateTally): unknown {
+    const obj: any = {};
+    if (message.scheduled !== 0) {
+      obj.scheduled = Math.round(message.scheduled);
+    }
+    if (message.ready !== 0) {
+      obj.ready = Math.round(message.ready);
+    }
+    if (message.running !== 0) {
+      obj.running = Math.round(message.running);
+    }
+    if (message.dead !== 0) {
+      obj.dead = Math.round(message.dead);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StateTally>, I>>(base?: I): StateTally {
+    return StateTally.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StateTally>, I>>(object: I): StateTally {
+    const message = createBaseStateTally();
+    message.scheduled = object.scheduled ?? 0;
+    message.ready = object.ready ?? 0;
+    message.running = object.running ?? 0;
+    message.dead = object.dead ?? 0;
+    return message;
+  },
+};
+
+function createBaseQueueTally(): QueueTally {
+  return { queue: "", counts: undefined, oldestReadyAt: undefined, oldestReadyAge: undefined };
+}
+
+export const QueueTally: MessageFns<QueueTally> = {
+  encode(message: QueueTally, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== "") {
+      writer.uint32(10).string(message.queue);
+    }
+    if (message.counts !== undefined) {
+      StateTally.encode(message.counts, writer.uint32(18).fork()).join();
+    }
+    if (message.oldestReadyAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.oldestReadyAt), writer.uint32(26).fork()).join();
+    }
+    if (message.oldestReadyAge !== undefined) {
+      Duration.encode(message.oldestReadyAge, writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueTally {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueTally();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.counts = StateTally.decode(reader, reader.uint32());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.oldestReadyAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.oldestReadyAge = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueTally {
+    return {
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+      counts: isSet(object.counts) ? StateTally.fromJSON(object.counts) : undefined,
+      oldestReadyAt: isSet(object.oldestReadyAt)
+        ? fromJsonTimestamp(object.oldestReadyAt)
+        : isSet(object.oldest_ready_at)
+        ? fromJsonTimestamp(object.oldest_ready_at)
+        : undefined,
+      oldestReadyAge: isSet(object.oldestReadyAge)
+        ? Duration.fromJSON(object.oldestReadyAge)
+        : isSet(object.oldest_ready_age)
+        ? Duration.fromJSON(object.oldest_ready_age)
+        : undefined,
+    };
+  },
+
+  toJSON(message: QueueTally): unknown {
+    const obj: any = {};
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    if (message.counts !== undefined) {
+      obj.counts = StateTally.toJSON(message.counts);
+    }
+    if (message.oldestReadyAt !== undefined) {
+      obj.oldestReadyAt = message.oldestReadyAt.toISOString();
+    }
+    if (message.oldestReadyAge !== undefined) {
+      obj.oldestReadyAge = Duration.toJSON(message.oldestReadyAge);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueTally>, I>>(base?: I): QueueTally {
+    return QueueTally.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueTally>, I>>(object: I): QueueTally {
+    const message = createBaseQueueTally();
+    message.queue = object.queue ?? "";
+    message.counts = (object.counts !== undefined && object.counts !== null)
+      ? StateTally.fromPartial(object.counts)
+      : undefined;
+    message.oldestReadyAt = object.oldestReadyAt ?? undefined;
+    message.oldestReadyAge = (object.oldestReadyAge !== undefined && object.oldestReadyAge !== null)
+      ? Duration.fromPartial(object.oldestReadyAge)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseLabelTally(): LabelTally {
+  return { queue: "", value: "", counts: undefined };
+}
+
+export const LabelTally: MessageFns<LabelTally> = {
+  encode(message: LabelTally, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== "") {
+      writer.uint32(10).string(message.queue);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    if (message.counts !== undefined) {
+      StateTally.encode(message.counts, writer.uint32(26).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LabelTally {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLabelTally();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.counts = StateTally.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): LabelTally {
+    return {
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+      counts: isSet(object.counts) ? StateTally.fromJSON(object.counts) : undefined,
+    };
+  },
+
+  toJSON(message: LabelTally): unknown {
+    const obj: any = {};
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    if (message.counts !== undefined) {
+      obj.counts = StateTally.toJSON(message.counts);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<LabelTally>, I>>(base?: I): LabelTally {
+    return LabelTally.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<LabelTally>, I>>(object: I): LabelTally {
+    const message = createBaseLabelTally();
+    message.queue = object.queue ?? "";
+    message.value = object.value ?? "";
+    message.counts = (object.counts !== undefined && object.counts !== null)
+      ? StateTally.fromPartial(object.counts)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseQueueCountsResponse(): QueueCountsResponse {
+  return {
+    queues: [],
+    other: undefined,
+    totals: undefined,
+    truncated: false,
+    asOf: undefined,
+    now: undefined,
+    uncountedPartitions: 0,
+    labels: [],
+    labelsCapped: false,
+  };
+}
+
+export const QueueCountsResponse: MessageFns<QueueCountsResponse> = {
+  encode(message: QueueCountsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.queues) {
+      QueueTally.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.other !== undefined) {
+      StateTally.encode(message.other, writer.uint32(18).fork()).join();
+    }
+    if (message.totals !== undefined) {
+      StateTally.encode(message.totals, writer.uint32(26).fork()).join();
+    }
+    if (message.truncated !== false) {
+      writer.uint32(32).bool(message.truncated);
+    }
+    if (message.asOf !== undefined) {
+      Timestamp.encode(toTimestamp(message.asOf), writer.uint32(42).fork()).join();
+    }
+    if (message.now !== undefined) {
+      Timestamp.encode(toTimestamp(message.now), writer.uint32(50).fork()).join();
+    }
+    if (message.uncountedPartitions !== 0) {
+      writer.uint32(56).uint32(message.uncountedPartitions);
+    }
+    for (const v of message.labels) {
+      LabelTally.encode(v!, writer.uint32(66).fork()).join();
+    }
+    if (message.labelsCapped !== false) {
+      writer.uint32(72).bool(message.labelsCapped);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueCountsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueCountsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queues.push(QueueTally.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.other = StateTally.decode(reader, reader.uint32());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.totals = StateTally.decode(reader, reader.uint32());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.truncated = reader.bool();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.asOf = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.now = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.uncountedPartitions = reader.uint32();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.labels.push(LabelTally.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.labelsCapped = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueCountsResponse {
+    return {
+      queues: globalThis.Array.isArray(object?.queues) ? object.queues.map((e: any) => QueueTally.fromJSON(e)) : [],
+      other: isSet(object.other) ? StateTally.fromJSON(object.other) : undefined,
+      totals: isSet(object.totals) ? StateTally.fromJSON(object.totals) : undefined,
+      truncated: isSet(object.truncated) ? globalThis.Boolean(object.truncated) : false,
+      asOf: isSet(object.asOf)
+        ? fromJsonTimestamp(object.asOf)
+        : isSet(object.as_of)
+        ? fromJsonTimestamp(object.as_of)
+        : undefined,
+      now: isSet(object.now) ? fromJsonTimestamp(object.now) : undefined,
+      uncountedPartitions: isSet(object.uncountedPartitions)
+        ? globalThis.Number(object.uncountedPartitions)
+        : isSet(object.uncounted_partitions)
+        ? globalThis.Number(object.uncounted_partitions)
+        : 0,
+      labels: globalThis.Array.isArray(object?.labels) ? object.labels.map((e: any) => LabelTally.fromJSON(e)) : [],
+      labelsCapped: isSet(object.labelsCapped)
+        ? globalThis.Boolean(object.labelsCapped)
+        : isSet(object.labels_capped)
+        ? globalThis.Boolean(object.labels_capped)
+        : false,
+    };
+  },
+
+  toJSON(message: QueueCountsResponse): unknown {
+    const obj: any = {};
+    if (message.queues?.length) {
+      obj.queues = message.queues.map((e) => QueueTally.toJSON(e));
+    }
+    if (message.other !== undefined) {
+      obj.other = StateTally.toJSON(message.other);
+    }
+    if (message.totals !== undefined) {
+      obj.totals = StateTally.toJSON(message.totals);
+    }
+    if (message.truncated !== false) {
+      obj.truncated = message.truncated;
+    }
+    if (message.asOf !== undefined) {
+      obj.asOf = message.asOf.toISOString();
+    }
+    if (message.now !== undefined) {
+      obj.now = message.now.toISOString();
+    }
+    if (message.uncountedPartitions !== 0) {
+      obj.uncountedPartitions = Math.round(message.uncountedPartitions);
+    }
+    if (message.labels?.length) {
+      obj.labels = message.labels.map((e) => LabelTally.toJSON(e));
+    }
+    if (message.labelsCapped !== false) {
+      obj.labelsCapped = message.labelsCapped;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueCountsResponse>, I>>(base?: I): QueueCountsResponse {
+    return QueueCountsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueCountsResponse>, I>>(object: I): QueueCountsResponse {
+    const message = createBaseQueueCountsResponse();
+    message.queues = object.queues?.map((e) => QueueTally.fromPartial(e)) || [];
+    message.other = (object.other !== undefined && object.other !== null)
+      ? StateTally.fromPartial(object.other)
+      : undefined;
+    message.totals = (object.totals !== undefined && object.totals !== null)
+      ? StateTally.fromPartial(object.totals)
+      : undefined;
+    message.truncated = object.truncated ?? false;
+    message.asOf = object.asOf ?? undefined;
+    message.now = object.now ?? undefined;
+    message.uncountedPartitions = object.uncountedPartitions ?? 0;
+    message.labels = object.labels?.map((e) => LabelTally.fromPartial(e)) || [];
+    message.labelsCapped = object.labelsCapped ?? false;
+    return message;
+  },
+};
+
+function createBaseQueueSettings(): QueueSettings {
+  return {
+    namespace: "",
+    queue: "",
+    paused: false,
+    pausedAt: undefined,
+    maxRunningPerKey: 0,
+    maxStartsPerKey: 0,
+    updatedAt: undefined,
+  };
+}
+
+export const QueueSettings: MessageFns<QueueSettings> = {
+  encode(message: QueueSettings, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    if (message.queue !== "") {
+      writer.uint32(18).string(message.queue);
+    }
+    if (message.paused !== false) {
+      writer.uint32(24).bool(message.paused);
+    }
+    if (message.pausedAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.pausedAt), writer.uint32(34).fork()).join();
+    }
+    if (message.maxRunningPerKey !== 0) {
+      writer.uint32(40).uint32(message.maxRunningPerKey);
+    }
+    if (message.maxStartsPerKey !== 0) {
+      writer.uint32(49).double(message.maxStartsPerKey);
+    }
+    if (message.updatedAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.updatedAt), writer.uint32(58).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueSettings {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueSettings();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.paused = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.pausedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.maxRunningPerKey = reader.uint32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.maxStartsPerKey = reader.double();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.updatedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueSettings {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+      paused: isSet(object.paused) ? globalThis.Boolean(object.paused) : false,
+      pausedAt: isSet(object.pausedAt)
+        ? fromJsonTimestamp(object.pausedAt)
+        : isSet(object.paused_at)
+        ? fromJsonTimestamp(object.paused_at)
+        : undefined,
+      maxRunningPerKey: isSet(object.maxRunningPerKey)
+        ? globalThis.Number(object.maxRunningPerKey)
+        : isSet(object.max_running_per_key)
+        ? globalThis.Number(object.max_running_per_key)
+        : 0,
+      maxStartsPerKey: isSet(object.maxStartsPerKey)
+        ? globalThis.Number(object.maxStartsPerKey)
+        : isSet(object.max_starts_per_key)
+        ? globalThis.Number(object.max_starts_per_key)
+        : 0,
+      updatedAt: isSet(object.updatedAt)
+        ? fromJsonTimestamp(object.updatedAt)
+        : isSet(object.updated_at)
+        ? fromJsonTimestamp(object.updated_at)
+        : undefined,
+    };
+  },
+
+  toJSON(message: QueueSettings): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    if (message.paused !== false) {
+      obj.paused = message.paused;
+    }
+    if (message.pausedAt !== undefined) {
+      obj.pausedAt = message.pausedAt.toISOString();
+    }
+    if (message.maxRunningPerKey !== 0) {
+      obj.maxRunningPerKey = Math.round(message.maxRunningPerKey);
+    }
+    if (message.maxStartsPerKey !== 0) {
+      obj.maxStartsPerKey = floatToJson(message.maxStartsPerKey);
+    }
+    if (message.updatedAt !== undefined) {
+      obj.updatedAt = message.updatedAt.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueSettings>, I>>(base?: I): QueueSettings {
+    return QueueSettings.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueSettings>, I>>(object: I): QueueSettings {
+    const message = createBaseQueueSettings();
+    message.namespace = object.namespace ?? "";
+    message.queue = object.queue ?? "";
+    message.paused = object.paused ?? false;
+    message.pausedAt = object.pausedAt ?? undefined;
+    message.maxRunningPerKey = object.maxRunningPerKey ?? 0;
+    message.maxStartsPerKey = object.maxStartsPerKey ?? 0;
+    message.updatedAt = object.updatedAt ?? undefined;
+    return message;
+  },
+};
+
+function createBaseSetQueueRequest(): SetQueueRequest {
+  return { namespace: "", queue: "", maxRunningPerKey: undefined, maxStartsPerKey: undefined };
+}
+
+export const SetQueueRequest: MessageFns<SetQueueRequest> = {
+  encode(message: SetQueueRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    if (message.queue !== "") {
+      writer.uint32(18).string(message.queue);
+    }
+    if (message.maxRunningPerKey !== undefined) {
+      writer.uint32(24).uint32(message.maxRunningPerKey);
+    }
+    if (message.maxStartsPerKey !== undefined) {
+      writer.uint32(33).double(message.maxStartsPerKey);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SetQueueRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSetQueueRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxRunningPerKey = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 33) {
+              break;
+            }
+
+            message.maxStartsPerKey = reader.double();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SetQueueRequest {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+      maxRunningPerKey: isSet(object.maxRunningPerKey)
+        ? globalThis.Number(object.maxRunningPerKey)
+        : isSet(object.max_running_per_key)
+        ? globalThis.Number(object.max_running_per_key)
+        : undefined,
+      maxStartsPerKey: isSet(object.maxStartsPerKey)
+        ? globalThis.Number(object.maxStartsPerKey)
+        : isSet(object.max_starts_per_key)
+        ? globalThis.Number(object.max_starts_per_key)
+        : undefined,
+    };
+  },
+
+  toJSON(message: SetQueueRequest): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    if (message.maxRunningPerKey !== undefined) {
+      obj.maxRunningPerKey = Math.round(message.maxRunningPerKey);
+    }
+    if (message.maxStartsPerKey !== undefined) {
+      obj.maxStartsPerKey = floatToJson(message.maxStartsPerKey);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SetQueueRequest>, I>>(base?: I): SetQueueRequest {
+    return SetQueueRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SetQueueRequest>, I>>(object: I): SetQueueRequest {
+    const message = createBaseSetQueueRequest();
+    message.namespace = object.namespace ?? "";
+    message.queue = object.queue ?? "";
+    message.maxRunningPerKey = object.maxRunningPerKey ?? undefined;
+    message.maxStartsPerKey = object.maxStartsPerKey ?? undefined;
+    return message;
+  },
+};
+
+function createBaseQueueRef(): QueueRef {
+  return { namespace: "", queue: "" };
+}
+
+export const QueueRef: MessageFns<QueueRef> = {
+  encode(message: QueueRef, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    if (message.queue !== "") {
+      writer.uint32(18).string(message.queue);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueRef {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueRef();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.queue = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueRef {
+    return {
+      namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "",
+      queue: isSet(object.queue) ? globalThis.String(object.queue) : "",
+    };
+  },
+
+  toJSON(message: QueueRef): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    if (message.queue !== "") {
+      obj.queue = message.queue;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueRef>, I>>(base?: I): QueueRef {
+    return QueueRef.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueRef>, I>>(object: I): QueueRef {
+    const message = createBaseQueueRef();
+    message.namespace = object.namespace ?? "";
+    message.queue = object.queue ?? "";
+    return message;
+  },
+};
+
+function createBaseResumeQueueResponse(): ResumeQueueResponse {
+  return { queue: undefined, skipped: 0 };
+}
+
+export const ResumeQueueResponse: MessageFns<ResumeQueueResponse> = {
+  encode(message: ResumeQueueResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.queue !== undefined) {
+      QueueSettings.encode(message.queue, writer.uint32(10).fork()).join();
+    }
+    if (message.skipped !== 0) {
+      writer.uint32(16).uint64(message.skipped);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResumeQueueResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResumeQueueResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queue = QueueSettings.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.skipped = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResumeQueueResponse {
+    return {
+      queue: isSet(object.queue) ? QueueSettings.fromJSON(object.queue) : undefined,
+      skipped: isSet(object.skipped) ? globalThis.Number(object.skipped) : 0,
+    };
+  },
+
+  toJSON(message: ResumeQueueResponse): unknown {
+    const obj: any = {};
+    if (message.queue !== undefined) {
+      obj.queue = QueueSettings.toJSON(message.queue);
+    }
+    if (message.skipped !== 0) {
+      obj.skipped = Math.round(message.skipped);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResumeQueueResponse>, I>>(base?: I): ResumeQueueResponse {
+    return ResumeQueueResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResumeQueueResponse>, I>>(object: I): ResumeQueueResponse {
+    const message = createBaseResumeQueueResponse();
+    message.queue = (object.queue !== undefined && object.queue !== null)
+      ? QueueSettings.fromPartial(object.queue)
+      : undefined;
+    message.skipped = object.skipped ?? 0;
+    return message;
+  },
+};
+
+function createBaseListQueuesRequest(): ListQueuesRequest {
+  return { namespace: "" };
+}
+
+export const ListQueuesRequest: MessageFns<ListQueuesRequest> = {
+  encode(message: ListQueuesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.namespace !== "") {
+      writer.uint32(10).string(message.namespace);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListQueuesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListQueuesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.namespace = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListQueuesRequest {
+    return { namespace: isSet(object.namespace) ? globalThis.String(object.namespace) : "" };
+  },
+
+  toJSON(message: ListQueuesRequest): unknown {
+    const obj: any = {};
+    if (message.namespace !== "") {
+      obj.namespace = message.namespace;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListQueuesRequest>, I>>(base?: I): ListQueuesRequest {
+    return ListQueuesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListQueuesRequest>, I>>(object: I): ListQueuesRequest {
+    const message = createBaseListQueuesRequest();
+    message.namespace = object.namespace ?? "";
+    return message;
+  },
+};
+
+function createBaseListQueuesResponse(): ListQueuesResponse {
+  return { queues: [] };
+}
+
+export const ListQueuesResponse: MessageFns<ListQueuesResponse> = {
+  encode(message: ListQueuesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.queues) {
+      QueueSettings.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListQueuesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListQueuesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.queues.push(QueueSettings.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListQueuesResponse {
+    return {
+      queues: globalThis.Array.isArray(object?.queues) ? object.queues.map((e: any) => QueueSettings.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ListQueuesResponse): unknown {
+    const obj: any = {};
+    if (message.queues?.length) {
+      obj.queues = message.queues.map((e) => QueueSettings.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListQueuesResponse>, I>>(base?: I): ListQueuesResponse {
+    return ListQueuesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListQueuesResponse>, I>>(object: I): ListQueuesResponse {
+    const message = createBaseListQueuesResponse();
+    message.queues = object.queues?.map((e) => QueueSettings.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 /** Client-facing task API. */
 export type TaskServiceService = typeof TaskServiceService;
 export const TaskServiceService = {
@@ -3180,6 +5920,98 @@ export const TaskServiceService = {
     responseSerialize: (value: CountTasksResponse): Buffer => Buffer.from(CountTasksResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CountTasksResponse => CountTasksResponse.decode(value),
   },
+  /**
+   * Bulk operations by filter, in the caller's namespace: cancel (SCHEDULED, READY, RUNNING
+   * or DEAD -> CANCELLED), requeue (DEAD -> READY now, a fresh attempt budget), run now
+   * (SCHEDULED -> READY now). Each call changes at most max_tasks tasks in batches and
+   * answers where it stopped; call again with that token while more is true.
+   */
+  cancelWhere: {
+    path: "/chronoq.v1.TaskService/CancelWhere" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: BulkRequest): Buffer => Buffer.from(BulkRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): BulkRequest => BulkRequest.decode(value),
+    responseSerialize: (value: BulkResponse): Buffer => Buffer.from(BulkResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): BulkResponse => BulkResponse.decode(value),
+  },
+  requeueWhere: {
+    path: "/chronoq.v1.TaskService/RequeueWhere" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: BulkRequest): Buffer => Buffer.from(BulkRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): BulkRequest => BulkRequest.decode(value),
+    responseSerialize: (value: BulkResponse): Buffer => Buffer.from(BulkResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): BulkResponse => BulkResponse.decode(value),
+  },
+  runNowWhere: {
+    path: "/chronoq.v1.TaskService/RunNowWhere" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: BulkRequest): Buffer => Buffer.from(BulkRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): BulkRequest => BulkRequest.decode(value),
+    responseSerialize: (value: BulkResponse): Buffer => Buffer.from(BulkResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): BulkResponse => BulkResponse.decode(value),
+  },
+  /** Counts by queue and state and the oldest READY task's age, as the owners keep them. */
+  queueCounts: {
+    path: "/chronoq.v1.TaskService/QueueCounts" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: QueueCountsRequest): Buffer => Buffer.from(QueueCountsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): QueueCountsRequest => QueueCountsRequest.decode(value),
+    responseSerialize: (value: QueueCountsResponse): Buffer => Buffer.from(QueueCountsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): QueueCountsResponse => QueueCountsResponse.decode(value),
+  },
+  /**
+   * Queue settings of the caller's namespace: pause and resume (the misfire policy applies
+   * at the resume), limits per concurrency key.
+   */
+  setQueue: {
+    path: "/chronoq.v1.TaskService/SetQueue" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: SetQueueRequest): Buffer => Buffer.from(SetQueueRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): SetQueueRequest => SetQueueRequest.decode(value),
+    responseSerialize: (value: QueueSettings): Buffer => Buffer.from(QueueSettings.encode(value).finish()),
+    responseDeserialize: (value: Buffer): QueueSettings => QueueSettings.decode(value),
+  },
+  pauseQueue: {
+    path: "/chronoq.v1.TaskService/PauseQueue" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: QueueRef): Buffer => Buffer.from(QueueRef.encode(value).finish()),
+    requestDeserialize: (value: Buffer): QueueRef => QueueRef.decode(value),
+    responseSerialize: (value: QueueSettings): Buffer => Buffer.from(QueueSettings.encode(value).finish()),
+    responseDeserialize: (value: Buffer): QueueSettings => QueueSettings.decode(value),
+  },
+  resumeQueue: {
+    path: "/chronoq.v1.TaskService/ResumeQueue" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: QueueRef): Buffer => Buffer.from(QueueRef.encode(value).finish()),
+    requestDeserialize: (value: Buffer): QueueRef => QueueRef.decode(value),
+    responseSerialize: (value: ResumeQueueResponse): Buffer => Buffer.from(ResumeQueueResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResumeQueueResponse => ResumeQueueResponse.decode(value),
+  },
+  getQueue: {
+    path: "/chronoq.v1.TaskService/GetQueue" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: QueueRef): Buffer => Buffer.from(QueueRef.encode(value).finish()),
+    requestDeserialize: (value: Buffer): QueueRef => QueueRef.decode(value),
+    responseSerialize: (value: QueueSettings): Buffer => Buffer.from(QueueSettings.encode(value).finish()),
+    responseDeserialize: (value: Buffer): QueueSettings => QueueSettings.decode(value),
+  },
+  listQueues: {
+    path: "/chronoq.v1.TaskService/ListQueues" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListQueuesRequest): Buffer => Buffer.from(ListQueuesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListQueuesRequest => ListQueuesRequest.decode(value),
+    responseSerialize: (value: ListQueuesResponse): Buffer => Buffer.from(ListQueuesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListQueuesResponse => ListQueuesResponse.decode(value),
+  },
 } as const;
 
 export interface TaskServiceServer extends UntypedServiceImplementation {
@@ -3196,6 +6028,26 @@ export interface TaskServiceServer extends UntypedServiceImplementation {
   listQueueLimits: handleUnaryCall<ListQueueLimitsRequest, ListQueueLimitsResponse>;
   /** Per-queue counts of the live states (and the dead letters), from an index. */
   countTasks: handleUnaryCall<CountTasksRequest, CountTasksResponse>;
+  /**
+   * Bulk operations by filter, in the caller's namespace: cancel (SCHEDULED, READY, RUNNING
+   * or DEAD -> CANCELLED), requeue (DEAD -> READY now, a fresh attempt budget), run now
+   * (SCHEDULED -> READY now). Each call changes at most max_tasks tasks in batches and
+   * answers where it stopped; call again with that token while more is true.
+   */
+  cancelWhere: handleUnaryCall<BulkRequest, BulkResponse>;
+  requeueWhere: handleUnaryCall<BulkRequest, BulkResponse>;
+  runNowWhere: handleUnaryCall<BulkRequest, BulkResponse>;
+  /** Counts by queue and state and the oldest READY task's age, as the owners keep them. */
+  queueCounts: handleUnaryCall<QueueCountsRequest, QueueCountsResponse>;
+  /**
+   * Queue settings of the caller's namespace: pause and resume (the misfire policy applies
+   * at the resume), limits per concurrency key.
+   */
+  setQueue: handleUnaryCall<SetQueueRequest, QueueSettings>;
+  pauseQueue: handleUnaryCall<QueueRef, QueueSettings>;
+  resumeQueue: handleUnaryCall<QueueRef, ResumeQueueResponse>;
+  getQueue: handleUnaryCall<QueueRef, QueueSettings>;
+  listQueues: handleUnaryCall<ListQueuesRequest, ListQueuesResponse>;
 }
 
 export interface TaskServiceClient extends Client {
@@ -3348,6 +6200,149 @@ export interface TaskServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: CountTasksResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Bulk operations by filter, in the caller's namespace: cancel (SCHEDULED, READY, RUNNING
+   * or DEAD -> CANCELLED), requeue (DEAD -> READY now, a fresh attempt budget), run now
+   * (SCHEDULED -> READY now). Each call changes at most max_tasks tasks in batches and
+   * answers where it stopped; call again with that token while more is true.
+   */
+  cancelWhere(
+    request: BulkRequest,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  cancelWhere(
+    request: BulkRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  cancelWhere(
+    request: BulkRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  requeueWhere(
+    request: BulkRequest,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  requeueWhere(
+    request: BulkRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  requeueWhere(
+    request: BulkRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  runNowWhere(
+    request: BulkRequest,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  runNowWhere(
+    request: BulkRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  runNowWhere(
+    request: BulkRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: BulkResponse) => void,
+  ): ClientUnaryCall;
+  /** Counts by queue and state and the oldest READY task's age, as the owners keep them. */
+  queueCounts(
+    request: QueueCountsRequest,
+    callback: (error: ServiceError | null, response: QueueCountsResponse) => void,
+  ): ClientUnaryCall;
+  queueCounts(
+    request: QueueCountsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: QueueCountsResponse) => void,
+  ): ClientUnaryCall;
+  queueCounts(
+    request: QueueCountsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: QueueCountsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Queue settings of the caller's namespace: pause and resume (the misfire policy applies
+   * at the resume), limits per concurrency key.
+   */
+  setQueue(
+    request: SetQueueRequest,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  setQueue(
+    request: SetQueueRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  setQueue(
+    request: SetQueueRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  pauseQueue(
+    request: QueueRef,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  pauseQueue(
+    request: QueueRef,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  pauseQueue(
+    request: QueueRef,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  resumeQueue(
+    request: QueueRef,
+    callback: (error: ServiceError | null, response: ResumeQueueResponse) => void,
+  ): ClientUnaryCall;
+  resumeQueue(
+    request: QueueRef,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResumeQueueResponse) => void,
+  ): ClientUnaryCall;
+  resumeQueue(
+    request: QueueRef,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResumeQueueResponse) => void,
+  ): ClientUnaryCall;
+  getQueue(request: QueueRef, callback: (error: ServiceError | null, response: QueueSettings) => void): ClientUnaryCall;
+  getQueue(
+    request: QueueRef,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  getQueue(
+    request: QueueRef,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: QueueSettings) => void,
+  ): ClientUnaryCall;
+  listQueues(
+    request: ListQueuesRequest,
+    callback: (error: ServiceError | null, response: ListQueuesResponse) => void,
+  ): ClientUnaryCall;
+  listQueues(
+    request: ListQueuesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListQueuesResponse) => void,
+  ): ClientUnaryCall;
+  listQueues(
+    request: ListQueuesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListQueuesResponse) => void,
   ): ClientUnaryCall;
 }
 
