@@ -197,7 +197,6 @@ class Placement(ByTaskId):
             done.append(accepted.effects)
             return list(accepted)
 
-
         async def old(route: legacy.Route) -> tuple[str, bool] | None:
             return None if await self._old_task(route) is None else (str(route.id), False)
 

@@ -36,7 +36,7 @@ import functools
 from datetime import datetime
 from typing import Protocol
 
-from chronoq import tracecontext
+from chronoq import submit_keys, tracecontext
 from chronoq.limits import TASK_FIXED_BYTES
 from chronoq.models import OCTET_STREAM, SubmitOutcome, TaskSpec, TaskState
 from chronoq.node.dispatch.handoff import HandOff, Single
@@ -87,8 +87,14 @@ class SubmitHandOff:
 
     def stream_for(self, spec: TaskSpec, now: datetime) -> Single | None:
         """A stream for ``spec`` (its credit and bytes held), or None: not due at ``now``,
-        its queue not quiet here, or no stream can take it (see the module's docstring)."""
-        if spec.run_at > now or not self._notifier.quiet(spec.namespace, (spec.queue,)):
+        its queue not quiet here, or no stream can take it (see the module's docstring). A
+        task with a unique or debounce key is never handed off: its key decides first, and a
+        debounce makes it due later (``chronoq.store.keyed``)."""
+        if (
+            spec.run_at > now
+            or submit_keys.keyed(spec)
+            or not self._notifier.quiet(spec.namespace, (spec.queue,))
+        ):
             return None
         return self._handoff.take((spec.namespace, spec.queue), spec_bytes(spec))
 

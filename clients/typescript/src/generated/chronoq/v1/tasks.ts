@@ -194,13 +194,27 @@ export interface TaskSpec {
    * unique or debounce key is placed by its concurrency key).
    */
   concurrencyKey: string;
-  /** 1..128 characters; empty: none */
+  /**
+   * Unique tasks (docs/unique-and-debounce.md): a key of the namespace admits one *pending*
+   * task, SCHEDULED, READY or RUNNING; a submit while it has one answers that task with
+   * created = false and changes nothing of it. RUNNING counts: a running task goes back to
+   * SCHEDULED or READY on a retry, a release or an expired lease, and a second task admitted
+   * meanwhile would make two. With unique_for, the first task also holds the key until its
+   * run_at + unique_for (Task.unique_until), whatever its state, for the submits that set
+   * unique_for. The idempotency key is checked first, forever.
+   */
   uniqueKey: string;
   /** (0, 30 days] after run_at; unset: while pending */
   uniqueFor:
     | Duration
     | undefined;
-  /** 1..128 characters; empty: none */
+  /**
+   * Debounce: while the key's task has not started (SCHEDULED, never claimed), a submit moves
+   * it to min(now + debounce, debounce_until), never earlier, and gives it this submit's
+   * payload, content_type and trace_context (last write wins; its other fields stay the first
+   * submit's); answered with created = false. Otherwise a new task at now + debounce (the
+   * spec's run_at or delay is replaced), debounce_until = now + debounce_max.
+   */
   debounceKey: string;
   /** (0, 1 day]: run this long after the last submit */
   debounce:
