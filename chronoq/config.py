@@ -111,6 +111,9 @@ class NodeSettings:
     retention: timedelta | None = timedelta(days=7)  # SUCCEEDED/CANCELLED/SKIPPED kept this long
     dead_retention: timedelta | None = timedelta(days=30)  # DEAD (the DLQ) kept this long
     retention_interval: timedelta = timedelta(seconds=60)
+    # How often the owners recount their partitions' queue counts (the QueueCounts RPC, the
+    # queue gauges): at least this, and longer when a pass takes more than 5% of it.
+    queue_counts_interval: timedelta = timedelta(seconds=2)
     retention_batch: int = 1000
     # No store for this long: hand the partitions off (default: 0.6 x the etcd lease TTL, so a node
     # cut off from PostgreSQL fails over as fast as one cut off from etcd).

@@ -122,6 +122,17 @@ DEFAULT_PAGE_SIZE = 100
 MAX_COUNTED_TASKS = 100_000
 #: Queues a CountTasks answers per state (in queue order): bounds its answer's bytes.
 MAX_COUNTED_QUEUES = 1000
+#: Queues a partition's kept counts list per (namespace, state), in queue order (the rest
+#: summed in one row): bounds the counts table and what a QueueCounts sums per partition. A
+#: QueueCounts answers as many, so the queues it lists are exact.
+MAX_KEPT_QUEUES = 1000
+#: Queues a QueueCounts may name (a scaler asks for its own few).
+MAX_COUNTS_QUEUES = 100
+#: Tasks a QueueCounts with a label key reads per state (the label is not in an index): its
+#: counts per label value are lower bounds past it.
+MAX_LABEL_COUNTED_TASKS = 10_000
+#: (queue, label value) pairs a QueueCounts answers.
+MAX_LABEL_TALLIES = 1000
 
 # ---------------------------------------------------------------- bytes, per answer
 

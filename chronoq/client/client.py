@@ -15,6 +15,7 @@ import grpc
 from chronoq import errors, tracing
 from chronoq.api import convert
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
+from chronoq.client.counts import QueueCountCalls
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.client.remote import translate
 from chronoq.client.stream import OnTasks, WorkStream
@@ -84,7 +85,7 @@ SPEC_FRAMING_BYTES = 6
 Method = Callable[[NodeStubs], Any]
 
 
-class Client:
+class Client(QueueCountCalls):
     """Talks to a chronoq node, or to several (any node of a cluster serves every call).
 
     Use ``async with Client("127.0.0.1:7070") as client: await client.submit("emails", delay=...)``.

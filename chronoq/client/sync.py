@@ -37,6 +37,7 @@ from chronoq.models import (
     Task,
     TaskState,
 )
+from chronoq.queuecounts import QueueSnapshot
 from chronoq.recurrence import CatchUp
 
 T = TypeVar("T")
@@ -279,6 +280,12 @@ class SyncClient:
 
     def count_tasks(self, states: Sequence[TaskState] = ()) -> QueueCounts:
         return self._run(self._client.count_tasks(states))
+
+    def queue_counts(
+        self, queues: Sequence[str] = (), *, label_key: str | None = None
+    ) -> QueueSnapshot:
+        """``Client.queue_counts``, blocking."""
+        return self._run(self._client.queue_counts(queues, label_key=label_key))
 
     def drain(self) -> builtins.list[int]:
         return self._run(self._client.drain())

@@ -51,6 +51,7 @@ from chronoq.node.owner.engine import Owner
 from chronoq.node.owner.firing import Firer
 from chronoq.node.owner.materializer import SchedulePump
 from chronoq.node.owner.reaper import Reaper
+from chronoq.node.queue_counts import QueueGauges, QueueRecount
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.shards import ShardStores, ShardWatch
@@ -137,6 +138,8 @@ class Node(NodeServices, NodeLoops):
         self.metrics_port: int | None = None
         self.retention: Retention | None = None
         self.depth: DepthPoller | None = None
+        self.queue_recount: QueueRecount | None = None
+        self.queue_gauges: QueueGauges | None = None
         self.health: HealthWatch | None = None
         self.store_watch: StoreWatch | None = None
         self.clock_check: ClockCheck | None = None
@@ -244,6 +247,16 @@ class Node(NodeServices, NodeLoops):
             partitions=self.partition_map,
             leads=self.ownership.leads,
             queues=s.metrics_queues,
+        )
+        self.queue_recount = QueueRecount(
+            self.store,
+            self.ownership,
+            self.clock,
+            node_id=s.node_id,
+            interval=s.queue_counts_interval.total_seconds(),
+        )
+        self.queue_gauges = QueueGauges(
+            self.store, self.clock, leads=self.ownership.leads, queues=s.metrics_queues
         )
         if (
             s.cluster is not None

@@ -15,6 +15,7 @@ from chronoq.node.node_shards import NodeShards
 from chronoq.node.owner.engine import Owner
 from chronoq.node.owner.materializer import SchedulePump
 from chronoq.node.owner.reaper import Reaper
+from chronoq.node.queue_counts import QueueGauges, QueueRecount
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.store.port import ScheduleAdmin
 from chronoq.store.sharded import ShardedSchedules
@@ -28,6 +29,8 @@ class NodeLoops(NodeShards):
     pump: SchedulePump | None
     retention: Retention | None
     depth: DepthPoller | None
+    queue_recount: QueueRecount | None
+    queue_gauges: QueueGauges | None
     store_watch: StoreWatch | None
     health: HealthWatch | None
     schedules: ScheduleAdmin | None
@@ -56,6 +59,11 @@ class NodeLoops(NodeShards):
             self._loops.append(clock_check.start(self.supervisor))
         self._loops += self._shard_loops()
         self._loops += self._recount_loops()
+        self._loops += [
+            part.start(self.supervisor)
+            for part in (self.queue_recount, self.queue_gauges)
+            if part is not None
+        ]
         self._loops += self._shard_watch_loops()
         self._loops += owner.start(self.supervisor)
         # Long polls still end at their deadline without it: latency, not health, is at stake.

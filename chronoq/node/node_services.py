@@ -37,6 +37,7 @@ from chronoq.node.housekeeping import (
 from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
 from chronoq.node.node_shards import NodeStore
 from chronoq.node.owner.engine import Owner
+from chronoq.node.queue_counts import QueueGaugeCollector, QueueGauges
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.partitionmap import PartitionMap
 from chronoq.ratelimit import Quotas
@@ -98,6 +99,7 @@ class NodeServices:
     metrics: NodeMetrics
     metrics_port: int | None
     depth: DepthPoller | None
+    queue_gauges: QueueGauges | None
     _health: health.aio.HealthServicer
 
     def _add_services(self, server: grpc.aio.Server) -> None:
@@ -172,6 +174,7 @@ class NodeServices:
                 depth=lambda: self.depth.depth if self.depth is not None else {},
             )
         )
+        self.metrics.add_collector(QueueGaugeCollector(lambda: self.queue_gauges))
         self.metrics.add_collector(LoopCollector(lambda: self.supervisor.loops))
         if s.metrics_port is not None:
             self.metrics_port = self.metrics.serve(s.metrics_host, s.metrics_port)

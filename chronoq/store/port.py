@@ -32,6 +32,7 @@ from chronoq.models import (
     TaskSpec,
     TaskState,
 )
+from chronoq.queuecounts import KeptCounts
 from chronoq.store.rows import Accepted, Fence, FireResult
 from chronoq.taskfilter import BulkAction, BulkDone, TaskFilter
 
@@ -130,6 +131,13 @@ class ByPartition(Buckets, Protocol):
     ) -> int:
         """Retention: delete up to ``batch`` finished tasks of ``partitions`` older than
         ``before``; how many went."""
+        ...
+
+    async def recount_queues(
+        self, partitions: Sequence[int], now: datetime, counter: str, *, max_queues: int
+    ) -> int:
+        """Replace the kept queue counts of ``partitions`` by a count of their index entries
+        (on each partition's shard); the entries read."""
         ...
 
 
@@ -267,6 +275,29 @@ class Admin(Protocol):
     ) -> QueueCounts: ...
 
     async def count_by_state(self) -> dict[TaskState, int]: ...
+
+    async def kept_counts(
+        self, namespace: str, queues: Sequence[str] | None, *, max_queues: int
+    ) -> KeptCounts:
+        """``namespace``'s queue counts as the owners keep them (every shard's, merged)."""
+        ...
+
+    async def kept_ready(self) -> dict[tuple[str, str], int]:
+        """READY tasks per (namespace, queue), as kept (the queue gauges)."""
+        ...
+
+    async def label_counts(
+        self, namespace: str, label_key: str, queues: Sequence[str] | None, *, max_tasks: int
+    ) -> tuple[list[tuple[str, str, TaskState, int]], bool]:
+        """Tasks by (queue, label value, state), read up to ``max_tasks`` per state (and
+        shard); True when that bound was reached somewhere (lower bounds)."""
+        ...
+
+    async def oldest_ready(
+        self, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], datetime]:
+        """The oldest READY task's run_at of each (namespace, queue) that has one."""
+        ...
 
     async def fences(self) -> list[Fence]:
         """Every partition's stored fence (token, owner, watermark)."""

@@ -1249,3 +1249,109 @@ done AS (
     RETURNING t.queue
 )
 {{bulk_done}};
+
+-- Queue counts kept by the partition owners (migration 0021, chronoq.node.queue_counts).
+
+-- name: lock_queue_recount
+-- One recount of a partition at a time (an old and a new owner may overlap for a moment):
+-- transaction-level advisory locks of class "chqc", taken in partition order.
+SELECT pg_advisory_xact_lock(1667788131, u.p) FROM unnest($1::smallint[]) AS u(p) ORDER BY u.p;
+
+-- name: clear_queue_counts
+DELETE FROM queue_state_counts WHERE partition = ANY($1::smallint[]);
+
+-- name: recount_queue_counts
+-- The partitions $1 counted by (namespace, state, queue) from tasks_partition_states alone
+-- (an index-only scan, in index order), at most $2 queues per (partition, namespace, state)
+-- in queue order and the rest summed under queue ''. Answers the index entries it read.
+WITH counted AS (
+    INSERT INTO queue_state_counts (partition, namespace, state, queue, n)
+    SELECT g.partition, g.namespace, g.state,
+           CASE WHEN g.rank <= $2 THEN g.queue ELSE '' END, sum(g.n)
+    FROM (
+        SELECT c.partition, c.namespace, c.state, c.queue, c.n,
+               row_number() OVER (
+                   PARTITION BY c.partition, c.namespace, c.state ORDER BY c.queue
+               ) AS rank
+        FROM (
+            SELECT t.partition, t.namespace, t.state, t.queue, count(*) AS n
+            FROM tasks t
+            WHERE t.partition = ANY($1::smallint[]) AND t.state IN (0, 1, 2, 4)
+            GROUP BY t.partition, t.state, t.namespace, t.queue
+        ) c
+    ) g
+    GROUP BY 1, 2, 3, 4
+    RETURNING n
+)
+SELECT coalesce(sum(n), 0)::bigint AS read FROM counted;
+
+-- name: mark_queue_counts
+INSERT INTO queue_counts_at (partition, counted_at, counter)
+SELECT u.p, $2, $3 FROM unnest($1::smallint[]) AS u(p)
+ON CONFLICT (partition) DO UPDATE SET counted_at = excluded.counted_at, counter = excluded.counter;
+
+-- name: kept_queue_counts
+-- Namespace $1's kept counts per (queue, state), summed over the partitions this shard
+-- holds (one moved away or still coming in is counted on the shard where it is live): the
+-- queues $2 only (NULL: every queue, '' first), at most $3 rows in queue order.
+SELECT c.queue, c.state, sum(c.n)::bigint AS n
+FROM queue_state_counts c
+WHERE c.namespace = $1 AND ($2::text[] IS NULL OR c.queue = ANY($2::text[]))
+  AND NOT EXISTS (
+      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
+  )
+GROUP BY c.queue, c.state
+ORDER BY c.queue, c.state
+LIMIT $3;
+
+-- name: kept_state_totals
+-- Namespace $1's kept counts per state, every queue (the same partitions as above).
+SELECT c.state, sum(c.n)::bigint AS n
+FROM queue_state_counts c
+WHERE c.namespace = $1
+  AND NOT EXISTS (
+      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
+  )
+GROUP BY c.state;
+
+-- name: queue_counts_as_of
+-- The oldest recount among the partitions this shard holds, and how many were counted.
+SELECT min(a.counted_at) AS as_of, count(*) AS counted
+FROM queue_counts_at a
+WHERE NOT EXISTS (
+    SELECT 1 FROM shard_partitions h WHERE h.partition = a.partition AND h.state >= 2
+);
+
+-- name: oldest_ready
+-- The run_at of the oldest READY task of each (namespace, queue) given: one probe of
+-- tasks_queue_states each (its first entry), whatever the backlog.
+SELECT k.namespace, k.queue, (
+    SELECT min(t.run_at) FROM tasks t
+    WHERE t.namespace = k.namespace AND t.state = 1 AND t.queue = k.queue
+) AS oldest
+FROM unnest($1::text[], $2::text[]) AS k(namespace, queue);
+
+-- name: kept_ready
+-- READY tasks per (namespace, queue) of every namespace, as kept (the queue gauges).
+SELECT c.namespace, c.queue, sum(c.n)::bigint AS n
+FROM queue_state_counts c
+WHERE c.state = 1 AND c.queue <> ''
+  AND NOT EXISTS (
+      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
+  )
+GROUP BY c.namespace, c.queue;
+
+-- name: label_counts
+-- Namespace $1's tasks in the states $3 by (queue, value of label $2, state), the queues $4
+-- only (NULL: every queue): read from the tasks (the label is in no index), at most $5 per
+-- state through tasks_queue_states, so a state whose `read` reaches $5 is a lower bound.
+SELECT x.queue, coalesce(x.labels ->> $2, '') AS value, s.state,
+       count(*) AS n, sum(count(*)) OVER (PARTITION BY s.state) AS read
+FROM unnest($3::smallint[]) AS s(state)
+CROSS JOIN LATERAL (
+    SELECT t.queue, t.labels FROM tasks t
+    WHERE t.namespace = $1 AND t.state = s.state AND t.state IN (0, 1, 2, 4)
+      AND ($4::text[] IS NULL OR t.queue = ANY($4::text[]))
+    LIMIT $5
+) x
+GROUP BY x.queue, 2, s.state;

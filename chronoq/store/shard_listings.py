@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 
-from chronoq import errors
+from chronoq import errors, queuecounts
 from chronoq.errors import (
     ChronoqError,
     InvalidArgument,
@@ -17,6 +17,7 @@ from chronoq.errors import (
 )
 from chronoq.limits import task_bytes
 from chronoq.models import Page, QueueCounts, Task, TaskState
+from chronoq.queuecounts import KeptCounts
 from chronoq.store import fanout
 from chronoq.store.rows import Fence
 from chronoq.store.shard_ids import ByTaskId
@@ -152,6 +153,45 @@ class ShardListings(ByTaskId):
                 raise answer
             else:
                 out[name] = answer
+        return out
+
+    async def kept_counts(
+        self, namespace: str, queues: Sequence[str] | None, *, max_queues: int
+    ) -> KeptCounts:
+        """Every shard's kept counts merged (a shard down: its partitions uncounted)."""
+        if (solo := self._fast()) is not None:
+            return await solo.kept_counts(namespace, queues, max_queues=max_queues)
+        answers = await self._every(
+            lambda s: s.kept_counts(namespace, queues, max_queues=max_queues)
+        )
+        return queuecounts.merged(answers.values())
+
+    async def label_counts(
+        self, namespace: str, label_key: str, queues: Sequence[str] | None, *, max_tasks: int
+    ) -> tuple[list[tuple[str, str, TaskState, int]], bool]:
+        if (solo := self._fast()) is not None:
+            return await solo.label_counts(namespace, label_key, queues, max_tasks=max_tasks)
+        answers = await self._every(
+            lambda s: s.label_counts(namespace, label_key, queues, max_tasks=max_tasks)
+        )
+        rows = [row for part, _capped in answers.values() for row in part]
+        return rows, any(capped for _part, capped in answers.values())
+
+    async def kept_ready(self) -> dict[tuple[str, str], int]:
+        if (solo := self._fast()) is not None:
+            return await solo.kept_ready()
+        return fanout.summed((await self._every(lambda s: s.kept_ready())).values())
+
+    async def oldest_ready(
+        self, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], datetime]:
+        if (solo := self._fast()) is not None:
+            return await solo.oldest_ready(keys)
+        out: dict[tuple[str, str], datetime] = {}
+        for answer in (await self._every(lambda s: s.oldest_ready(keys))).values():
+            for key, at in answer.items():
+                if key not in out or at < out[key]:
+                    out[key] = at
         return out
 
     async def fences(self) -> list[Fence]:

@@ -183,6 +183,22 @@ class ByPartition(ShardRouting):
         )
         return fanout.summed(r for _pos, r in answers)
 
+    async def recount_queues(
+        self, partitions: Sequence[int], now: datetime, counter: str, *, max_queues: int
+    ) -> int:
+        if (solo := self._fast()) is not None:
+            return await solo.recount_queues(partitions, now, counter, max_queues=max_queues)
+        ps = list(partitions)
+        answers = await self._routed(
+            ps,
+            int,
+            lambda s, pos: s.recount_queues(
+                [ps[i] for i in pos], now, counter, max_queues=max_queues
+            ),
+            skip_down=True,
+        )
+        return sum(r for _pos, r in answers)
+
     async def purge_finished(
         self, partitions: Sequence[int], states: Sequence[TaskState], before: datetime, batch: int
     ) -> int:

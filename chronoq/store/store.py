@@ -11,6 +11,7 @@ from chronoq.store.bulk import BulkStatements
 from chronoq.store.connection import IDLE_IN_TRANSACTION_TIMEOUT_MS, Listener, _translated
 from chronoq.store.operator import OperatorStatements
 from chronoq.store.owner import OwnerStatements
+from chronoq.store.queue_counts import QueueCountStatements
 from chronoq.store.rows import Fence, FireResult, known, parse_task_id
 from chronoq.store.tasks import COLUMN_SLICE, PAGE_BYTES, ROW_BYTES, TaskStatements
 
@@ -29,11 +30,14 @@ __all__ = [
 ]
 
 
-class Store(TaskStatements, OwnerStatements, OperatorStatements, BulkStatements):
+class Store(
+    TaskStatements, OwnerStatements, OperatorStatements, BulkStatements, QueueCountStatements
+):
     """The task store on one PostgreSQL database (a pool of connections).
 
     Its roles: ``connection`` (pool, liveness, error translation, notices), ``migrations``,
     ``tasks`` (client and worker statements), ``owner`` (fenced owner statements) and
     ``operator`` (requeue, limits, retention, counts), ``bulk`` (bulk operations by
-    filter); ``rows`` maps what they read.
+    filter); ``queue_counts`` (the counts the owners
+    keep); ``rows`` maps what they read.
     """

@@ -62,6 +62,7 @@ from chronoq.node.dispatch.handoff import HandOff
 from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings, WorkSession, opened
+from chronoq.node.edge import queue_counts
 from chronoq.node.edge.status import translated
 from chronoq.node.metrics import NodeMetrics
 from chronoq.ratelimit import Quotas
@@ -300,6 +301,14 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
                 for (ns, q), (rate, burst) in sorted(limits.items())
                 if ns == namespace
             ]
+        )
+
+    @translated
+    async def QueueCounts(
+        self, request: tasks_pb2.QueueCountsRequest, context: Ctx
+    ) -> tasks_pb2.QueueCountsResponse:
+        return await queue_counts.answer(
+            self._store, self._clock, self._settings.partitions, request
         )
 
     @translated

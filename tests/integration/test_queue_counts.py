@@ -1,0 +1,159 @@
+"""QueueCounts: counts by queue that the partition owners keep, summed per call, right after
+submits, fires, claims and acks within the staleness the answer states, per namespace only,
+bounded (real node, real PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from chronoq import errors
+from chronoq.client import Client, NewTask
+from chronoq.limits import MAX_KEPT_QUEUES
+from chronoq.models import Lease, TaskState
+from chronoq.queuecounts import REST, QueueSnapshot, StateCounts
+from chronoq.store import Store
+from chronoq.store.sql import q
+from tests.integration.conftest import NodeFactory
+
+pytestmark = pytest.mark.timeout(90)
+
+TOKEN_A = "team-a-token-0123456789abcdef"
+TOKEN_B = "team-b-token-fedcba9876543210"
+FAST = {"queue_counts_interval": timedelta(milliseconds=100)}
+
+
+async def counted_after(client: Client, mark: datetime, **kw: object) -> QueueSnapshot:
+    """The first answer whose every partition was counted after ``mark`` (bounded wait)."""
+    for _ in range(300):
+        snap = await client.queue_counts(**kw)  # type: ignore[arg-type]
+        if snap.as_of is not None and snap.as_of > mark and snap.uncounted_partitions == 0:
+            return snap
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no count after {mark}: last {snap}")
+
+
+def by_queue(snap: QueueSnapshot) -> dict[str, StateCounts]:
+    return {t.queue: t.counts for t in snap.queues}
+
+
+async def test_counts_follow_submits_fires_claims_and_acks(make_node: NodeFactory) -> None:
+    node = await make_node(**FAST)
+    client = Client(node.address, namespace="n", timeout=10)
+    try:
+        await client.submit_many([NewTask(queue="mail") for _ in range(5)])
+        await client.submit_many(
+            [NewTask(queue="later", delay=timedelta(hours=1)) for _ in range(3)]
+        )
+        soon = [NewTask(queue="soon", delay=timedelta(seconds=1)) for _ in range(2)]
+        await client.submit_many(soon)
+        mark = datetime.now(UTC)
+        snap = await counted_after(client, mark)
+        assert snap.staleness is not None and snap.staleness < timedelta(seconds=30)
+        counts = by_queue(snap)
+        assert counts["mail"] == StateCounts(ready=5)
+        assert counts["later"] == StateCounts(scheduled=3)
+        assert snap.totals.total == 10 and snap.other == StateCounts() and not snap.truncated
+        oldest = snap.oldest_ready_age("mail")
+        assert oldest is not None and oldest >= timedelta(0)
+        assert snap.oldest_ready_age("later") is None  # nothing of it is READY
+
+        claimed = await client.claim(["mail"], max_tasks=2)
+        await client.complete(Lease(claimed[0].id, claimed[0].attempt))
+        (doomed,) = await client.claim(["mail"], max_tasks=1)
+        await client.fail(Lease(doomed.id, doomed.attempt), "boom", fatal=True)
+        await asyncio.sleep(1.2)  # the "soon" tasks come due and fire
+        snap = await counted_after(client, datetime.now(UTC))
+        counts = by_queue(snap)
+        assert counts["mail"] == StateCounts(ready=2, running=1, dead=1)
+        assert counts["soon"] == StateCounts(ready=2)
+        assert counts["later"] == StateCounts(scheduled=3)
+        only = await counted_after(client, datetime.now(UTC), queues=["soon", "nothing"])
+        assert by_queue(only) == {"soon": StateCounts(ready=2), "nothing": StateCounts()}
+        assert only.totals == StateCounts(ready=2)
+    finally:
+        await client.close()
+
+
+async def test_counts_are_the_callers_namespace_only(
+    make_node: NodeFactory, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[tokens]\n"{TOKEN_A}" = ["team-a"]\n"{TOKEN_B}" = ["team-b"]\n')
+    tokens.chmod(0o600)
+    node = await make_node(auth_tokens=str(tokens), **FAST)
+    a = Client(node.address, namespace="team-a", token=TOKEN_A, timeout=10)
+    b = Client(node.address, namespace="team-b", token=TOKEN_B, timeout=10)
+    a_as_b = Client(node.address, namespace="team-b", token=TOKEN_A, timeout=10)
+    try:
+        await a.submit_many([NewTask(queue="mail") for _ in range(3)])
+        await b.submit_many([NewTask(queue="mail") for _ in range(7)])
+        mark = datetime.now(UTC)
+        assert by_queue(await counted_after(a, mark)) == {"mail": StateCounts(ready=3)}
+        assert by_queue(await counted_after(b, mark)) == {"mail": StateCounts(ready=7)}
+        with pytest.raises(errors.AccessDenied, match="team-b"):
+            await a_as_b.queue_counts()  # another tenant's counts are not this token's
+        with pytest.raises(errors.BadRequest, match="queues"):
+            await a.queue_counts([f"q{i}" for i in range(101)])
+        with pytest.raises(errors.BadRequest, match="queues"):
+            await a.queue_counts(["bad queue!"])
+        with pytest.raises(errors.BadRequest, match="label_key"):
+            await a.queue_counts(label_key="no spaces")
+    finally:
+        for c in (a, b, a_as_b):
+            await c.close()
+
+
+async def test_counts_per_label_value_are_read_up_to_a_bound(make_node: NodeFactory) -> None:
+    node = await make_node(**FAST)
+    client = Client(node.address, namespace="n", timeout=10)
+    try:
+        await client.submit_many(
+            [NewTask(queue="mail", labels={"tenant": f"t{i % 2}"}) for i in range(5)]
+            + [NewTask(queue="mail")]
+        )
+        snap = await counted_after(client, datetime.now(UTC), label_key="tenant")
+        assert {(x.queue, x.value): x.counts for x in snap.labels} == {
+            ("mail", "t0"): StateCounts(ready=3),
+            ("mail", "t1"): StateCounts(ready=2),
+            ("mail", ""): StateCounts(ready=1),
+        }
+        assert not snap.labels_capped
+    finally:
+        await client.close()
+
+
+async def test_a_recount_keeps_its_bound_of_queues_and_reads_the_index_only(
+    store: Store,
+) -> None:
+    """A partition with more queues than kept sums the rest under one row (totals exact);
+    the recount is an index-only scan of tasks_partition_states, never the table."""
+    now = datetime.now(UTC)
+    queues = MAX_KEPT_QUEUES + 5
+    async with store.connection() as conn:
+        await conn.execute(
+            "INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state,"
+            " max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,"
+            " misfire_grace_ms, created_at)"
+            " SELECT gen_random_uuid(), 'n', 'q' || lpad(i::text, 5, '0'), 3, 0, $1, 1,"
+            " 3, 1000, 60000, 30000, 0, $1 FROM generate_series(1, $2) i",
+            now,
+            queues,
+        )
+    read = await store.recount_queues([3], now, "test", max_queues=MAX_KEPT_QUEUES)
+    assert read == queues
+    kept = await store.kept_counts("n", None, max_queues=MAX_KEPT_QUEUES)
+    assert kept.rows[REST, TaskState.READY] == 5
+    assert kept.totals[TaskState.READY] == queues
+    assert kept.counted == 1 and kept.as_of == now
+    other = await store.kept_counts("other-namespace", None, max_queues=MAX_KEPT_QUEUES)
+    assert other.rows == {} and other.totals == {}  # a namespace sees its own rows only
+    async with store.connection() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")  # the plan a big table gets
+        await conn.execute("SET LOCAL enable_bitmapscan = off")
+        rows = await conn.fetch("EXPLAIN " + q("recount_queue_counts"), [3, 4], 1000)
+    plan = "\n".join(r[0] for r in rows)
+    assert "Index Only Scan using tasks_partition_states" in plan, plan
