@@ -67,10 +67,18 @@ async def submit_keyed(
     made. ``write`` names a write statement at the caller's map version."""
     order = sorted(range(len(specs)), key=lambda i: lock_order(specs[i], partitions[i]))
     made: dict[int, KeyedRow] = {}
-    for i in order:
-        made[i] = await _one(
-            conn, write, debounced(specs[i], now), partitions[i], now, columns, bucket_seconds
-        )
+    try:
+        for i in order:
+            made[i] = await _one(
+                conn, write, debounced(specs[i], now), partitions[i], now, columns, bucket_seconds
+            )
+    except asyncpg.DeadlockDetectedError as exc:
+        # Two batches that share keys and idempotency keys in crossed orders: PostgreSQL
+        # ended this one, whose transaction is rolled back whole.
+        raise StoreUnavailable(
+            f"this batch waited for another on shared keys and was ended: {exc}; nothing of "
+            "it was written; safe to retry"
+        ) from exc
     return [made[i] for i in range(len(specs))]
 
 

@@ -318,3 +318,18 @@ async def test_the_wheel_never_fires_a_debounced_task_at_its_old_time(
     assert leasing.fired == 0 and not leasing.leased
     assert (await store_shape.get(first.task.id, "default")).state is TaskState.SCHEDULED
     assert (await store_shape.fire_listed(owned, at + 10 * S, [first.task.id])).fired == 1
+
+
+async def test_a_debounced_unique_task_is_moved_then_answered_once_started(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    (first,) = await store_shape.submit([bounce("b", now, b"1", unique_key="u")], now)
+    at = now + 5 * S
+    (moved,) = await store_shape.submit([bounce("b", at, b"2", unique_key="u")], at)
+    assert moved.task.id == first.task.id and moved.task.payload == b"2"
+    owned = await own_all(store_shape)
+    assert (await store_shape.fire_due(owned, at + 10 * S)).fired == 1  # READY: started
+    later = at + 11 * S
+    (answered,) = await store_shape.submit([bounce("b", later, b"3", unique_key="u")], later)
+    assert not answered.created and answered.task.id == first.task.id
+    assert answered.task.state is TaskState.READY and answered.task.payload == b"2"
