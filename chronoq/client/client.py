@@ -209,13 +209,15 @@ class Client(QueueCountCalls):
         """The tasks as wire specs. A submit may be retried (on another node, or after a
         store failover left its outcome unknown): each task without an idempotency key gets
         one, so the retry cannot create a second task. True: the key is ours (whatever the
-        node answers, the task was created by this call). The keys are time-ordered, like
-        task ids, so a batch's entries in the key index land side by side."""
+        node answers, the task was created by this call), unless the task has a unique or a
+        debounce key: the answer may then be another caller's task, and the node's word
+        stands. The keys are time-ordered, like task ids, so a batch's entries in the key index
+        land side by side."""
         keys = iter(new_keys(sum(1 for t in tasks if not t.idempotency_key)))
         return [
             (t.to_pb(self.namespace), False)
             if t.idempotency_key
-            else (t.to_pb(self.namespace, idempotency_key=next(keys)), True)
+            else _ours(t.to_pb(self.namespace, idempotency_key=next(keys)))
             for t in tasks
         ]
 
@@ -641,6 +643,11 @@ class Client(QueueCountCalls):
             lambda n: n.workers.Release, req, timeout=self.ack_timeout, retry=True
         )
         return convert.task_from_pb(reply)
+
+
+def _ours(spec: tasks_pb2.TaskSpec) -> tuple[tasks_pb2.TaskSpec, bool]:
+    """A spec keyed by the client, and whether any answer to it is a task this call made."""
+    return spec, not (spec.unique_key or spec.debounce_key)
 
 
 async def _landed(start: int, call: Awaitable[builtins.list[R]], total: int) -> builtins.list[R]:

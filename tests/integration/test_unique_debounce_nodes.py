@@ -20,7 +20,7 @@ import pytest
 
 from chronoq.api import convert
 from chronoq.api.v1 import tasks_pb2, tasks_pb2_grpc
-from chronoq.client import Client, TaskContext, Worker
+from chronoq.client import Client, NewTask, TaskContext, Worker
 from chronoq.clock import ManualClock
 from chronoq.models import Lease, Task, TaskState
 from chronoq.node import Node
@@ -302,3 +302,19 @@ async def test_a_requeue_beside_a_pending_task_of_its_unique_key_is_refused(
         assert (await store.get(first.id, "default")).state is TaskState.DEAD
     finally:
         await s.channel.close()
+
+
+async def test_the_sdk_says_a_repeated_key_created_nothing(client: Client) -> None:
+    """The SDK keys every submit itself and counts an answer to its own key as created by the
+    call; an answer to a unique or debounce key may be another caller's task."""
+    first = await client.submit("s", unique_key="k", delay=timedelta(hours=1))
+    again = await client.submit("s", unique_key="k", delay=timedelta(hours=1))
+    assert first.created and not again.created and again.task.id == first.task.id
+    many = await client.submit_many(
+        [NewTask(queue="s", debounce_key="d", debounce=timedelta(seconds=5)) for _ in range(2)]
+    )
+    assert [m.created for m in many] == [True, False]
+    ids = await client.submit_ids(
+        [NewTask(queue="s", unique_key="k", delay=timedelta(hours=1))]
+    )
+    assert ids == [(first.task.id, False)]
