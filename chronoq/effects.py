@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from chronoq.models import SubmitOutcome, Task, TaskSpec, TaskState
+from chronoq.models import AckOutcome, SubmitOutcome, Task, TaskSpec, TaskState
 
 #: (namespace, queue)
 Key = tuple[str, str]
@@ -72,6 +72,24 @@ def released(tasks: Iterable[Task]) -> Effects:
     """Running tasks given back READY without an attempt spent (a release): each wakes a
     waiter."""
     return Effects(ready=Counter((t.namespace, t.queue) for t in tasks))
+
+
+def freed(tasks: Iterable[Task]) -> Effects:
+    """Tasks moved out of RUNNING (failed, reaped, cancelled) that had a concurrency key: a
+    slot of their key is free, so each wakes one waiter of its queue, whose claim may start
+    the key's next task (a READY task already wakes one through ``of_tasks``)."""
+    return Effects(
+        ready=Counter(
+            (t.namespace, t.queue)
+            for t in tasks
+            if t.concurrency_key is not None and t.state is not TaskState.READY
+        )
+    )
+
+
+def freed_by_acks(namespace: str, outcomes: Iterable[AckOutcome]) -> Effects:
+    """Completions that freed a slot of a concurrency key: one waiter of the queue each."""
+    return Effects(ready=Counter((namespace, o.freed) for o in outcomes if o.freed is not None))
 
 
 def of_submits(outcomes: Iterable[SubmitOutcome]) -> Effects:

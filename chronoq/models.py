@@ -173,6 +173,9 @@ class AckOutcome:
     ok: bool
     error: str = ""
     reason: LeaseMiss | None = None  # None when ``ok`` (or when not known, e.g. over the wire)
+    #: The queue of a task with a concurrency key that this ack moved out of RUNNING: a slot
+    #: of its key is free (claims waiting on the queue are woken). None otherwise.
+    freed: str | None = None
 
 
 @dataclass(frozen=True)

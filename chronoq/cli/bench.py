@@ -77,7 +77,7 @@ def bench_throughput(
     ] = None,
     phases: Annotated[
         str | None,
-        _opt("PHASES", "Phases to run: raw, submit, fire, e2e, lateness, rss; also backlog."),
+        _opt("PHASES", "Phases to run: raw, submit, fire, e2e, lateness, rss, keys; also backlog."),
     ] = None,
     rss_settle_seconds: Annotated[
         float | None,

@@ -16,6 +16,7 @@ from chronoq.errors import ConfigError, PartitionMoved, StoreUnavailable
 from chronoq.limits import Limits
 from chronoq.saturating import LONGEST, clamp, ms_of
 from chronoq.store import password_guard
+from chronoq.store.key_claims import KeyCursors
 from chronoq.store.migrations import migrate
 from chronoq.store.sql import q
 
@@ -175,6 +176,8 @@ class Connected:
             ms_of(self.limits.min_lease_timeout),
             max(ms_of(self.limits.min_lease_timeout), ms_of(self.limits.max_lease_timeout)),
         )
+        #: Where this store's walks over keyed queues' concurrency keys go on.
+        self.key_cursors = KeyCursors()
 
     def _q(self, name: str) -> str:
         """The named write statement, checking this shard's holdings at ``map_version``."""

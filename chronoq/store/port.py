@@ -211,8 +211,13 @@ class ByQueue(Protocol):
         now: datetime,
         *,
         limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = ...,
+        keyed: set[tuple[str, str]] | frozenset[tuple[str, str]] = ...,
         max_bytes: int = ...,
-    ) -> list[Task]: ...
+    ) -> list[Task]:
+        """READY → RUNNING for up to ``max_tasks``. ``limited``: queues whose dispatch limit
+        it takes tokens from; ``keyed``: queues limited per concurrency key, claimed under
+        their limits (the plain claim takes nothing of a keyed queue)."""
+        ...
 
     async def ready_counts(
         self, keys: Sequence[tuple[str, str]], caps: Sequence[int]

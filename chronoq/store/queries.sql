@@ -564,6 +564,12 @@ WHERE t.id = ANY(ARRAY(
                        {{task_bytes}} + octet_length($4::text) + $10::integer AS bytes
                 FROM tasks t
                 WHERE t.namespace = $1 AND t.queue = q.queue AND t.state = 1
+                  -- a paused queue is skipped whole (one probe of its settings' key), and
+                  -- so is a queue limited per concurrency key: claim_keyed claims those
+                  AND NOT EXISTS (SELECT 1 FROM queue_settings s
+                                  WHERE s.namespace = $1 AND s.queue = q.queue
+                                    AND (s.paused OR s.max_running_per_key > 0
+                                         OR s.max_starts_per_key > 0))
                   AND ((SELECT parts FROM live) IS NULL
                        OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
                 ORDER BY t.priority DESC, t.run_at
@@ -592,6 +598,277 @@ WHERE t.namespace = $1 AND t.queue = ANY($2::text[]) AND t.state = 1
   AND ((SELECT parts FROM live) IS NULL OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
 RETURNING t.id;
 
+-- Claims of queues limited per concurrency key (chronoq.store.key_claims). A claim of keyed
+-- queues is one transaction of two statements: key_candidates picks the keys that may start
+-- a task and takes each one's transaction-level advisory lock (try-locks: a key another claim
+-- holds is passed over, never waited for), then claim_keyed, a fresh statement whose snapshot
+-- sees every claim that held those locks before (they committed before releasing them),
+-- counts each key's RUNNING tasks again and claims. $1 is the namespace and $2 now in both.
+
+-- fragment: key_free
+-- Whether key h.key of queue s.queue (limits s.lim RUNNING, s.rate starts a second) may start
+-- a task now: fewer than s.lim RUNNING (at most s.lim entries of tasks_running_keys read) and
+-- a whole token in its bucket of burst 1 (a key without a key_tokens row has a full one).
+((s.lim <= 0 OR (SELECT count(*) FROM (
+      SELECT 1 FROM tasks r
+      WHERE r.namespace = $1 AND r.queue = s.queue AND r.concurrency_key = h.key
+        AND r.state = 2
+      LIMIT greatest(s.lim, 0)) x) < s.lim)
+ AND (s.rate <= 0 OR coalesce((
+      SELECT k.tokens + s.rate * greatest(0, extract(epoch FROM $2::timestamptz - k.refilled_at))
+      FROM key_tokens k
+      WHERE k.namespace = $1 AND k.queue = s.queue AND k.concurrency_key = h.key), 1)
+      >= 1 - 1e-9))
+
+-- fragment: key_settings
+-- The keyed queues of a claim ($3) with their limits, paused ones left out; `cursor` ($4):
+-- where each queue's walk over its keys starts (after it, wrapping round to the first key).
+s AS MATERIALIZED (
+    SELECT q.queue, q.cursor, coalesce(c.max_running_per_key, 0) AS lim,
+           coalesce(c.max_starts_per_key, 0)::float8 AS rate
+    FROM unnest($3::text[], $4::text[]) AS q(queue, cursor)
+    LEFT JOIN queue_settings c ON c.namespace = $1 AND c.queue = q.queue
+    WHERE NOT coalesce(c.paused, false)
+)
+
+-- fragment: key_walk
+-- The keys that may start a task, from two bounded reads per queue (follows {{key_settings}}):
+-- `front`, the keys among the first $5 READY tasks in claim order (priority DESC, run_at), so
+-- the best tasks of free keys come first; and `walk`, a loose index scan of tasks_ready_keys
+-- from the queue's cursor, one probe per key (its head) plus its check ({{key_free}}: at most
+-- its limit of RUNNING entries and one token row), which stops after $6 keys or once $7 free
+-- keys are found. Full keys are at most the queue's RUNNING tasks / limit, so a walk longer
+-- than that finds every free key it needs; a shorter one goes on from its cursor next time
+-- (every key is reached within keys / $6 claims). Cost: $5 + $6 x (limit + 2) index
+-- entries at most, whatever the backlog of full keys.
+front AS (
+    SELECT s.queue, h.key, h.id, h.priority, h.run_at
+    FROM s CROSS JOIN LATERAL (
+        SELECT DISTINCT ON (f.key) f.key, f.id, f.priority, f.run_at FROM (
+            SELECT t.concurrency_key AS key, t.id, t.priority, t.run_at FROM tasks t
+            WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
+            ORDER BY t.priority DESC, t.run_at
+            LIMIT $5
+        ) f
+        WHERE f.key IS NOT NULL
+        ORDER BY f.key, f.priority DESC, f.run_at
+    ) h
+    WHERE {{key_free}}
+), walk AS (
+    SELECT s.queue, w.key, w.id, w.priority, w.run_at, w.n, w.ok
+    FROM s CROSS JOIN LATERAL (
+        WITH RECURSIVE w (key, id, priority, run_at, wrapped, n, frees, ok) AS (
+            (SELECT h.key, h.id, h.priority, h.run_at, h.wrapped, 1, 0, {{key_free}}
+             FROM ((SELECT t.concurrency_key AS key, t.id, t.priority, t.run_at, false AS wrapped
+                    FROM tasks t
+                    WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
+                      AND t.concurrency_key > s.cursor
+                    ORDER BY t.concurrency_key, t.priority DESC, t.run_at
+                    LIMIT 1)
+                   UNION ALL
+                   (SELECT t.concurrency_key, t.id, t.priority, t.run_at, true
+                    FROM tasks t
+                    WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
+                      AND t.concurrency_key <= s.cursor
+                    ORDER BY t.concurrency_key, t.priority DESC, t.run_at
+                    LIMIT 1)
+                   LIMIT 1) h)
+            UNION ALL
+            (SELECT h.key, h.id, h.priority, h.run_at, h.wrapped, w.n + 1,
+                    w.frees + w.ok::integer, {{key_free}}
+             FROM w CROSS JOIN LATERAL (
+                 (SELECT t.concurrency_key AS key, t.id, t.priority, t.run_at, w.wrapped
+                  FROM tasks t
+                  WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
+                    AND t.concurrency_key > w.key
+                    AND (NOT w.wrapped OR t.concurrency_key <= s.cursor)
+                  ORDER BY t.concurrency_key, t.priority DESC, t.run_at
+                  LIMIT 1)
+                 UNION ALL
+                 (SELECT t.concurrency_key, t.id, t.priority, t.run_at, true
+                  FROM tasks t
+                  WHERE NOT w.wrapped AND t.namespace = $1 AND t.queue = s.queue
+                    AND t.state = 1 AND t.concurrency_key <= s.cursor
+                  ORDER BY t.concurrency_key, t.priority DESC, t.run_at
+                  LIMIT 1)
+                 LIMIT 1
+             ) h
+             WHERE w.n < $6 AND w.frees + w.ok::integer < $7)
+        )
+        SELECT * FROM w
+    ) w
+), cand AS MATERIALIZED (
+    -- each free key once, at its head, best first
+    SELECT c.queue, c.key, c.id, c.priority, c.run_at FROM (
+        SELECT DISTINCT ON (u.queue, u.key) u.queue, u.key, u.id, u.priority, u.run_at
+        FROM (SELECT queue, key, id, priority, run_at FROM front
+              UNION ALL
+              SELECT queue, key, id, priority, run_at FROM walk WHERE ok) u
+        ORDER BY u.queue, u.key, u.priority DESC, u.run_at
+    ) c
+    ORDER BY c.priority DESC, c.run_at
+)
+
+-- name: key_candidates
+-- Up to $7 keys of the keyed queues $3 that may start a task now ({{key_walk}}), best head
+-- first, each locked for this transaction (a key another claim holds is passed over); and per
+-- queue one row with no key and the cursor its next walk starts from (the last key walked).
+-- Read only: claim_keyed, the next statement of the transaction, decides.
+WITH {{key_settings}}, {{key_walk}}
+(SELECT c.queue, c.key, NULL::text AS cursor FROM cand c
+ WHERE pg_try_advisory_xact_lock(1667789163, hashtext($1 || chr(31) || c.queue || chr(31) || c.key))
+ LIMIT $7)
+UNION ALL
+(SELECT DISTINCT ON (w.queue) w.queue, NULL, w.key FROM walk w ORDER BY w.queue, w.n DESC);
+
+-- name: key_heads
+-- The first $7 tasks a claim of the keyed queues $3 could take, unlocked (as ready_heads:
+-- (priority, run_at, bytes) for worker $8 plus $9): each free key's head ({{key_walk}}, from
+-- the cursors $4) and the keyless tasks among the first $5 READY ones. A store of shards
+-- reads these to share a claim among the shards holding claimable work.
+WITH {{key_settings}}, {{key_walk}}
+SELECT h.priority, h.run_at, h.bytes FROM (
+    SELECT t.priority, t.run_at, {{task_bytes}} + octet_length($8::text) + $9::integer AS bytes
+    FROM cand c JOIN tasks t ON t.id = c.id
+    UNION ALL
+    SELECT f.priority, f.run_at, f.bytes FROM s CROSS JOIN LATERAL (
+        SELECT t.priority, t.run_at, t.concurrency_key,
+               {{task_bytes}} + octet_length($8::text) + $9::integer AS bytes
+        FROM tasks t
+        WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
+        ORDER BY t.priority DESC, t.run_at
+        LIMIT $5
+    ) f
+    WHERE f.concurrency_key IS NULL
+) h
+ORDER BY h.priority DESC, h.run_at
+LIMIT $7;
+
+-- name: claim_keyed
+-- The claim of the keys key_candidates locked ($3 queues, $4 keys, the same positions) and of
+-- the keyless tasks of the keyed queues $5 (each queue's cap in $6, from a dispatch limit):
+-- READY -> RUNNING for up to $7 tasks for worker $8, leased as claim leases (lease timeout
+-- saturated into [$9, $10] ms), within $11 bytes as claim counts them ($12 the fixed part;
+-- negative: strict). A fresh statement: each locked key's RUNNING tasks are counted again
+-- here, so a key starts at most its limit minus its running count, and no more than its whole
+-- tokens; its tasks in (priority DESC, run_at) order. A keyless task is unlimited, found among
+-- the first $13 READY tasks of its queue. The tokens of what started are spent in the same
+-- statement. Only rows of partitions held live are claimed, as in claim.
+WITH live AS MATERIALIZED (SELECT chronoq_live({{map_version}}) AS parts),
+s AS MATERIALIZED (
+    SELECT q.queue, q.cap, coalesce(c.max_running_per_key, 0) AS lim,
+           coalesce(c.max_starts_per_key, 0)::float8 AS rate
+    FROM unnest($5::text[], $6::integer[]) AS q(queue, cap)
+    LEFT JOIN queue_settings c ON c.namespace = $1 AND c.queue = q.queue
+    WHERE NOT coalesce(c.paused, false)
+), k AS MATERIALIZED (
+    SELECT s.queue, h.key, s.rate, tok.avail,
+           greatest(0, least(CASE WHEN s.lim <= 0 THEN $7 ELSE s.lim - run.n END,
+                             CASE WHEN s.rate <= 0 THEN $7
+                                  ELSE floor(tok.avail + 1e-9)::integer END)) AS room
+    FROM unnest($3::text[], $4::text[]) AS h(queue, key)
+    JOIN s ON s.queue = h.queue
+    CROSS JOIN LATERAL (
+        SELECT count(*)::integer AS n FROM (
+            SELECT 1 FROM tasks r
+            WHERE r.namespace = $1 AND r.queue = h.queue AND r.concurrency_key = h.key
+              AND r.state = 2
+            LIMIT greatest(s.lim, 0)) x
+    ) run
+    CROSS JOIN LATERAL (
+        -- a queue without a rate per key reads no token row
+        SELECT CASE WHEN s.rate <= 0 THEN 1::float8 ELSE coalesce((
+            SELECT least(1, kt.tokens
+                            + s.rate * greatest(0, extract(epoch FROM $2::timestamptz
+                                                                  - kt.refilled_at)))
+            FROM key_tokens kt
+            WHERE kt.namespace = $1 AND kt.queue = h.queue AND kt.concurrency_key = h.key
+        ), 1)::float8 END AS avail
+    ) tok
+), cand AS (
+    SELECT c.id, c.queue, c.priority, c.run_at, c.bytes FROM k CROSS JOIN LATERAL (
+        SELECT t.id, t.queue, t.priority, t.run_at,
+               {{task_bytes}} + octet_length($8::text) + $12::integer AS bytes
+        FROM tasks t
+        WHERE t.namespace = $1 AND t.queue = k.queue AND t.concurrency_key = k.key
+          AND t.state = 1
+          AND ((SELECT parts FROM live) IS NULL
+               OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
+        ORDER BY t.priority DESC, t.run_at
+        LIMIT k.room
+        FOR UPDATE SKIP LOCKED
+    ) c
+    UNION ALL
+    SELECT c.id, c.queue, c.priority, c.run_at, c.bytes FROM s CROSS JOIN LATERAL (
+        SELECT t.id, t.queue, t.priority, t.run_at,
+               {{task_bytes}} + octet_length($8::text) + $12::integer AS bytes
+        FROM tasks t
+        WHERE t.id = ANY(ARRAY(
+                  SELECT f.id FROM tasks f
+                  WHERE f.namespace = $1 AND f.queue = s.queue AND f.state = 1
+                  ORDER BY f.priority DESC, f.run_at
+                  LIMIT $13))
+          AND t.concurrency_key IS NULL AND t.state + 0 = 1
+          AND ((SELECT parts FROM live) IS NULL
+               OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
+        ORDER BY t.priority DESC, t.run_at
+        LIMIT s.cap
+        FOR UPDATE SKIP LOCKED
+    ) c
+), pick AS (
+    SELECT b.id FROM (
+        SELECT c.id, sum(c.bytes) OVER w AS upto, row_number() OVER w AS n
+        FROM (
+            SELECT c.id, c.priority, c.run_at, c.bytes FROM (
+                SELECT c.*, row_number() OVER (PARTITION BY c.queue
+                                               ORDER BY c.priority DESC, c.run_at) AS qn
+                FROM cand c
+            ) c JOIN s ON s.queue = c.queue
+            WHERE c.qn <= s.cap
+            ORDER BY c.priority DESC, c.run_at
+            LIMIT $7
+        ) c
+        WINDOW w AS (ORDER BY c.priority DESC, c.run_at ROWS UNBOUNDED PRECEDING)
+    ) b
+    WHERE b.upto <= abs($11::bigint) OR (b.n = 1 AND $11::bigint >= 0)
+), claimed AS (
+    UPDATE tasks t
+    SET state = 2, attempt = t.attempt + 1, worker_id = $8,
+        lease_until = $2::timestamptz
+            + least(greatest(t.lease_timeout_ms, $9::bigint), $10::bigint) * interval '1 ms'
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.state + 0 = 1
+    RETURNING {{task_row}}
+), spent AS (
+    INSERT INTO key_tokens AS kt (namespace, queue, concurrency_key, tokens, refilled_at)
+    SELECT $1, k.queue, k.key, greatest(0, k.avail - u.n), $2
+    FROM (SELECT c.queue, c.concurrency_key, count(*) AS n FROM claimed c
+          WHERE c.concurrency_key IS NOT NULL GROUP BY c.queue, c.concurrency_key) u
+    JOIN k ON k.queue = u.queue AND k.key = u.concurrency_key
+    WHERE k.rate > 0
+    ON CONFLICT (namespace, queue, concurrency_key) DO UPDATE
+        SET tokens = EXCLUDED.tokens, refilled_at = greatest(kt.refilled_at, EXCLUDED.refilled_at)
+)
+SELECT * FROM claimed;
+
+-- name: purge_key_tokens
+-- Up to $2 key_tokens rows whose bucket has refilled by $1 (or whose queue no longer limits
+-- starts): such a key has a full bucket without its row. A row whose key a claim holds
+-- (its advisory lock) stays.
+DELETE FROM key_tokens k
+WHERE (k.namespace, k.queue, k.concurrency_key) IN (
+    SELECT o.namespace, o.queue, o.concurrency_key
+    FROM key_tokens o
+    LEFT JOIN queue_settings s ON s.namespace = o.namespace AND s.queue = o.queue
+    WHERE o.refilled_at < $1
+      AND (coalesce(s.max_starts_per_key, 0) <= 0
+           OR o.tokens + s.max_starts_per_key * extract(epoch FROM $1::timestamptz - o.refilled_at)
+              >= 1)
+    ORDER BY o.refilled_at
+    LIMIT $2
+)
+AND pg_try_advisory_xact_lock(1667789163,
+                              hashtext(k.namespace || chr(31) || k.queue || chr(31) || k.concurrency_key));
+
 -- name: heartbeat
 -- The lease timeout saturated into [$5, $6] ms, as in claim.
 UPDATE tasks t
@@ -603,12 +880,14 @@ WHERE t.id = l.id AND t.namespace || '' = $1 AND t.state + 0 = 2 AND t.attempt =
 RETURNING t.id;
 
 -- name: complete
+-- `keyed`: the task had a concurrency key, so its slot is free (claims waiting on its queue
+-- are woken).
 UPDATE tasks t
 SET state = 3, finished_at = $4, lease_until = NULL
 FROM unnest($2::uuid[], $3::integer[]) AS l(id, token)
 WHERE t.id = l.id AND t.namespace || '' = $1 AND t.state + 0 = 2 AND t.attempt = l.token
   AND (SELECT chronoq_hold_ids($2::uuid[], {{map_version}}))
-RETURNING t.id;
+RETURNING t.id, t.queue, t.concurrency_key IS NOT NULL AS keyed;
 
 -- name: completed_by
 -- Leases whose attempt already completed its task: a repeated ack gets the same answer.

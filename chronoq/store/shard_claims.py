@@ -36,27 +36,38 @@ class ShardClaims(ByTaskId):
         now: datetime,
         *,
         limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+        keyed: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
         max_bytes: int = MAX_ANSWER_BYTES,
     ) -> list[Task]:
         """Up to ``max_tasks`` across the shards; a limited queue's tokens are taken on the
-        limits' shard first, and those not used given back."""
+        limits' shard first, and those not used given back. A keyed queue's keys each live
+        on one shard, which decides its limits alone; the shards' heads of a keyed queue
+        count only the tasks a claim could start (``key_claims.key_heads``)."""
         if (solo := self._fast()) is not None:
             return await solo.claim(
-                namespace, queues, worker_id, max_tasks, now, limited=limited, max_bytes=max_bytes
+                namespace,
+                queues,
+                worker_id,
+                max_tasks,
+                now,
+                limited=limited,
+                keyed=keyed,
+                max_bytes=max_bytes,
             )
         tasks: list[Task] = []
         capped = [q for q in queues if (namespace, q) in limited]
         free = [q for q in queues if (namespace, q) not in limited]
         budget = [max_bytes]
+        mine = frozenset(k for k in keyed if k[0] == namespace)
         for queue in capped:
             if len(tasks) >= max_tasks:
                 break
             tasks += await self._claim_limited(
-                namespace, queue, worker_id, max_tasks - len(tasks), now, budget
+                namespace, queue, worker_id, max_tasks - len(tasks), now, budget, mine
             )
         if free and len(tasks) < max_tasks:
             tasks += await self._claim_across(
-                namespace, free, worker_id, max_tasks - len(tasks), now, budget
+                namespace, free, worker_id, max_tasks - len(tasks), now, budget, mine
             )
         tasks.sort(key=lambda t: (-t.priority, t.run_at))
         return tasks
@@ -69,6 +80,7 @@ class ShardClaims(ByTaskId):
         want: int,
         now: datetime,
         budget: list[int],
+        keyed: frozenset[tuple[str, str]] = frozenset(),
     ) -> list[Task]:
         """One limited queue: its tokens taken on the limits' shard, the claim across the
         shards, the tokens it did not use given back."""
@@ -77,7 +89,7 @@ class ShardClaims(ByTaskId):
         cap = want if granted is None else granted
         if cap <= 0:
             return []
-        got = await self._claim_across(namespace, [queue], worker_id, cap, now, budget)
+        got = await self._claim_across(namespace, [queue], worker_id, cap, now, budget, keyed)
         if granted is not None and cap > len(got):
             await self._on(home, lambda s: s.return_tokens(namespace, queue, cap - len(got)))
         return got
@@ -90,6 +102,7 @@ class ShardClaims(ByTaskId):
         want: int,
         now: datetime,
         budget: list[int],
+        keyed: frozenset[tuple[str, str]] = frozenset(),
     ) -> list[Task]:
         """Claim up to ``want`` of the best tasks (priority, then run_at) over the shards,
         within ``budget[0]`` bytes (always one task in all); a down shard is skipped.
@@ -107,7 +120,7 @@ class ShardClaims(ByTaskId):
         got: list[Task] = []
         if sole is not None and sole in self._stores:
             got, heads = await self._claim_sole(
-                namespace, queues, worker_id, want, now, budget, sole
+                namespace, queues, worker_id, want, now, budget, sole, keyed
             )
             if not heads:
                 return got
@@ -115,7 +128,9 @@ class ShardClaims(ByTaskId):
             if want <= 0 or budget[0] <= 0:
                 return got
         else:
-            heads = await self._every(lambda s: s.ready_heads(namespace, queues, want, worker_id))
+            heads = await self._every(
+                lambda s: s.ready_heads(namespace, queues, want, worker_id, keyed=keyed, now=now)
+            )
         shares = fanout.claim_shares(
             {n: h for n, h in heads.items() if h}, want, max(1, budget[0]), started=bool(got)
         )
@@ -130,12 +145,16 @@ class ShardClaims(ByTaskId):
             return got
         lead = next(iter(shares))  # the shard of the best head (claim_shares keeps that order)
         if len(shares) == 1 and not got:
-            more = await self._claim_one(namespace, queues, worker_id, want, now, budget[0], lead)
+            more = await self._claim_one(
+                namespace, queues, worker_id, want, now, budget[0], lead, keyed
+            )
         else:
-            more = await self._claim_shares(namespace, queues, worker_id, now, budget[0], shares)
+            more = await self._claim_shares(
+                namespace, queues, worker_id, now, budget[0], shares, keyed
+            )
             if not more and not got:
                 more = await self._claim_one(
-                    namespace, queues, worker_id, want, now, budget[0], lead
+                    namespace, queues, worker_id, want, now, budget[0], lead, keyed
                 )
         for task in more:
             budget[0] -= task_bytes(task)
@@ -152,6 +171,7 @@ class ShardClaims(ByTaskId):
         now: datetime,
         budget: list[int],
         sole: str,
+        keyed: frozenset[tuple[str, str]] = frozenset(),
     ) -> tuple[list[Task], dict[str, list[fanout.Head]]]:
         """The last claim of these queues found ready tasks on ``sole`` alone: claim there
         and read the other shards' heads at once (one round trip while that stays so).
@@ -161,7 +181,12 @@ class ShardClaims(ByTaskId):
         async def heads_elsewhere() -> dict[str, list[fanout.Head]]:
             answers = await asyncio.gather(
                 *(
-                    self._on(n, lambda s: s.ready_heads(namespace, queues, want, worker_id))
+                    self._on(
+                        n,
+                        lambda s: s.ready_heads(
+                            namespace, queues, want, worker_id, keyed=keyed, now=now
+                        ),
+                    )
                     for n in others
                 ),
                 return_exceptions=True,
@@ -177,7 +202,7 @@ class ShardClaims(ByTaskId):
             return out
 
         claimed, heads = await asyncio.gather(
-            self._claim_one(namespace, queues, worker_id, want, now, budget[0], sole),
+            self._claim_one(namespace, queues, worker_id, want, now, budget[0], sole, keyed),
             heads_elsewhere(),
             return_exceptions=True,
         )
@@ -205,11 +230,14 @@ class ShardClaims(ByTaskId):
         now: datetime,
         max_bytes: int,
         shard: str,
+        keyed: frozenset[tuple[str, str]] = frozenset(),
     ) -> list[Task]:
         """One shard's claim of up to ``want`` within ``max_bytes`` (the first always comes)."""
         return await self._on(
             shard,
-            lambda s: s.claim(namespace, queues, worker_id, want, now, max_bytes=max(1, max_bytes)),
+            lambda s: s.claim(
+                namespace, queues, worker_id, want, now, keyed=keyed, max_bytes=max(1, max_bytes)
+            ),
         )
 
     async def _claim_shares(
@@ -220,6 +248,7 @@ class ShardClaims(ByTaskId):
         now: datetime,
         max_bytes: int,
         shares: Mapping[str, tuple[int, int]],
+        keyed: frozenset[tuple[str, str]] = frozenset(),
     ) -> list[Task]:
         """Each shard claims its share concurrently, within its share of ``max_bytes`` (plus
         an even part of what the shares leave), strictly: together never past ``max_bytes``."""
@@ -227,7 +256,14 @@ class ShardClaims(ByTaskId):
 
         def claiming(n: int, b: int) -> Callable[[Store], Awaitable[list[Task]]]:
             return lambda s: s.claim(
-                namespace, queues, worker_id, n, now, max_bytes=b + spare, strict_bytes=True
+                namespace,
+                queues,
+                worker_id,
+                n,
+                now,
+                keyed=keyed,
+                max_bytes=b + spare,
+                strict_bytes=True,
             )
 
         names = list(shares)

@@ -8,7 +8,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -24,6 +24,7 @@ from chronoq.limits import (
     MAX_PAGE_SIZE,
     TASK_FIXED_BYTES,
     default_debounce_max,
+    task_bytes,
 )
 from chronoq.models import (
     OCTET_STREAM,
@@ -39,6 +40,7 @@ from chronoq.models import (
 )
 from chronoq.routing import new_task_id_bytes, spec_routes, submit_partitions
 from chronoq.saturating import ms_of, shifted
+from chronoq.store import key_claims
 from chronoq.store.bulk import list_filtered
 from chronoq.store.connection import Connected
 from chronoq.store.keyed import submit_keyed
@@ -551,6 +553,7 @@ class TaskStatements(Connected):
         now: datetime,
         *,
         limited: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+        keyed: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
         max_bytes: int = MAX_ANSWER_BYTES,
         strict_bytes: bool = False,
     ) -> list[Task]:
@@ -559,7 +562,10 @@ class TaskStatements(Connected):
         The claim stops before its tasks pass ``max_bytes`` in an answer (it always takes one,
         if any is ready, unless ``strict_bytes``), so what it leases can be sent. Queues in
         ``limited`` have a cluster-wide dispatch limit: tokens are taken from their bucket
-        first, and the ones a claim did not use are given back.
+        first, and the ones a claim did not use are given back. Queues in ``keyed`` limit
+        their tasks per concurrency key (``chronoq.store.key_claims``); the plain claim
+        statement takes no task of a queue whose settings limit it per key, so a caller that
+        does not know a queue is keyed yet claims nothing from it, never past its limits.
         """
         async with self.connection() as conn:
             caps = []
@@ -574,9 +580,14 @@ class TaskStatements(Connected):
             if not any(caps):
                 return []
             budget = -max_bytes if strict_bytes else max_bytes  # negative: strict (claim)
-            rows = await self._claim_rows(
-                conn, namespace, queues, max_tasks, worker_id, now, caps, budget
-            )
+            if keyed and any((namespace, queue) in keyed for queue in queues):
+                rows = await self._claim_split(
+                    conn, namespace, queues, keyed, max_tasks, worker_id, now, caps, budget
+                )
+            else:
+                rows = await self._claim_rows(
+                    conn, namespace, queues, max_tasks, worker_id, now, caps, budget
+                )
             for queue, cap in zip(queues, caps, strict=True):
                 if (namespace, queue) in limited:
                     used = sum(1 for r in rows if r["queue"] == queue)
@@ -586,18 +597,110 @@ class TaskStatements(Connected):
         tasks.sort(key=lambda t: (-t.priority, t.run_at))
         return tasks
 
+    async def _claim_split(
+        self,
+        conn: Any,
+        namespace: str,
+        queues: Sequence[str],
+        keyed: set[tuple[str, str]] | frozenset[tuple[str, str]],
+        max_tasks: int,
+        worker_id: str,
+        now: datetime,
+        caps: list[int],
+        budget: int,
+    ) -> list[Any]:
+        """A claim of keyed and plain queues: the plain ones' statement first, then the keyed
+        ones' transaction for what is left of ``max_tasks`` and of the byte ``budget``."""
+        pairs = list(zip(queues, caps, strict=True))
+        plain = [(qn, c) for qn, c in pairs if (namespace, qn) not in keyed]
+        rows: list[Any] = []
+        if plain and any(c for _qn, c in plain):
+            rows = await self._claim_rows(
+                conn,
+                namespace,
+                [qn for qn, _ in plain],
+                max_tasks,
+                worker_id,
+                now,
+                [c for _, c in plain],
+                budget,
+            )
+        used = sum(task_bytes(task_of(r)) for r in rows)
+        left = abs(budget) - used
+        if len(rows) >= max_tasks or (rows and left <= 0):
+            return rows
+        # Once a task is in the answer the rest must fit: strict (negative) from then on.
+        rest = -left if rows or budget < 0 else left
+        mine = [(qn, c) for qn, c in pairs if (namespace, qn) in keyed]
+        names, mine_caps = [qn for qn, _ in mine], [c for _, c in mine]
+        args = (namespace, names, mine_caps, worker_id, max_tasks - len(rows), now)
+        try:
+            got = await self._claim_keyed(conn, *args, rest)
+        except POISON as exc:
+            why = reason(f"its attempt counter is at its end, no claim can take it: {exc}")
+            if not await conn.fetch(self._q("quarantine_unclaimable"), namespace, names, now, why):
+                raise
+            got = await self._claim_keyed(conn, *args, rest)
+        return rows + got
+
+    async def _claim_keyed(
+        self,
+        conn: Any,
+        namespace: str,
+        queues: list[str],
+        caps: list[int],
+        worker_id: str,
+        max_tasks: int,
+        now: datetime,
+        max_bytes: int,
+    ) -> list[Any]:
+        return await key_claims.claim_keyed(
+            conn,
+            self.map_version,
+            self.key_cursors,
+            namespace,
+            queues,
+            caps,
+            worker_id,
+            max_tasks,
+            now,
+            self.lease_bounds_ms,
+            max_bytes,
+            TASK_FIXED_BYTES,
+        )
+
     async def ready_heads(
-        self, namespace: str, queues: Sequence[str], most: int, worker_id: str
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        most: int,
+        worker_id: str,
+        *,
+        keyed: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
+        now: datetime | None = None,
     ) -> list[tuple[int, datetime, int]]:
         """The first ``most`` READY tasks of ``queues`` in claim order, read without locks:
-        (priority, run_at, bytes in a claim's answer for ``worker_id``)."""
+        (priority, run_at, bytes in a claim's answer for ``worker_id``). Of a queue in
+        ``keyed``, only the tasks a claim could start at ``now`` (``key_claims.key_heads``)."""
         if not queues or most < 1:
             return []
+        mine = [qn for qn in queues if (namespace, qn) in keyed]
+        plain = [qn for qn in queues if (namespace, qn) not in keyed]
+        rows: list[Any] = []
         async with self.connection() as conn:
-            rows = await conn.fetch(
-                q("ready_heads"), namespace, list(queues), most, worker_id, TASK_FIXED_BYTES
-            )
-        return [(r["priority"], r["run_at"], r["bytes"]) for r in rows]
+            if plain:
+                rows += await conn.fetch(
+                    q("ready_heads"), namespace, plain, most, worker_id, TASK_FIXED_BYTES
+                )
+            if mine:
+                at = now if now is not None else datetime.now(UTC)
+                rows += await key_claims.key_heads(
+                    conn, self.key_cursors, namespace, mine, most, worker_id, at, TASK_FIXED_BYTES
+                )
+        heads = [(r["priority"], r["run_at"], r["bytes"]) for r in rows]
+        if plain and mine:
+            heads.sort(key=lambda h: (-h[0], h[1]))
+        return heads[:most]
 
     async def _claim_rows(
         self,
@@ -681,17 +784,17 @@ class TaskStatements(Connected):
         """
         ids, tokens = _lease_columns(leases)
         async with self.connection() as conn:
-            ok = {
-                str(r["id"])
-                for r in await conn.fetch(self._q("complete"), namespace, ids, tokens, now)
-            }
+            done = await conn.fetch(self._q("complete"), namespace, ids, tokens, now)
+            ok = {str(r["id"]) for r in done}
+            # This ack freed a slot of its task's concurrency key: its queue.
+            freed = {str(r["id"]): r["queue"] for r in done if r["keyed"]}
             # Read after the update, so a repeat that raced the first ack sees its commit.
             ok |= await _completed_by(conn, namespace, leases, ok)
             misses = await _explain_misses(conn, namespace, leases, ok)
         out = []
         for lease in leases:
             if lease.task_id in ok:
-                out.append(AckOutcome(lease.task_id, True))
+                out.append(AckOutcome(lease.task_id, True, freed=freed.get(lease.task_id)))
             else:
                 miss, why = misses[lease.task_id]
                 out.append(AckOutcome(lease.task_id, False, why, reason=miss))

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
+
 from chronoq.bench.raw import (
+    BenchError,
     copy_tasks,
 )
 from chronoq.bench.throughput.measure import (
@@ -20,8 +23,35 @@ from chronoq.bench.throughput.measure import (
 )
 from chronoq.bench.throughput.results import Context, EndToEndRun
 from chronoq.bench.throughput.workers import running_workers
+from chronoq.buckets import DEFAULT_BUCKET_SECONDS, bucket_of
 from chronoq.config import NodeSettings
+from chronoq.diagnostics.task_rows import QUEUE
 from chronoq.node import Node
+
+
+async def keyed_queue(dsn: str, keys: int, due: datetime) -> None:
+    """Their queue limited to one running task per key (as ``chronoq queue set
+    --max-running-per-key 1`` does), then the tasks (due in an hour: nothing fires them
+    meanwhile) spread over ``keys`` concurrency keys and due at ``due``, in one write."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO queue_settings (namespace, queue, max_running_per_key, updated_at)"
+            " VALUES ('default', $1, 1, now())",
+            QUEUE,
+        )
+        await conn.execute(
+            "UPDATE tasks SET concurrency_key = 'key-' || (abs(hashtext(id::text)) % $1),"
+            " run_at = $2, bucket = $3",
+            keys,
+            due,
+            bucket_of(due, DEFAULT_BUCKET_SECONDS),
+        )
+        await conn.execute("ANALYZE tasks")
+    finally:
+        await conn.close()
+    if datetime.now(UTC) >= due:
+        raise BenchError("the tasks came due before their keys were set: use fewer tasks")
 
 
 async def phase_e2e(ctx: Context) -> None:
@@ -38,17 +68,25 @@ async def phase_e2e(ctx: Context) -> None:
         )
 
 
-async def end_to_end(ctx: Context, layout: str, *, on: str | None = None) -> EndToEndRun:
+async def end_to_end(
+    ctx: Context, layout: str, *, on: str | None = None, keys: int = 0
+) -> EndToEndRun:
     """One end-to-end run, on a fresh database or on ``on``, a table the backlog phase
-    loaded once and measures several times."""
+    loaded once and measures several times. ``keys``: every task gets one of that many
+    concurrency keys, and the queue runs one task of a key at a time (``phase_keys``)."""
     opts = ctx.opts
-    async with measured_on(ctx.db, "e2e_" + layout.replace("-", "_"), on) as dsn:
+    name = "e2e_" + layout.replace("-", "_") + (f"_keys_{keys}" if keys else "")
+    async with measured_on(ctx.db, name, on) as dsn:
         node = Node(NodeSettings(dsn=dsn, port=0))
         await node.start()
         try:
             async with running_workers(opts, layout, node.address) as results:
                 due = datetime.now(UTC) + timedelta(seconds=2)
-                await copy_tasks(dsn, opts.tasks, due, timedelta(0))
+                if keys:  # loaded due later, keyed and made due in one write nothing races
+                    await copy_tasks(dsn, opts.tasks, due + timedelta(hours=1), timedelta(0))
+                    await keyed_queue(dsn, keys, datetime.now(UTC) + timedelta(seconds=3))
+                else:
+                    await copy_tasks(dsn, opts.tasks, due, timedelta(0))
                 xacts_before = await transactions(dsn)
                 cpu_before = cpu_now(results.pids, ctx.postgres)
                 await wait_for_count(

@@ -15,7 +15,7 @@ from chronoq.bench.raw import (
     RawCeilings,
 )
 
-PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss", "backlog", "shards")
+PHASES = ("raw", "submit", "fire", "e2e", "lateness", "rss", "keys", "backlog", "shards")
 
 
 #: What runs unless ``phases`` says otherwise: all but the backlog phase (minutes of loading)
@@ -84,6 +84,24 @@ class FireRun:
     tasks_per_s: float
     statements: int
     ticks: int
+
+
+@dataclass
+class KeyedRun:
+    """The end-to-end run with every task under one of ``keys`` concurrency keys of its queue
+    (``max_running_per_key`` = ``limit``), beside the same run without keys."""
+
+    keys: int
+    limit: int
+    plain: EndToEndRun
+    keyed: EndToEndRun
+
+    @property
+    def cost(self) -> float:
+        """The share of the plain run's rate that the keys cost (0.2: 20 % slower)."""
+        if self.plain.tasks_per_s <= 0:
+            return 0.0
+        return 1 - self.keyed.tasks_per_s / self.plain.tasks_per_s
 
 
 @dataclass
@@ -213,6 +231,7 @@ class Report:
     rss: list[RssRun] = field(default_factory=list)
     backlog: list[BacklogRun] = field(default_factory=list)
     shards: list[ShardRun] = field(default_factory=list)
+    keyed: list[KeyedRun] = field(default_factory=list)
 
     def best_end_to_end(self) -> EndToEndRun | None:
         return max(self.end_to_end, key=lambda r: r.tasks_per_s, default=None)

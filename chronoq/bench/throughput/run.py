@@ -26,6 +26,7 @@ from chronoq.bench.throughput.backlog import phase_backlog
 from chronoq.bench.throughput.ceilings import phase_raw
 from chronoq.bench.throughput.e2e import phase_e2e
 from chronoq.bench.throughput.fire import phase_fire
+from chronoq.bench.throughput.keys import phase_keys
 from chronoq.bench.throughput.lateness import phase_lateness
 from chronoq.bench.throughput.results import (
     DEFAULT_PHASES,
@@ -91,8 +92,9 @@ def main(
         lateness_seconds: How long tasks keep coming due in the lateness phase.
         submitters: Comma-separated counts of concurrent submitters in the submit phase.
         layouts: Worker layouts to try end to end: ``in-process``, ``processes``.
-        phases: Which phases to run: raw, submit, fire, e2e, lateness, rss (the default), and
-            backlog.
+        phases: Which phases to run: raw, submit, fire, e2e, lateness, rss, keys (the
+            default: end to end under 1,000 concurrency keys of limit 1, beside the same run
+            without keys), and backlog.
         rss_settle_seconds: How long a node runs its firing loop before its memory is read.
         protocol: How workers get tasks: ``stream`` (the streaming protocol), ``riding``
             (long-polls and claims riding on acks, the protocol before streams) or ``claims``
@@ -233,7 +235,7 @@ async def run(
     phases: dict[str, Callable[[Context], Any]] = {
         "raw": phase_raw, "submit": phase_submit, "fire": phase_fire, "e2e": phase_e2e,
         "lateness": phase_lateness, "rss": phase_rss, "backlog": phase_backlog,
-        "shards": phase_shards,
+        "shards": phase_shards, "keys": phase_keys,
     }
     for i, name in enumerate(opts.phases, 1):
         console.rule(f"[{i}/{len(opts.phases)}] {name}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from chronoq.clock import Clock
 from chronoq.coordinator.protocols import Ownership
-from chronoq.effects import Effects, of_tasks
+from chronoq.effects import Effects, freed, of_tasks
 from chronoq.models import Task, TaskState
 from chronoq.node.metrics import NodeMetrics
 from chronoq.store.port import ByPartition
@@ -71,5 +71,6 @@ class Reaper:
             self._metrics.reaped.inc(len(batch))
             self._metrics.dead.inc(sum(1 for t in batch if t.state is TaskState.DEAD))
         # Only tasks ready now wake anyone (one waiter each): a retry with a backoff goes to
-        # the wheel and is announced when it fires, a dead task never.
-        self._on_effects(of_tasks(batch))
+        # the wheel and is announced when it fires, a dead task never; but a task with a
+        # concurrency key frees its key's slot, which wakes a waiter of its queue.
+        self._on_effects(of_tasks(batch).merge(freed(batch)))
