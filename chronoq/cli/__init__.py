@@ -35,6 +35,7 @@ from chronoq.cli import (  # noqa: E402
     bench,
     chaos,
     console,
+    counts,
     dev,
     etcd,
     node,
@@ -144,6 +145,7 @@ node.register(app)
 etcd.register(app)
 tasks.register(app)
 schedules.register(app)
+counts.register(app)
 status.register(app)
 store.register(app)
 worker.register(app)

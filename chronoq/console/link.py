@@ -22,7 +22,6 @@ from chronoq import errors
 from chronoq.client import Client, ClusterStatus
 from chronoq.console.samples import NodeSample, Sample, SampleRing
 from chronoq.console.views import (
-    COUNTED_STATES,
     QueueTally,
     in_window,
     iso,
@@ -31,7 +30,7 @@ from chronoq.console.views import (
     task_detail,
     task_summary,
 )
-from chronoq.limits import MAX_COUNTED_TASKS, MAX_REQUEUE_IDS, check_name
+from chronoq.limits import MAX_REQUEUE_IDS, check_name
 from chronoq.models import TaskState
 from chronoq.targets import node_targets
 
@@ -261,14 +260,9 @@ class ClusterLink:
         if cached is not None and time.monotonic() - cached.at < QUEUE_TALLY_SECONDS:
             return cached.result
         tally = QueueTally()
-        limits, counts = await asyncio.gather(
-            client.queue_limits(), client.count_tasks(COUNTED_STATES)
-        )
-        tally.add(counts)
-        status_now = self.status.now if self.status is not None else None
-        now = status_now or datetime.now().astimezone()
-        result = {"namespace": client.namespace, "count_limit": MAX_COUNTED_TASKS,
-                  **tally.as_json(limits, now)}
+        limits, counts = await asyncio.gather(client.queue_limits(), client.queue_counts())
+        tally.take(counts)
+        result = {"namespace": client.namespace, **tally.as_json(limits, counts.now)}
         if len(self._tallies) >= MAX_NAMESPACE_CLIENTS:
             self._tallies.clear()
         self._tallies[namespace] = _Tally(time.monotonic(), result)

@@ -1,7 +1,7 @@
 """What the console's pages show, as JSON-ready dicts: tasks, schedules, queues, shards. Pure.
 
-The queues page shows the counts the node took from an index (``CountTasks``), per queue and
-state (``QueueTally``), and says which states were counted only up to the bound.
+The queues page shows the counts the partition owners keep (``QueueCounts``), per queue and
+state (``QueueTally``), with each queue's oldest READY task and as of when they were counted.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from chronoq.client.values import MoveStatus, ShardMapStatus
 from chronoq.limits import KEPT_FINISHED_MOVES, MAX_OPEN_MOVES
 from chronoq.models import QueueCounts, Schedule, Task, TaskState
+from chronoq.queuecounts import QueueSnapshot
 from chronoq.recurrence import Cron, Every, next_fire
 from chronoq.redact import mask_dsn
 from chronoq.shardmap import MAX_SHARDS
@@ -146,6 +147,17 @@ class QueueTally:
 
     rows: dict[str, QueueRow] = field(default_factory=dict)
     cut_states: set[TaskState] = field(default_factory=set)  # counted only in part
+    kept: QueueSnapshot | None = None  # the owners' counts, when taken from QueueCounts
+
+    def take(self, snap: QueueSnapshot) -> None:
+        """Take the counts the owners keep (every queue's, exact as of ``snap.as_of``)."""
+        self.kept = snap
+        for t in snap.queues:
+            row = self.rows.setdefault(t.queue, QueueRow(t.queue))
+            c = t.counts
+            row.counts = {"scheduled": c.scheduled, "ready": c.ready, "running": c.running,
+                          "dead": c.dead}
+            row.oldest_ready = t.oldest_ready_at
 
     def add(self, counts: QueueCounts) -> None:
         """Take the node's counts; a queue's ready age is that of its earliest ``run_at``
@@ -163,9 +175,18 @@ class QueueTally:
         for queue, (rate, burst) in limits.items():
             row = self.rows.setdefault(queue, QueueRow(queue))
             row.rate, row.burst = rate, burst
+        kept = self.kept
         return {
             "states": [state_name(s) for s in COUNTED_STATES],
             "cut_states": sorted(state_name(s) for s in self.cut_states),
+            "as_of": kept.as_of.isoformat() if kept and kept.as_of else None,
+            "staleness_s": (
+                kept.staleness.total_seconds()
+                if kept is not None and kept.staleness is not None
+                else None
+            ),
+            "uncounted_partitions": kept.uncounted_partitions if kept else 0,
+            "truncated": kept.truncated if kept else False,
             "queues": [
                 {
                     "queue": row.queue,

@@ -256,7 +256,11 @@ class Node(NodeServices, NodeLoops):
             interval=s.queue_counts_interval.total_seconds(),
         )
         self.queue_gauges = QueueGauges(
-            self.store, self.clock, leads=self.ownership.leads, queues=s.metrics_queues
+            self.store,
+            self.clock,
+            leads=self.ownership.leads,
+            queues=s.metrics_queues,
+            interval=2.5 * s.queue_counts_interval.total_seconds(),
         )
         if (
             s.cluster is not None

@@ -157,3 +157,62 @@ async def test_a_recount_keeps_its_bound_of_queues_and_reads_the_index_only(
         rows = await conn.fetch("EXPLAIN " + q("recount_queue_counts"), [3, 4], 1000)
     plan = "\n".join(r[0] for r in rows)
     assert "Index Only Scan using tasks_partition_states" in plan, plan
+
+
+async def test_the_typescript_client_reads_queue_counts(make_node: NodeFactory) -> None:
+    import json
+    import shutil
+    import subprocess
+
+    from tests.integration.test_typescript_client import BUILD_TIMEOUT, FOLDER, RUN_TIMEOUT
+
+    node_js, npx = shutil.which("node"), shutil.which("npx")
+    if not (node_js and npx and (FOLDER / "node_modules" / ".bin" / "tsc").exists()):
+        pytest.skip("Node.js and the client's node_modules are needed (.ci/run installs them)")
+    compiled = await asyncio.to_thread(
+        subprocess.run, [npx, "tsc", "-p", "."], cwd=FOLDER, capture_output=True, text=True,
+        timeout=BUILD_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    node = await make_node(**FAST)
+    proc = await asyncio.create_subprocess_exec(
+        node_js, str(FOLDER / "dist" / "examples" / "counts.js"), node.address, "ts-ns",
+        cwd=FOLDER, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stdout.decode() + stderr.decode()
+    report = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert report == {
+        "queue": "ts-counts",
+        "counts": {"scheduled": 0, "ready": 3, "running": 0, "dead": 0},
+        "oldestReady": True,
+        "fresh": True,
+    }
+
+
+async def test_the_cli_shows_the_counts_as_a_table_and_as_json(make_node: NodeFactory) -> None:
+    import json
+
+    from tests.integration.test_cli import cli, failed, ok
+
+    node = await make_node(**FAST)
+    client = Client(node.address, timeout=10)
+    try:
+        await client.submit_many([NewTask(queue="emails") for _ in range(2)])
+        await counted_after(client, datetime.now(UTC))
+    finally:
+        await client.close()
+    address = ["--address", node.address]
+    data = json.loads(ok(await cli("queues", "--json", *address)))
+    (emails,) = data["queues"]
+    assert emails["queue"] == "emails"
+    assert emails["counts"] == {"scheduled": 0, "ready": 2, "running": 0, "dead": 0}
+    assert emails["oldest_ready_age"] >= 0 and data["as_of"] and data["staleness"] >= 0
+    table = ok(await cli("queues", *address))
+    assert "emails" in table and "as of" in table and "total" in table
+    failed(await cli("queues", "bad queue!", *address), 1, "queues")

@@ -38,6 +38,8 @@ from chronoq.console.views import (
     task_summary,
 )
 from chronoq.models import QueueCount, QueueCounts, Schedule, ScheduleSpec, Task, TaskState
+from chronoq.queuecounts import QueueSnapshot, StateCounts
+from chronoq.queuecounts import QueueTally as KeptTally
 from chronoq.recurrence import Every
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -225,6 +227,28 @@ def test_queue_tally_counts_states_ready_age_and_limits() -> None:
     assert rows["a"]["ready_age_s"] == 30.0 and rows["b"]["ready_age_s"] is None
     assert rows["c"]["rate"] == 5.0 and out["cut_states"] == ["ready"]
     assert out["states"] == [s.name.lower() for s in COUNTED_STATES]
+
+
+def test_queue_tally_takes_the_counts_the_owners_keep() -> None:
+    snap = QueueSnapshot(
+        queues=(
+            KeptTally("a", StateCounts(ready=2, dead=1), NOW - timedelta(seconds=30)),
+            KeptTally("b", StateCounts(scheduled=4)),
+        ),
+        other=StateCounts(),
+        totals=StateCounts(scheduled=4, ready=2, dead=1),
+        truncated=False,
+        as_of=NOW - timedelta(seconds=3),
+        now=NOW,
+    )
+    tally = QueueTally()
+    tally.take(snap)
+    out = tally.as_json({}, NOW)
+    rows = {r["queue"]: r for r in out["queues"]}
+    assert rows["a"]["counts"] == {"scheduled": 0, "ready": 2, "running": 0, "dead": 1}
+    assert rows["a"]["ready_age_s"] == 30.0 and rows["b"]["ready_age_s"] is None
+    assert out["staleness_s"] == 3.0 and out["as_of"] == (NOW - timedelta(seconds=3)).isoformat()
+    assert out["uncounted_partitions"] == 0 and not out["truncated"]
 
 
 def test_next_occurrences_of_an_interval_schedule() -> None:

@@ -337,10 +337,15 @@ async function loadQueues() {
   const q = await api("/api/queues", { namespace: namespace() });
   banner("");
   body.dataset.ready = "true";
-  document.getElementById("queues-note").textContent = q.cut_states.length
-    ? `Counted up to ${q.count_limit} tasks (and 1000 queues) per state; more exist in: ` +
-      q.cut_states.join(", ")
-    : "Counts of the tasks not yet final, per state.";
+  const notes = [q.as_of
+    ? `Counts of the tasks not yet final, per state, kept by the partition owners: as of ` +
+      `${q.as_of} (${fmtAge(q.staleness_s)} ago).`
+    : "No partition has been counted yet."];
+  if (q.uncounted_partitions) {
+    notes.push(`${q.uncounted_partitions} partitions not counted yet: their tasks are missing.`);
+  }
+  if (q.truncated) notes.push("More queues exist than are shown (the first 1000, by name).");
+  document.getElementById("queues-note").textContent = notes.join(" ");
   replace("queues", table(["queue", ...q.states, "ready age", "limit", ""],
     q.queues.map((r) => el("tr", { "data-queue": r.queue },
       el("td", {}, el("a", { href: link("/tasks", { queue: r.queue }), text: r.queue })),

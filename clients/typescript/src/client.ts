@@ -6,6 +6,7 @@ import { credentials, Metadata, status, type ServiceError } from "@grpc/grpc-js"
 import { type Duration } from "./generated/google/protobuf/duration";
 import {
   MisfirePolicy,
+  type QueueCountsResponse,
   type Task,
   TaskServiceClient,
   TaskSpec,
@@ -13,7 +14,7 @@ import {
 } from "./generated/chronoq/v1/tasks";
 import { WorkerServiceClient, type HeartbeatResult, type AckResult } from "./generated/chronoq/v1/worker";
 
-export { MisfirePolicy, TaskState, type Task };
+export { MisfirePolicy, TaskState, type QueueCountsResponse, type Task };
 
 export const OCTET_STREAM = "application/octet-stream";
 export const APPLICATION_JSON = "application/json";
@@ -169,6 +170,16 @@ export class Client {
 
   get(id: string): Promise<Task> {
     return this.call(this.tasks.getTask as Unary<unknown, Task>, this.tasks, { namespace: this.namespace, id });
+  }
+
+  /**
+   * This namespace's tasks per queue and state and each queue's oldest READY task, summed from
+   * the counts the partition owners keep (cheap whatever the backlog). `asOf`: the oldest count
+   * summed; `queues` (at most 100): only these; `labelKey`: also per value of that label.
+   */
+  queueCounts(queues: string[] = [], labelKey = ""): Promise<QueueCountsResponse> {
+    const request = { namespace: this.namespace, queues, labelKey };
+    return this.call(this.tasks.queueCounts as Unary<unknown, QueueCountsResponse>, this.tasks, request);
   }
 
   async claim(queues: string[], workerId: string, maxTasks: number, waitMs: number): Promise<Task[]> {
