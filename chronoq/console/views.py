@@ -16,7 +16,7 @@ from chronoq.limits import KEPT_FINISHED_MOVES, MAX_OPEN_MOVES
 from chronoq.models import QueueCounts, Schedule, Task, TaskState
 from chronoq.queuecounts import QueueSnapshot
 from chronoq.recurrence import Cron, Every, next_fire
-from chronoq.redact import mask_dsn
+from chronoq.redact import mask_dsn, mask_text
 from chronoq.shardmap import MAX_SHARDS
 
 #: States whose tasks the queues page counts (final states grow forever: not counted).
@@ -211,7 +211,7 @@ def shard_map_view(shard_map: ShardMapStatus | None, node_id: str) -> dict[str, 
         "ok": True,
         "answered_by": node_id,
         "version": shard_map.version,
-        "error": masked_text(shard_map.error[:ERROR_PREVIEW]),
+        "error": _preview(shard_map.error),
         "shards": [
             {
                 "name": s.name,
@@ -225,10 +225,16 @@ def shard_map_view(shard_map: ShardMapStatus | None, node_id: str) -> dict[str, 
         ],
         "shards_cut": len(shard_map.shards) > MAX_SHARDS,
         "moves_in_progress": shard_map.moves_in_progress,
-        "moves_error": masked_text(shard_map.moves_error[:ERROR_PREVIEW]),
+        "moves_error": _preview(shard_map.moves_error),
         "moves": [move_row(m) for m in shard_map.moves[:MAX_SHOWN_MOVES]],
         "moves_cut": len(shard_map.moves) > MAX_SHOWN_MOVES,
     }
+
+
+def _preview(error: str) -> str:
+    """An error's first characters, its DSN passwords masked first (a cut through a DSN
+    would leave a password without the ``@`` that shows where it ends)."""
+    return mask_text(error)[:ERROR_PREVIEW]
 
 
 def move_row(move: MoveStatus) -> dict[str, Any]:
@@ -241,11 +247,5 @@ def move_row(move: MoveStatus) -> dict[str, Any]:
         "rows_copied": move.rows_copied,
         "rounds": move.rounds,
         "driver": move.driver,
-        "error": masked_text(move.error[:ERROR_PREVIEW]),
+        "error": _preview(move.error),
     }
-
-
-def masked_text(text: str) -> str:
-    """A message with the password of any DSN in it masked: ``password=`` pairs in the whole
-    text, and each word that is a URL (a DSN quoted inside an error)."""
-    return " ".join(mask_dsn(word) for word in mask_dsn(text).split(" "))

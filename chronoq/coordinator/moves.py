@@ -36,6 +36,7 @@ from chronoq.moves import (
     cut_over_groups,
     recovery,
 )
+from chronoq.redact import mask_text
 from chronoq.shardmap import Move, ShardMapConflict, ShardMapInvalid, format_partitions
 from chronoq.store.mover import FreezeOverrun
 
@@ -222,7 +223,8 @@ class MoveDriver:
             raise
         except (ChronoqError, OSError) as exc:
             # A shard or etcd failed, or the map changed under the move: undo it.
-            reason = exc.message if isinstance(exc, ChronoqError) else str(exc)
+            # A shard's error may quote its DSN: the record is shown by Status and the console.
+            reason = mask_text(exc.message if isinstance(exc, ChronoqError) else str(exc))
             log.warning("move %s failed in phase %s: %s", rec.id, rec.phase.value, reason)
             latest = await self._book.get(rec.id)
             if latest is not None and latest.record.phase in AFTER_COMMIT:

@@ -26,7 +26,7 @@ from typing import Generic, Protocol, TypeVar
 from chronoq.config import NodeSettings
 from chronoq.coordinator.protocols import Ownership
 from chronoq.errors import ChronoqError
-from chronoq.redact import MASK, mask_dsn, split_password
+from chronoq.redact import MASK, mask_dsn, mask_text, split_password
 from chronoq.shardmap import ShardMap, shard_number
 from chronoq.supervision import Loop, Supervisor
 
@@ -107,7 +107,7 @@ class ShardStores(Generic[S]):
         try:
             store = await self._opener(name, dsn, holds_at_start(name, self._current()))
         except ChronoqError as exc:
-            raise ChronoqError(f"store {name} ({mask_dsn(dsn)}): {exc.message}") from exc
+            raise ChronoqError(f"store {name} ({mask_dsn(dsn)}): {mask_text(exc.message)}") from exc
         return store
 
     async def open_missing(self) -> list[str]:

@@ -14,6 +14,7 @@ import asyncpg
 from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS
 from chronoq.errors import ConfigError, PartitionMoved, StoreUnavailable
 from chronoq.limits import Limits
+from chronoq.redact import mask_text
 from chronoq.saturating import LONGEST, clamp, ms_of
 from chronoq.store import password_guard
 from chronoq.store.key_claims import KeyCursors
@@ -67,7 +68,8 @@ def _translated() -> Iterator[None]:
         raise
     except UNAVAILABLE as exc:
         raise StoreUnavailable(
-            f"PostgreSQL unavailable: {type(exc).__name__}: {exc}; {UNKNOWN_OUTCOME}"
+            f"PostgreSQL unavailable: {type(exc).__name__}: {mask_text(str(exc))}; "
+            f"{UNKNOWN_OUTCOME}"
         ) from exc
 
 
