@@ -1504,6 +1504,14 @@ done AS (
         fire_token = NULL, retry_base = t.attempt, lease_until = NULL, worker_id = NULL
     WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
       AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
+      -- A dead task whose unique key a pending task holds stays DEAD (requeued, both would
+      -- be pending: tasks_unique_pending); of a key's dead tasks in one batch, the first only.
+      AND (t.unique_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM tasks o
+          WHERE o.namespace = t.namespace AND o.partition = t.partition
+            AND o.unique_key = t.unique_key
+            AND (o.state IN (0, 1, 2)
+                 OR (o.id < t.id AND o.id = ANY(ARRAY(SELECT id FROM pick))))))
       AND (SELECT chronoq_hold_ids(ARRAY(SELECT id FROM pick), {{map_version}}))
     RETURNING t.queue
 )

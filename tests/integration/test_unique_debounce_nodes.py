@@ -22,9 +22,10 @@ from chronoq.api import convert
 from chronoq.api.v1 import tasks_pb2, tasks_pb2_grpc
 from chronoq.client import Client, NewTask, TaskContext, Worker
 from chronoq.clock import ManualClock
-from chronoq.models import Lease, Task, TaskState
+from chronoq.models import Lease, Task, TaskSpec, TaskState
 from chronoq.node import Node
 from chronoq.store import Store
+from chronoq.taskfilter import BulkAction, TaskFilter
 from tests.integration.conftest import NodeFactory
 from tests.integration.test_cluster_inproc import cluster, settled
 from tests.integration.test_precise_firing import LONG_TICK, _after_first_tick, _until_ready
@@ -318,3 +319,29 @@ async def test_the_sdk_says_a_repeated_key_created_nothing(client: Client) -> No
         [NewTask(queue="s", unique_key="k", delay=timedelta(hours=1))]
     )
     assert ids == [(first.task.id, False)]
+
+
+async def test_a_bulk_requeue_leaves_dead_a_task_whose_unique_key_is_held(store: Store) -> None:
+    """Requeued, a dead task beside its key's pending task would make two pending: it stays
+    DEAD (the call answers the ones it requeued), and of two dead tasks of one key, the first
+    goes back. The call never fails on the unique index."""
+    now = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
+    dead = []
+    for _ in range(2):
+        (out,) = await store.submit(
+            [TaskSpec(queue="u", run_at=now, unique_key="k", max_attempts=1)], now
+        )
+        (claimed,) = await store.claim("default", ["u"], "w", 1, now)
+        await store.fail("default", Lease(claimed.id, claimed.attempt), "x", now)
+        dead.append(out.task.id)
+    (pending,) = await store.submit([TaskSpec(queue="u", run_at=now, unique_key="k")], now)
+    assert pending.created
+    everything = TaskFilter(queue="u")
+    held = await store.bulk_where(BulkAction.REQUEUE, "default", everything, now)
+    assert held.outcome.count == 0
+    assert {(await store.get(i, "default")).state for i in dead} == {TaskState.DEAD}
+    await store.cancel(pending.task.id, "default", now)
+    freed = await store.bulk_where(BulkAction.REQUEUE, "default", everything, now)
+    assert freed.outcome.count == 1
+    states = {i: (await store.get(i, "default")).state for i in dead}
+    assert states == {min(dead): TaskState.READY, max(dead): TaskState.DEAD}
