@@ -33,6 +33,7 @@ from rich.markup import escape  # noqa: E402
 
 from chronoq.cli import (  # noqa: E402
     bench,
+    bulk,
     chaos,
     console,
     counts,
@@ -144,6 +145,7 @@ dev.register(app)
 node.register(app)
 etcd.register(app)
 tasks.register(app)
+bulk.register(app)
 schedules.register(app)
 counts.register(app)
 status.register(app)

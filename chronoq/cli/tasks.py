@@ -1,4 +1,5 @@
-"""Task commands: submit, get, cancel, list, and the dead-letter queue (``dlq``)."""
+"""Task commands: submit, get, list, and the dead-letter queue (``dlq``); cancel, requeue
+and run-now are ``chronoq.cli.bulk``."""
 
 from __future__ import annotations
 
@@ -72,7 +73,6 @@ def register(app: typer.Typer) -> None:
     """Add the task commands to ``app``."""
     app.command()(submit)
     app.command()(get)
-    app.command()(cancel)
     app.command("list")(list_tasks)
     app.add_typer(dlq_app, name="dlq")
 
@@ -318,25 +318,16 @@ def get(
         out.print(task_table(task))
 
 
-def cancel(
-    task_id: Annotated[str, typer.Argument(metavar="ID", help="Task id.")],
-    as_json: JsonOpt = False,
-    address: AddressOpt = DEFAULT_ADDRESS,
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
-) -> None:
-    """Cancel a task that has not finished (a running worker learns it by heartbeat).
-
-    Example: chronoq cancel 0b6f6a1e-8d4c-4c3a-9a57-3c1f0e7b1d2a
-    """
-    task = call(address, namespace, lambda c: c.cancel(task_id))
-    if as_json:
-        print_json(task)
-    else:
-        out.print(f"{task.id} {state(task.state)}")
-
-
 async def _collect(
-    client: Client, *, queue: str | None, state: TaskState | None, dead: bool, limit: int
+    client: Client,
+    *,
+    queue: str | None,
+    state: TaskState | None,
+    dead: bool,
+    limit: int,
+    labels: dict[str, str] | None = None,
+    run_at_from: datetime | None = None,
+    run_at_to: datetime | None = None,
 ) -> list[Task]:
     tasks: list[Task] = []
     token = ""
@@ -347,6 +338,9 @@ async def _collect(
             dead=dead,
             page_token=token,
             page_size=min(PAGE_SIZE, limit - len(tasks)),
+            labels=labels,
+            run_at_from=run_at_from,
+            run_at_to=run_at_to,
         )
         tasks += page.tasks
         token = page.next_token
@@ -367,19 +361,58 @@ def list_tasks(
     limit: Annotated[
         int, typer.Option("--limit", envvar=env("LIST_LIMIT"), min=1, help="At most this many.")
     ] = 50,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            envvar=env("LIST_LABEL"),
+            metavar="KEY=VALUE",
+            help="Only tasks carrying this label (repeatable: all must match).",
+        ),
+    ] = None,
+    run_at_from: Annotated[
+        datetime | None,
+        typer.Option(
+            "--run-at-from",
+            envvar=env("LIST_RUN_AT_FROM"),
+            parser=instant,
+            metavar="TIME",
+            help="Only tasks due at or after this ISO 8601 time.",
+        ),
+    ] = None,
+    run_at_to: Annotated[
+        datetime | None,
+        typer.Option(
+            "--run-at-to",
+            envvar=env("LIST_RUN_AT_TO"),
+            parser=instant,
+            metavar="TIME",
+            help="Only tasks due before this ISO 8601 time.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     address: AddressOpt = DEFAULT_ADDRESS,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
 ) -> None:
     """List tasks, ordered by id.
 
-    Example: chronoq list --queue emails --state scheduled --limit 20
+    Example: chronoq list --queue emails --state scheduled --label customer=42 --limit 20
     """
     only = state.state if state else None
+    labels = parse_labels(label) or None
     tasks = call(
         address,
         namespace,
-        lambda c: _collect(c, queue=queue, state=only, dead=False, limit=limit),
+        lambda c: _collect(
+            c,
+            queue=queue,
+            state=only,
+            dead=False,
+            limit=limit,
+            labels=labels,
+            run_at_from=run_at_from,
+            run_at_to=run_at_to,
+        ),
     )
     if as_json:
         print_json(tasks)

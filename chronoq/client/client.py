@@ -6,7 +6,7 @@ import asyncio
 import builtins
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -15,6 +15,7 @@ import grpc
 from chronoq import errors, tracing
 from chronoq.api import convert
 from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
+from chronoq.client.bulk import BulkCalls
 from chronoq.client.counts import QueueCountCalls
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.client.remote import translate
@@ -85,7 +86,7 @@ SPEC_FRAMING_BYTES = 6
 Method = Callable[[NodeStubs], Any]
 
 
-class Client(QueueCountCalls):
+class Client(QueueCountCalls, BulkCalls):
     """Talks to a chronoq node, or to several (any node of a cluster serves every call).
 
     Use ``async with Client("127.0.0.1:7070") as client: await client.submit("emails", delay=...)``.
@@ -313,7 +314,13 @@ class Client(QueueCountCalls):
         page_size: int = 100,
         page_token: str = "",
         dead: bool = False,
+        labels: Mapping[str, str] | None = None,
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
     ) -> Page:
+        """A page of tasks ordered by id: of ``queue``, in ``state``, carrying every one of
+        ``labels``, with run_at in ``[run_at_from, run_at_to)``. Filtered by labels or run_at,
+        a page may hold fewer tasks than ``page_size`` (even none) before its next token."""
         req = tasks_pb2.ListTasksRequest(
             namespace=self.namespace,
             queue=queue or "",
@@ -322,6 +329,9 @@ class Client(QueueCountCalls):
             state=convert.state_to_pb(state)
             if state is not None
             else tasks_pb2.TASK_STATE_UNSPECIFIED,
+            labels=dict(labels or {}),
+            run_at_from=convert.to_timestamp(run_at_from),
+            run_at_to=convert.to_timestamp(run_at_to),
         )
         resp = await self._call(
             (lambda n: n.tasks.ListDead) if dead else (lambda n: n.tasks.ListTasks), req, retry=True
@@ -329,13 +339,18 @@ class Client(QueueCountCalls):
         return Page([convert.task_from_pb(t) for t in resp.tasks], resp.next_page_token)
 
     async def iter_tasks(
-        self, *, queue: str | None = None, state: TaskState | None = None, dead: bool = False
+        self,
+        *,
+        queue: str | None = None,
+        state: TaskState | None = None,
+        dead: bool = False,
+        labels: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Task]:
         """Every matching task, page by page."""
         token = ""
         while True:
             page = await self.list(
-                queue=queue, state=state, page_token=token, dead=dead, page_size=500
+                queue=queue, state=state, page_token=token, dead=dead, page_size=500, labels=labels
             )
             for task in page.tasks:
                 yield task

@@ -18,7 +18,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from chronoq.models import (
 )
 from chronoq.queuecounts import QueueSnapshot
 from chronoq.recurrence import CatchUp
+from chronoq.taskfilter import BulkOutcome
 
 T = TypeVar("T")
 
@@ -202,20 +203,37 @@ class SyncClient:
         page_size: int = 100,
         page_token: str = "",
         dead: bool = False,
+        labels: Mapping[str, str] | None = None,
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
     ) -> Page:
         return self._run(
             self._client.list(
-                queue=queue, state=state, page_size=page_size, page_token=page_token, dead=dead
+                queue=queue,
+                state=state,
+                page_size=page_size,
+                page_token=page_token,
+                dead=dead,
+                labels=labels,
+                run_at_from=run_at_from,
+                run_at_to=run_at_to,
             )
         )
 
     def iter_tasks(
-        self, *, queue: str | None = None, state: TaskState | None = None, dead: bool = False
+        self,
+        *,
+        queue: str | None = None,
+        state: TaskState | None = None,
+        dead: bool = False,
+        labels: Mapping[str, str] | None = None,
     ) -> Iterator[Task]:
         """Every matching task, page by page (a page is fetched when the previous one ends)."""
         token = ""
         while True:
-            page = self.list(queue=queue, state=state, page_token=token, dead=dead, page_size=500)
+            page = self.list(
+                queue=queue, state=state, page_token=token, dead=dead, page_size=500, labels=labels
+            )
             yield from page.tasks
             if not page.next_token:
                 return
@@ -223,6 +241,74 @@ class SyncClient:
 
     def requeue(self, task_ids: Sequence[str]) -> builtins.list[Task]:
         return self._run(self._client.requeue(task_ids))
+
+    def cancel_where(
+        self,
+        *,
+        queue: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        state: TaskState | None = None,
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
+        dry_run: bool = False,
+        max_tasks: int | None = None,
+    ) -> BulkOutcome:
+        """``Client.cancel_where``."""
+        return self._run(
+            self._client.cancel_where(
+                queue=queue,
+                labels=labels,
+                state=state,
+                run_at_from=run_at_from,
+                run_at_to=run_at_to,
+                dry_run=dry_run,
+                max_tasks=max_tasks,
+            )
+        )
+
+    def requeue_where(
+        self,
+        *,
+        queue: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
+        dry_run: bool = False,
+        max_tasks: int | None = None,
+    ) -> BulkOutcome:
+        """``Client.requeue_where``."""
+        return self._run(
+            self._client.requeue_where(
+                queue=queue,
+                labels=labels,
+                run_at_from=run_at_from,
+                run_at_to=run_at_to,
+                dry_run=dry_run,
+                max_tasks=max_tasks,
+            )
+        )
+
+    def run_now_where(
+        self,
+        *,
+        queue: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_at_from: datetime | None = None,
+        run_at_to: datetime | None = None,
+        dry_run: bool = False,
+        max_tasks: int | None = None,
+    ) -> BulkOutcome:
+        """``Client.run_now_where``."""
+        return self._run(
+            self._client.run_now_where(
+                queue=queue,
+                labels=labels,
+                run_at_from=run_at_from,
+                run_at_to=run_at_to,
+                dry_run=dry_run,
+                max_tasks=max_tasks,
+            )
+        )
 
     # ------------------------------------------------------------------ schedules
 

@@ -39,6 +39,7 @@ OWN = {
     "ready_heads",
     "pause_once",  # Schedules: a store of shards releases a paused rate once
     "remove",  # Schedules: a store of shards gives back what the deleted one held
+    "bulk_batch",  # one statement of a bulk walk: a store of shards runs it on every shard
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from chronoq import tracing
-from chronoq.api import convert
+from chronoq.api import convert, filters
 from chronoq.api.spec_batch import SpecChecker
 from chronoq.api.v1 import (
     tasks_pb2,
@@ -63,11 +63,13 @@ from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings, WorkSession, opened
 from chronoq.node.edge import queue_counts
+from chronoq.node.edge.bulk import BulkSlots, bulk_call
 from chronoq.node.edge.status import translated
 from chronoq.node.metrics import NodeMetrics
 from chronoq.ratelimit import Quotas
 from chronoq.store.operator import COUNTABLE_STATES
 from chronoq.store.port import TaskStore
+from chronoq.taskfilter import BulkAction
 from chronoq.timeslice import Timeslice, converted
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -124,6 +126,8 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         super().__init__(*args, **kwargs)
         self._quotas = quotas if quotas is not None else submit_quotas(self._settings)
         self.handoff = handoff
+        #: Bulk calls running per namespace on this node (bounded).
+        self.bulk_slots = BulkSlots()
 
     def _charge(self, specs: list[TaskSpec]) -> None:
         """Take each namespace's share from its submit quota, or refuse the whole request."""
@@ -242,12 +246,16 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
             check_name("queue", request.queue)
         check_range("page_size", request.page_size, 0, MAX_PAGE_SIZE)
         check_text("page_token", request.page_token, MAX_PAGE_TOKEN)
+        where = filters.list_filter(request, state)
         page = await self._store.list_tasks(
             check_name("namespace", convert.namespace_of(request.namespace)),
-            queue=request.queue or None,
+            queue=where.queue,
             state=state,
             page_size=request.page_size or DEFAULT_PAGE_SIZE,
             page_token=request.page_token,
+            labels=where.labels,
+            run_at_from=where.run_at_from,
+            run_at_to=where.run_at_to,
         )
         return tasks_pb2.ListTasksResponse(
             tasks=await converted(page.tasks, convert.task_to_pb), next_page_token=page.next_token
@@ -337,6 +345,37 @@ class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
         )
         self._dispatch.apply(made_ready((t.namespace, t.queue) for t in tasks))
         return tasks_pb2.RequeueResponse(tasks=await converted(tasks, convert.task_to_pb))
+
+    async def _bulk(
+        self, action: BulkAction, request: tasks_pb2.BulkRequest, context: Ctx
+    ) -> tasks_pb2.BulkResponse:
+        return await bulk_call(
+            action,
+            request,
+            context,
+            store=self._store,
+            clock=self._clock,
+            dispatch=self._dispatch,
+            slots=self.bulk_slots,
+        )
+
+    @translated
+    async def CancelWhere(
+        self, request: tasks_pb2.BulkRequest, context: Ctx
+    ) -> tasks_pb2.BulkResponse:
+        return await self._bulk(BulkAction.CANCEL, request, context)
+
+    @translated
+    async def RequeueWhere(
+        self, request: tasks_pb2.BulkRequest, context: Ctx
+    ) -> tasks_pb2.BulkResponse:
+        return await self._bulk(BulkAction.REQUEUE, request, context)
+
+    @translated
+    async def RunNowWhere(
+        self, request: tasks_pb2.BulkRequest, context: Ctx
+    ) -> tasks_pb2.BulkResponse:
+        return await self._bulk(BulkAction.RUN_NOW, request, context)
 
 
 class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):

@@ -36,6 +36,32 @@ export class ChronoqError extends Error {
   }
 }
 
+/** Which tasks of the client's namespace a listing or a bulk operation means. */
+export interface ListFilter {
+  queue?: string;
+  state?: TaskState;
+  /** Every pair must match (at most 16). */
+  labels?: Record<string, string>;
+  runAtFrom?: Date;
+  runAtTo?: Date;
+}
+
+export interface BulkOptions {
+  /** Count the matching tasks, change none. */
+  dryRun?: boolean;
+  /** Stop after this many (the result's `more` says whether some are left). */
+  maxTasks?: number;
+}
+
+/** Tasks changed (a dry run: matched), and whether some may be left (only with maxTasks). */
+export interface BulkResult {
+  count: number;
+  more: boolean;
+}
+
+/** Tasks one bulk call changes at most (the node's bound). */
+const MAX_BULK_TASKS = 100_000;
+
 export interface ClientOptions {
   namespace?: string;
   /** Bearer token for nodes with auth_tokens. */
@@ -170,6 +196,70 @@ export class Client {
 
   get(id: string): Promise<Task> {
     return this.call(this.tasks.getTask as Unary<unknown, Task>, this.tasks, { namespace: this.namespace, id });
+  }
+
+  /**
+   * A page of tasks ordered by id, filtered (all that are given must match): one queue, one
+   * state, every one of `labels` (at most 16), run_at in [runAtFrom, runAtTo). Filtered by
+   * labels or run_at, a page may hold fewer tasks than `pageSize` (even none) and still have
+   * a `nextPageToken`: page on until it is empty.
+   */
+  async list(filter: ListFilter = {}, pageSize = 100, pageToken = ""): Promise<{ tasks: Task[]; nextPageToken: string }> {
+    const request = {
+      namespace: this.namespace,
+      queue: filter.queue ?? "",
+      state: filter.state ?? TaskState.TASK_STATE_UNSPECIFIED,
+      pageSize,
+      pageToken,
+      labels: filter.labels ?? {},
+      runAtFrom: filter.runAtFrom,
+      runAtTo: filter.runAtTo,
+    };
+    return this.call(this.tasks.listTasks as Unary<unknown, { tasks: Task[]; nextPageToken: string }>, this.tasks, request);
+  }
+
+  /** Cancel every task the filter matches (SCHEDULED, READY, RUNNING or DEAD); the count. */
+  cancelWhere(filter: ListFilter, options: BulkOptions = {}): Promise<BulkResult> {
+    return this.where(this.tasks.cancelWhere, filter, options);
+  }
+
+  /** Requeue the DEAD tasks the filter matches: READY now, a fresh attempt budget. */
+  requeueWhere(filter: Omit<ListFilter, "state">, options: BulkOptions = {}): Promise<BulkResult> {
+    return this.where(this.tasks.requeueWhere, { ...filter, state: TaskState.TASK_STATE_DEAD }, options);
+  }
+
+  /** Run the SCHEDULED tasks the filter matches now (READY at once). */
+  runNowWhere(filter: Omit<ListFilter, "state">, options: BulkOptions = {}): Promise<BulkResult> {
+    return this.where(this.tasks.runNowWhere, { ...filter, state: TaskState.TASK_STATE_SCHEDULED }, options);
+  }
+
+  /** Calls again from where the node stopped (each call changes at most 100,000) until done. */
+  private async where(method: unknown, filter: ListFilter, options: BulkOptions): Promise<BulkResult> {
+    let count = 0;
+    let pageToken = "";
+    for (;;) {
+      const left = options.maxTasks === undefined ? MAX_BULK_TASKS : options.maxTasks - count;
+      if (left <= 0) return { count, more: true };
+      const request = {
+        namespace: this.namespace,
+        filter: {
+          queue: filter.queue ?? "",
+          labels: filter.labels ?? {},
+          state: filter.state ?? TaskState.TASK_STATE_UNSPECIFIED,
+          runAtFrom: filter.runAtFrom,
+          runAtTo: filter.runAtTo,
+        },
+        dryRun: options.dryRun ?? false,
+        maxTasks: Math.min(left, MAX_BULK_TASKS),
+        pageToken,
+      };
+      const reply = await this.call(
+        method as Unary<unknown, { count: number; more: boolean; nextPageToken: string }>, this.tasks, request,
+      );
+      count += reply.count;
+      pageToken = reply.nextPageToken;
+      if (!reply.more) return { count, more: false };
+    }
   }
 
   /**
