@@ -20,7 +20,7 @@ from chronoq.moves import MoveRecord
 from chronoq.node.edge.status import translated
 from chronoq.node.shard_admin import ShardAdmin, ShardAdminRefused
 from chronoq.partitionmap import PartitionMap
-from chronoq.redact import mask_dsn
+from chronoq.redact import mask_dsn, mask_text
 from chronoq.shardmap import ShardMap, format_partitions, shard_name, single
 from chronoq.store.port import Admin, ByPartition, Reachable
 from chronoq.store.rows import Fence
@@ -205,7 +205,7 @@ class ClusterService(cluster_pb2_grpc.ClusterServiceServicer):
         try:
             records = await self._shards.moves()
         except ChronoqError as exc:
-            shard_map.moves_error = exc.message[:200]
+            shard_map.moves_error = mask_text(exc.message)[:200]
             return
         shard_map.moves.extend(move_status(r) for r in records)
         shard_map.moves_in_progress = sum(1 for r in records if not r.final)
