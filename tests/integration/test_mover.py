@@ -170,6 +170,7 @@ async def load(store: Store, n: int = 3000) -> None:
             idempotency_key=f"k{i}" if i % 2 else None,
             max_attempts=1 if i % 5 == 0 else 3,
             lease_timeout=LEASE,
+            **(_controls(i) if i % 7 == 0 else {}),
         )
         for i in range(n)
     ]
@@ -194,6 +195,18 @@ async def load(store: Store, n: int = 3000) -> None:
             break
     for p in range(P):
         await store.take_fence(p, 3, "test", "node-a")
+
+
+def _controls(i: int) -> dict[str, Any]:
+    """Queue controls of every kind (each key its own, so none folds into another task)."""
+    return {
+        "concurrency_key": f"c{i % 5}",
+        "unique_key": f"u{i}",
+        "unique_for": timedelta(hours=2),
+        "debounce_key": f"d{i}",
+        "debounce": timedelta(seconds=5),
+        "labels": (("team", f"t{i % 3}"),),
+    }
 
 
 async def rows(store: Store, table: str, where: str = "TRUE") -> list[dict[str, Any]]:
@@ -279,9 +292,14 @@ async def test_a_move_under_writes_leaves_every_row_once_on_the_target(
 
     assert {uuid.UUID(i) for i in writer.accepted} <= target_ids  # no accepted write lost
     await never_live_on_both(source, target)
-    # Every state made it.
+    # Every state made it, and the queue controls with their rows.
     states = {r["state"] for r in await rows(target, "tasks")}
     assert states >= {0, 1, 2, 3, 4, 5}, states
+    controlled = await rows(target, "tasks", "labels IS NOT NULL")
+    assert controlled and all(
+        r["concurrency_key"] and r["unique_key"] and r["unique_until"] and r["debounce_until"]
+        for r in controlled
+    )
     before = await rows(target, "tasks")
     deleted = await move.clean_up()
     assert deleted == len(before) + len(await rows(target, "schedules"))
