@@ -88,3 +88,5 @@ async def _both(first: Awaitable[Any], second: Awaitable[Any]) -> tuple[Any, Any
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            elif not task.cancelled():
+                task.exception()  # both halves can fail (a killed server): both retrieved

@@ -228,6 +228,10 @@ class MoveSteps:
             await self._holdings_ops.mark_incoming(
                 self.target, self.partitions, self.move_id, self.token
             )
+        await self._unfreeze_source()
+
+    async def _unfreeze_source(self) -> None:
+        """The source's partitions live again, if this move froze them."""
         source = await self._holdings(self.source)
         if any(h is not None and h.state == FROZEN and h.move_id == self.move_id for h in source):
             await self._holdings_ops.unfreeze(

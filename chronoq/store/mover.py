@@ -32,11 +32,12 @@ rows, index), ``move_rounds`` (the catch-up diff); the phases are here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chronoq.errors import InvalidArgument
+from chronoq.errors import InvalidArgument, StoreUnavailable
 from chronoq.store.move_layout import _IDLE, _MOVE_ROWS, _TRACKED, _list, index_name
 from chronoq.store.move_pipe import _copied, _Pipe
 from chronoq.store.move_rounds import MoveRounds, Round
@@ -254,16 +255,29 @@ class PartitionMove(MoveRounds):
     async def rollback(self) -> None:
         """Undo the move before its commit: the target's partitions back to incoming (first:
         from then on no node can write there), its copies deleted, the source's partitions
-        live again, the move index dropped. Refused once the source's rows are gone."""
+        live again, the move index dropped. Refused once the source's rows are gone. With
+        the target unreachable, the source's partitions are live again at once and the call
+        fails (``StoreUnavailable``): run it again once the target answers."""
         async with self._phase("rollback"):
-            await self._load_layout()
             source = await self._holdings(self.source)
             if any(h is not None and h.state == GONE and h.move_id == self.move_id for h in source):
                 raise MoveRefused(
                     f"move {self.move_id!r} is committed and its source cleaned up: it can "
                     "only go forward (move the partitions back with a new move)"
                 )
-            await self._give_back()
+            try:
+                await self._load_layout()
+                await self._give_back()
+            except StoreUnavailable:
+                # The target does not answer (or the source): the source is given back
+                # first, so that the target's outage does not keep the partitions frozen
+                # for as long as it lasts; the target's side is undone when this phase runs
+                # again. Safe: a rollback is run only once the move's commit can no longer
+                # happen (the driver's record says rolling back), so no map routes these
+                # partitions to the target, and no node writes them there meanwhile.
+                with contextlib.suppress(StoreUnavailable):
+                    await self._unfreeze_source()
+                raise
             ours = [h for h in await self._holdings(self.target) if h and h.move_id == self.move_id]
             # None: cut short before the target was marked, nothing of this move is there;
             # all gone: rolled back there already.
