@@ -19,7 +19,9 @@ holds the partitions' fate (``shard_partitions``, ``chronoq.store.holdings``)::
     clean_up()       after it: the source's rows deleted in batches, its holdings GONE
 
 A row is never live on both shards: the target is live (since v) only while the source is
-frozen, and no node passes the target's check before it routes by v. Memory does not grow
+frozen, and no node passes the target's check before it routes by v (a rollback that cannot
+reach the target unfreezes the source first: v is then never committed, and no map routes
+the partitions to the target). Memory does not grow
 with a partition's rows: every stream goes through a pipe of ``buffer_bytes``, every id list
 is a batch of ``batch_rows``, and diffs are computed by the target's server in temporary
 tables.
