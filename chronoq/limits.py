@@ -83,6 +83,18 @@ MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 #: Queue dispatch limits, tasks per second and tasks at once.
 MAX_QUEUE_RATE = 1_000_000.0
 MAX_QUEUE_BURST = 1_000_000.0
+#: Queue settings (SetQueue): RUNNING tasks per concurrency key at once, and claims per key and
+#: second; 0 is no limit.
+MAX_RUNNING_PER_KEY = 10_000
+MAX_STARTS_PER_KEY = 100_000.0
+#: Queues with settings (paused, or limited per key) one namespace may hold: every node reads
+#: them all into its dispatch gate, and a store of shards keeps a copy on every shard.
+MAX_QUEUE_SETTINGS_PER_NAMESPACE = 1000
+#: READY tasks a resume's misfire pass examines per statement (it walks the namespace's READY
+#: tasks in id order, so each statement reads at most this many, whatever the backlog).
+RESUME_SKIP_BATCH = 1000
+#: READY tasks a resume counts to wake claims for (at most; the probe finds the rest).
+RESUME_WAKE_COUNT = 1000
 #: Upcoming buckets a status call counts (a day of one-minute buckets).
 MAX_STATUS_BUCKETS = 1440
 #: Nothing is scheduled before the Unix epoch (a year-1 time is a bug, not a plan).

@@ -40,6 +40,7 @@ from chronoq.cli import (  # noqa: E402
     dev,
     etcd,
     node,
+    queues,
     schedules,
     status,
     store,
@@ -147,6 +148,7 @@ etcd.register(app)
 tasks.register(app)
 bulk.register(app)
 schedules.register(app)
+queues.register(app)
 counts.register(app)
 status.register(app)
 store.register(app)

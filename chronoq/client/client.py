@@ -18,6 +18,7 @@ from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
 from chronoq.client.bulk import BulkCalls
 from chronoq.client.counts import QueueCountCalls
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
+from chronoq.client.queues import QueueSettingCalls
 from chronoq.client.remote import translate
 from chronoq.client.stream import OnTasks, WorkStream
 from chronoq.client.values import (
@@ -86,7 +87,7 @@ SPEC_FRAMING_BYTES = 6
 Method = Callable[[NodeStubs], Any]
 
 
-class Client(QueueCountCalls, BulkCalls):
+class Client(QueueCountCalls, BulkCalls, QueueSettingCalls):
     """Talks to a chronoq node, or to several (any node of a cluster serves every call).
 
     Use ``async with Client("127.0.0.1:7070") as client: await client.submit("emails", delay=...)``.

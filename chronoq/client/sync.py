@@ -37,6 +37,7 @@ from chronoq.models import (
     Task,
     TaskState,
 )
+from chronoq.queue_settings import QueueResumed, QueueSettings
 from chronoq.queuecounts import QueueSnapshot
 from chronoq.recurrence import CatchUp
 from chronoq.taskfilter import BulkOutcome
@@ -363,6 +364,38 @@ class SyncClient:
 
     def queue_limits(self) -> dict[str, tuple[float, float]]:
         return self._run(self._client.queue_limits())
+
+    def set_queue(
+        self,
+        queue: str,
+        *,
+        max_running_per_key: int | None = None,
+        max_starts_per_key: float | None = None,
+    ) -> QueueSettings:
+        """``Client.set_queue``, blocking."""
+        return self._run(
+            self._client.set_queue(
+                queue,
+                max_running_per_key=max_running_per_key,
+                max_starts_per_key=max_starts_per_key,
+            )
+        )
+
+    def pause_queue(self, queue: str) -> QueueSettings:
+        """``Client.pause_queue``, blocking."""
+        return self._run(self._client.pause_queue(queue))
+
+    def resume_queue(self, queue: str) -> QueueResumed:
+        """``Client.resume_queue``, blocking."""
+        return self._run(self._client.resume_queue(queue))
+
+    def queue_settings(self, queue: str) -> QueueSettings:
+        """``Client.queue_settings``, blocking."""
+        return self._run(self._client.queue_settings(queue))
+
+    def list_queue_settings(self) -> builtins.list[QueueSettings]:
+        """``Client.list_queue_settings``, blocking."""
+        return self._run(self._client.list_queue_settings())
 
     def count_tasks(self, states: Sequence[TaskState] = ()) -> QueueCounts:
         return self._run(self._client.count_tasks(states))

@@ -25,6 +25,7 @@ from chronoq.console.views import (
     QueueTally,
     in_window,
     iso,
+    queue_settings_row,
     schedule_row,
     shard_map_view,
     task_detail,
@@ -271,6 +272,21 @@ class ClusterLink:
     async def set_limit(self, namespace: str, queue: str, rate: float, burst: float) -> None:
         await self.client(namespace).set_queue_limit(queue, rate, burst)
         self._tallies.pop(namespace, None)
+
+    async def queue_settings(self, namespace: str) -> dict[str, Any]:
+        """The namespace's queues with settings: paused (since when), per-key limits."""
+        client = self.client(namespace)
+        found = await client.list_queue_settings()
+        return {"namespace": client.namespace, "queues": [queue_settings_row(s) for s in found]}
+
+    async def queue_action(self, namespace: str, queue: str, action: str) -> dict[str, Any]:
+        """Pause or resume a queue (the console's session is the caller's token)."""
+        client = self.client(namespace)
+        queue = check_name("queue", queue)
+        if action == "pause":
+            return queue_settings_row(await client.pause_queue(queue))
+        resumed = await client.resume_queue(queue)
+        return {**queue_settings_row(resumed.settings), "skipped": resumed.skipped}
 
     # ------------------------------------------------------------------ tasks
 

@@ -174,6 +174,11 @@ class Console:
         app.router.add_get("/api/schedules", self._get(lambda q: self.link.schedules(_ns(q))))
         app.router.add_get("/api/shards", self._get(lambda q: self._shards()))
         app.router.add_post("/api/queues/limit", self._post(self._set_limit))
+        app.router.add_get(
+            "/api/queues/settings", self._get(lambda q: self.link.queue_settings(_ns(q)))
+        )
+        for action in ("pause", "resume"):
+            app.router.add_post(f"/api/queues/{action}", self._post(self._queue(action)))
         app.router.add_post("/api/tasks/cancel", self._post(self._cancel))
         app.router.add_post("/api/tasks/requeue", self._post(self._requeue))
         for action in ("pause", "resume", "delete"):
@@ -322,6 +327,12 @@ class Console:
 
     async def _requeue(self, body: dict[str, Any]) -> dict[str, Any]:
         return {"results": await self.link.requeue(_ns(body), _ids(body))}
+
+    def _queue(self, action: str) -> _Action:
+        async def act(body: dict[str, Any]) -> Any:
+            return await self.link.queue_action(_ns(body), _text(body, "queue"), action)
+
+        return act
 
     def _schedule(self, action: str) -> _Action:
         async def act(body: dict[str, Any]) -> Any:

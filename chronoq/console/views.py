@@ -14,6 +14,7 @@ from typing import Any
 from chronoq.client.values import MoveStatus, ShardMapStatus
 from chronoq.limits import KEPT_FINISHED_MOVES, MAX_OPEN_MOVES
 from chronoq.models import QueueCounts, Schedule, Task, TaskState
+from chronoq.queue_settings import QueueSettings
 from chronoq.queuecounts import QueueSnapshot
 from chronoq.recurrence import Cron, Every, next_fire
 from chronoq.redact import mask_dsn, mask_text
@@ -248,4 +249,15 @@ def move_row(move: MoveStatus) -> dict[str, Any]:
         "rounds": move.rounds,
         "driver": move.driver,
         "error": _preview(move.error),
+    }
+
+
+def queue_settings_row(s: QueueSettings) -> dict[str, Any]:
+    """A queue's settings for the Queues page."""
+    return {
+        "queue": s.queue,
+        "paused": s.paused,
+        "paused_at": s.paused_at.isoformat() if s.paused_at is not None else None,
+        "max_running_per_key": s.max_running_per_key,
+        "max_starts_per_key": s.max_starts_per_key,
     }

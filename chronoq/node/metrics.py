@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServe
 from prometheus_client.registry import Collector
 
 from chronoq.auth import ScrapeToken
+from chronoq.cardinality import top_queues
 from chronoq.config import NodeSettings
 from chronoq.coordinator.credentials import read_password
 from chronoq.supervision import Loop
@@ -261,3 +262,26 @@ class LoopCollector(Collector):
         yield failures
         yield restarts
         yield healthy
+
+
+class PausedCollector(Collector):
+    """``chronoq_queue_paused``: 1 per paused queue, as the node's dispatch gate last read
+    them. Bounded like the depth: at most ``cap`` queues have a series of their own, the rest
+    are counted per namespace (``top_queues``: the value is then how many are paused)."""
+
+    def __init__(self, paused: Callable[[], Iterable[tuple[str, str]]], cap: int) -> None:
+        self._paused = paused
+        self._cap = cap
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "chronoq_queue_paused",
+            "Paused queues (1 each; a namespace's queues past the series bound are summed "
+            "under queue \"(other)\"), as this node's dispatch gate last read them.",
+            labels=["namespace", "queue"],
+        )
+        with contextlib.suppress(Exception):
+            flags = {(ns, queue, ""): 1 for ns, queue in self._paused()}
+            for (ns, queue, _), n in sorted(top_queues(flags, self._cap).items()):
+                gauge.add_metric([ns, queue], n)
+        yield gauge

@@ -20,7 +20,7 @@ from chronoq.coordinator.protocols import Ownership
 from chronoq.coordinator.shards import ShardMapView
 from chronoq.errors import ChronoqError
 from chronoq.node.clock_check import ClockCheck, CorrectedClock, follows_wall_clock
-from chronoq.node.dispatch.claims import LimitedQueues
+from chronoq.node.dispatch.gate import Gate
 from chronoq.node.dispatch.handoff import HandOff
 from chronoq.node.dispatch.readiness import ReadyBroadcast, ReadyNotifier, ReadyProbe
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff
@@ -149,10 +149,11 @@ class Node(NodeServices, NodeLoops):
         #: occurrences its schedules make here (None: no quota).
         self.quotas = submit_quotas(settings)
         self.notifier = ReadyNotifier()
-        #: The queues with a dispatch limit, read by the claims and the hand-off.
-        self.limited = LimitedQueues()
+        #: The dispatch gate: the queues never handed off (a dispatch limit, paused, limited
+        #: per key), read by the claims, the streams and the hand-offs.
+        self.gate = Gate()
         #: This node's worker streams, which the wheel may lease fired tasks to.
-        self.handoff = HandOff(self.limited.known)
+        self.handoff = HandOff(self.gate.known)
         self.submit_handoff: SubmitHandOff | None = None
         #: Worker streams not opened yet: one count for the interceptor and the servicer, so
         #: the caps per node and per token hold across both.

@@ -23,7 +23,7 @@ from chronoq.clock import Clock
 from chronoq.config import NodeSettings
 from chronoq.coordinator.protocols import Ownership
 from chronoq.limits import MAX_IDEMPOTENCY_KEY, MAX_NAME
-from chronoq.node.dispatch.claims import LimitedQueues
+from chronoq.node.dispatch.gate import Gate
 from chronoq.node.dispatch.handoff import HandOff
 from chronoq.node.dispatch.readiness import ReadyNotifier
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff
@@ -34,7 +34,7 @@ from chronoq.node.edge.service import TaskService, WorkerService
 from chronoq.node.housekeeping import (
     DepthPoller,
 )
-from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics
+from chronoq.node.metrics import LiveCollector, LoopCollector, NodeMetrics, PausedCollector
 from chronoq.node.node_shards import NodeStore
 from chronoq.node.owner.engine import Owner
 from chronoq.node.queue_counts import QueueGaugeCollector, QueueGauges
@@ -93,7 +93,7 @@ class NodeServices:
     quotas: Quotas | None
     notifier: ReadyNotifier
     handoff: HandOff
-    limited: LimitedQueues
+    gate: Gate
     openings: Openings
     submit_handoff: SubmitHandOff | None
     metrics: NodeMetrics
@@ -119,6 +119,7 @@ class NodeServices:
             dispatch=owner.dispatch,
             quotas=self.quotas,
             handoff=self.submit_handoff,
+            gate=self.gate,
         )
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(  # type: ignore[no-untyped-call]
             task_service, server
@@ -132,7 +133,7 @@ class NodeServices:
             dispatch=owner.dispatch,
             openings=self.openings,
             handoff=self.handoff,
-            limited=self.limited,
+            gate=self.gate,
         )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             worker_service, server
@@ -176,6 +177,7 @@ class NodeServices:
         )
         self.metrics.add_collector(QueueGaugeCollector(lambda: self.queue_gauges))
         self.metrics.add_collector(LoopCollector(lambda: self.supervisor.loops))
+        self.metrics.add_collector(PausedCollector(self.gate.paused, s.metrics_queues))
         if s.metrics_port is not None:
             self.metrics_port = self.metrics.serve(s.metrics_host, s.metrics_port)
             log.info(

@@ -32,6 +32,7 @@ from chronoq.models import (
     TaskSpec,
     TaskState,
 )
+from chronoq.queue_settings import QueueSettings, Resumed
 from chronoq.queuecounts import KeptCounts
 from chronoq.store.rows import Accepted, Fence, FireResult
 from chronoq.taskfilter import BulkAction, BulkDone, TaskFilter
@@ -237,6 +238,43 @@ class ByQueue(Protocol):
         *,
         cap: int,
     ) -> None: ...
+
+    # Queue settings (pause, per-key limits): written to every shard, read from the first.
+
+    async def set_queue(
+        self,
+        namespace: str,
+        queue: str,
+        now: datetime,
+        *,
+        max_running_per_key: int | None = ...,
+        max_starts_per_key: float | None = ...,
+        cap: int,
+    ) -> QueueSettings:
+        """Set a queue's per-key limits (None: keep; 0: none); ``NamespaceCapReached`` past
+        ``cap`` queues with settings in the namespace."""
+        ...
+
+    async def pause_queue(
+        self, namespace: str, queue: str, now: datetime, *, cap: int
+    ) -> QueueSettings:
+        """Pause a queue cluster-wide: its tasks still fire, no claim takes them."""
+        ...
+
+    async def resume_queue(self, namespace: str, queue: str, now: datetime) -> Resumed:
+        """End a pause, after skipping the READY tasks its misfire policy skips."""
+        ...
+
+    async def queue_settings(self, namespace: str, queue: str) -> QueueSettings:
+        """A queue's settings (the defaults when it has none)."""
+        ...
+
+    async def list_queue_settings(self, namespace: str, *, limit: int) -> list[QueueSettings]:
+        ...
+
+    async def gated_queues(self) -> list[QueueSettings]:
+        """Every queue paused or limited per key (what the dispatch gate holds)."""
+        ...
 
 
 class Admin(Protocol):

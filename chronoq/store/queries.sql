@@ -250,8 +250,14 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
           unique_key, unique_until, debounce_key, debounce_until, labels)
 CROSS JOIN LATERAL (
     -- the head of the queue in claim order, one probe of tasks_ready whatever the backlog
+    -- and a gated queue (paused, or limited per key) is never handed off, whatever the
+    -- node's gate said: the task goes READY for claims (one probe of the settings' key)
     SELECT coalesce(bool_or(h.priority > u.priority
-                            OR (h.priority = u.priority AND h.run_at <= u.run_at)), false) AS waits
+                            OR (h.priority = u.priority AND h.run_at <= u.run_at)), false)
+           OR EXISTS (SELECT 1 FROM queue_settings s
+                      WHERE s.namespace = u.namespace AND s.queue = u.queue
+                        AND (s.paused OR s.max_running_per_key > 0 OR s.max_starts_per_key > 0))
+           AS waits
     FROM (SELECT r.priority, r.run_at FROM tasks r
           WHERE r.namespace = u.namespace AND r.queue = u.queue AND r.state = 1
           ORDER BY r.priority DESC, r.run_at
@@ -394,6 +400,12 @@ target AS (
                 - least(greatest(t.misfire_grace_ms, 0), $7::bigint) * interval '1 ms') AS skip,
            array_position($8::uuid[], t.id) AS slot,
            t.attempt,
+           -- a gated queue (paused, or limited per key) is never handed off, whatever the
+           -- node's gate said: its tasks fire READY for claims (one probe of the settings' key)
+           EXISTS (SELECT 1 FROM queue_settings s
+                   WHERE s.namespace = t.namespace AND s.queue = t.queue
+                     AND (s.paused OR s.max_running_per_key > 0 OR s.max_starts_per_key > 0))
+             AS gated,
            {{task_bytes}} + $14::integer AS bytes
     FROM tasks t
     WHERE t.id = ANY($5::uuid[]) AND t.partition = ANY(ARRAY(SELECT partition FROM fence))
@@ -402,7 +414,8 @@ target AS (
 ),
 offered AS (
     -- a task whose attempt counter is at its end is fired READY (claims set it aside)
-    SELECT g.*, (g.slot IS NOT NULL AND NOT g.skip AND g.attempt < 2147483647) AS offer
+    SELECT g.*, (g.slot IS NOT NULL AND NOT g.skip AND NOT g.gated AND g.attempt < 2147483647)
+             AS offer
     FROM target g
 ),
 plan AS (
@@ -1181,6 +1194,9 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM tasks t
         WHERE t.namespace = k.namespace AND t.queue = k.queue AND t.state = 1
+          -- a paused queue counts none: its waiters are not woken for what they cannot claim
+          AND NOT EXISTS (SELECT 1 FROM queue_settings s
+                          WHERE s.namespace = k.namespace AND s.queue = k.queue AND s.paused)
         LIMIT k.cap
     ) x
 ) r
@@ -1197,6 +1213,9 @@ FROM unnest($2::text[]) AS q(queue) CROSS JOIN LATERAL (
            {{task_bytes}} + octet_length($4::text) + $5::integer AS bytes
     FROM tasks t
     WHERE t.namespace = $1 AND t.queue = q.queue AND t.state = 1
+      -- a paused queue has no head: no claim may take from it
+      AND NOT EXISTS (SELECT 1 FROM queue_settings s
+                      WHERE s.namespace = $1 AND s.queue = q.queue AND s.paused)
     ORDER BY t.priority DESC, t.run_at
     LIMIT $3
 ) h
@@ -1642,3 +1661,93 @@ CROSS JOIN LATERAL (
     LIMIT $5
 ) x
 GROUP BY x.queue, 2, s.state;
+
+-- ---------------------------------------------------------------- queue settings (pause)
+-- A store of shards writes each of these to every shard (each shard's claim reads its own
+-- copy); one database is the same with one shard.
+
+-- fragment: queue_settings_row
+namespace, queue, paused, paused_at, max_running_per_key, max_starts_per_key, updated_at
+
+-- name: set_queue_settings
+-- A queue's per-key limits ($3, $4; NULL keeps the stored value, 0 is no limit) at $5. A new
+-- queue's row only while the namespace holds fewer than $6 (counted by this statement); an
+-- existing one can always be changed. No row: the namespace is at its cap.
+INSERT INTO queue_settings AS s (namespace, queue, max_running_per_key, max_starts_per_key,
+                                 updated_at)
+SELECT $1, $2, coalesce($3::integer, 0), coalesce($4::float8, 0), $5
+WHERE (SELECT count(*) FROM queue_settings WHERE namespace = $1) < $6::bigint
+   OR EXISTS (SELECT 1 FROM queue_settings WHERE namespace = $1 AND queue = $2)
+ON CONFLICT (namespace, queue) DO UPDATE
+    SET max_running_per_key = coalesce($3::integer, s.max_running_per_key),
+        max_starts_per_key = coalesce($4::float8, s.max_starts_per_key),
+        updated_at = $5
+RETURNING {{queue_settings_row}};
+
+-- name: pause_queue
+-- Pauses a queue at $3 (a paused one keeps the instant its pause began); the cap ($4) as in
+-- set_queue_settings. No row: the namespace is at its cap.
+INSERT INTO queue_settings AS s (namespace, queue, paused, paused_at, updated_at)
+SELECT $1, $2, true, $3, $3
+WHERE (SELECT count(*) FROM queue_settings WHERE namespace = $1) < $4::bigint
+   OR EXISTS (SELECT 1 FROM queue_settings WHERE namespace = $1 AND queue = $2)
+ON CONFLICT (namespace, queue) DO UPDATE
+    SET paused = true, paused_at = CASE WHEN s.paused THEN s.paused_at ELSE $3 END,
+        updated_at = $3
+RETURNING {{queue_settings_row}};
+
+-- name: resume_queue
+UPDATE queue_settings SET paused = false, paused_at = NULL, updated_at = $3
+WHERE namespace = $1 AND queue = $2
+RETURNING {{queue_settings_row}};
+
+-- name: drop_default_queue_settings
+-- A row that sets nothing any more goes (a queue without one is the same, and it frees its
+-- place under the namespace's cap).
+DELETE FROM queue_settings
+WHERE namespace = $1 AND queue = $2 AND NOT paused
+  AND max_running_per_key = 0 AND max_starts_per_key = 0;
+
+-- name: get_queue_settings
+SELECT {{queue_settings_row}} FROM queue_settings WHERE namespace = $1 AND queue = $2;
+
+-- name: list_queue_settings
+SELECT {{queue_settings_row}} FROM queue_settings WHERE namespace = $1 ORDER BY queue LIMIT $2;
+
+-- name: gated_queue_settings
+-- The rows that gate their queue (paused or limited per key), every namespace's: what each
+-- node's dispatch gate holds. At most the namespaces' caps.
+SELECT {{queue_settings_row}} FROM queue_settings
+WHERE paused OR max_running_per_key > 0 OR max_starts_per_key > 0
+ORDER BY namespace, queue;
+
+-- name: skip_overdue_ready
+-- One batch of a resume's misfire pass: the next $4 READY tasks of the namespace ($1) after
+-- id $5, in id order (tasks_listing), so one statement reads at most $4 rows whatever the
+-- backlog; of them, the tasks of queue $2 whose policy is SKIP and whose run_at is older than
+-- their grace at $3 (saturated at $6 ms, as in fire_set) go SKIPPED. Only rows of partitions
+-- this shard holds live at the caller's map version (chronoq_live). Answers the last id read
+-- (NULL: nothing left to read) and how many went.
+WITH live AS MATERIALIZED (SELECT chronoq_live({{map_version}}) AS parts),
+walk AS MATERIALIZED (
+    SELECT t.id, t.queue, t.partition, t.misfire_policy, t.misfire_grace_ms, t.run_at
+    FROM tasks t
+    WHERE t.namespace = $1 AND t.state = 1 AND t.id > $5::uuid
+    ORDER BY t.id
+    LIMIT $4
+),
+gone AS (
+    UPDATE tasks t
+    SET state = 6, finished_at = $3,
+        last_error = 'skipped by misfire policy: ready later than its grace period while '
+                     'its queue was paused'
+    FROM walk w
+    WHERE t.id = w.id AND t.state + 0 = 1 AND w.queue = $2 AND w.misfire_policy = 1
+      AND w.run_at < $3::timestamptz
+          - least(greatest(w.misfire_grace_ms, 0), $6::bigint) * interval '1 ms'
+      AND ((SELECT parts FROM live) IS NULL
+           OR w.partition = ANY((SELECT parts FROM live)::smallint[]))
+    RETURNING t.id
+)
+SELECT (SELECT w.id FROM walk w ORDER BY w.id DESC LIMIT 1) AS last,
+       (SELECT count(*) FROM gone)::integer AS skipped;

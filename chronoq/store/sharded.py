@@ -58,6 +58,7 @@ from chronoq.store.shard_health import ShardHealth
 from chronoq.store.shard_listings import ShardListings
 from chronoq.store.shard_partitions import ByPartition
 from chronoq.store.shard_placement import Placement
+from chronoq.store.shard_queues import ShardQueues
 from chronoq.store.shard_routing import REFRESH_S, SKIP_WARN_S, DueSoon, ShardRouting
 from chronoq.store.sharded_schedules import RECOUNT_BATCH, ShardedSchedules
 
@@ -73,7 +74,9 @@ __all__ = [
 ]
 
 
-class ShardedStore(Placement, ShardClaims, ShardListings, ShardBulk, ByPartition, ShardHealth):
+class ShardedStore(
+    Placement, ShardClaims, ShardQueues, ShardListings, ShardBulk, ByPartition, ShardHealth
+):
     """The task store as shards (one ``Store`` per shard), routed by ``current_map()``.
 
     ``refresh``: makes ``current_map()`` answer the newest map (awaited after a
@@ -81,7 +84,8 @@ class ShardedStore(Placement, ShardClaims, ShardListings, ShardBulk, ByPartition
 
     Its parts, by how a call routes: ``shard_routing`` (the map, the fan-out core),
     ``shard_placement`` (submits), ``shard_ids`` (by task id and leases), ``shard_claims``
-    (claims, queue limits), ``shard_partitions`` (owner statements, reads, retention),
+    (claims, queue limits), ``shard_queues`` (queue settings, on every shard),
+    ``shard_partitions`` (owner statements, reads, retention),
     ``shard_listings`` (listings, counts, fences, requeue), ``shard_bulk`` (bulk operations
     by filter) and ``shard_health`` (notices, probes, clocks); ``sharded_schedules``
     holds ``ShardedSchedules``.

@@ -12,6 +12,7 @@ from chronoq.store.connection import IDLE_IN_TRANSACTION_TIMEOUT_MS, Listener, _
 from chronoq.store.operator import OperatorStatements
 from chronoq.store.owner import OwnerStatements
 from chronoq.store.queue_counts import QueueCountStatements
+from chronoq.store.queues import QueueStatements
 from chronoq.store.rows import Fence, FireResult, known, parse_task_id
 from chronoq.store.tasks import COLUMN_SLICE, PAGE_BYTES, ROW_BYTES, TaskStatements
 
@@ -31,7 +32,12 @@ __all__ = [
 
 
 class Store(
-    TaskStatements, OwnerStatements, OperatorStatements, BulkStatements, QueueCountStatements
+    TaskStatements,
+    OwnerStatements,
+    OperatorStatements,
+    QueueStatements,
+    BulkStatements,
+    QueueCountStatements,
 ):
     """The task store on one PostgreSQL database (a pool of connections).
 
@@ -39,5 +45,6 @@ class Store(
     ``tasks`` (client and worker statements), ``owner`` (fenced owner statements) and
     ``operator`` (requeue, limits, retention, counts), ``bulk`` (bulk operations by
     filter); ``queue_counts`` (the counts the owners
-    keep); ``rows`` maps what they read.
+    keep); ``queues`` (pause, resume, per-key limits);
+    ``rows`` maps what they read.
     """

@@ -28,6 +28,7 @@ ALLOWED = (
     "chronoq.effects",
     "chronoq.errors",
     "chronoq.models",
+    "chronoq.queue_settings",
     "chronoq.recurrence",
     "chronoq.store.port",
     "tests.contract.conftest",

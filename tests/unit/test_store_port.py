@@ -37,6 +37,11 @@ OWN = {
     "take_tokens",
     "return_tokens",
     "ready_heads",
+    # the parts of a resume a store of shards runs on every shard (misfire pass, settings
+    # row, ready count) before it answers the port's resume_queue
+    "skip_overdue_ready",
+    "unpause_queue",
+    "ready_count",
     "pause_once",  # Schedules: a store of shards releases a paused rate once
     "remove",  # Schedules: a store of shards gives back what the deleted one held
     "bulk_batch",  # one statement of a bulk walk: a store of shards runs it on every shard

@@ -321,7 +321,8 @@ function queuesSkeleton() {
         e.preventDefault();
         await setLimit(queue.value, Number(rate.value || 0), Number(burst.value || 0));
       } }, queue, rate, burst, el("button", { type: "submit", text: "Set limit" })),
-      el("p", { id: "limit-result", class: "result" })));
+      el("p", { id: "limit-result", class: "result" })),
+    pauseSection());
 }
 
 async function setLimit(queue, rate, burst) {
@@ -359,6 +360,48 @@ async function loadQueues() {
     document.getElementById("queues").append(el("p", { class: "note",
       text: `No pending, ready, running or dead tasks in namespace ${q.namespace}.` }));
   }
+}
+
+// Pause and resume: a paused queue's tasks fire but no worker gets them until it resumes.
+function pauseSection() {
+  const queue = el("input", { id: "pause-queue", placeholder: "queue", required: true,
+    maxLength: 128 });
+  return section("Paused queues and per-key limits", "pause-card",
+    el("div", { id: "queue-settings" }),
+    el("form", { id: "pause-form", class: "row", onsubmit: (e) => e.preventDefault() }, queue,
+      el("button", { type: "button", id: "pause-button", text: "Pause",
+        onclick: () => queueAction("pause", queue.value) }),
+      el("button", { type: "button", id: "resume-button", text: "Resume",
+        onclick: () => queueAction("resume", queue.value) })),
+    el("p", { id: "pause-result", class: "result" }));
+}
+
+async function queueAction(action, queue) {
+  if (!queue) return;
+  try {
+    const r = await post(`/api/queues/${action}`, { namespace: namespace(), queue });
+    document.getElementById("pause-result").textContent = action === "pause"
+      ? `${queue}: paused (its tasks fire; no worker gets them until it resumes)`
+      : `${queue}: resumed, ${r.skipped} tasks skipped by their misfire policy`;
+    await reload();
+  } catch (error) { banner(explain(error)); }
+}
+
+async function loadQueueSettings() {
+  const s = await api("/api/queues/settings", { namespace: namespace() });
+  replace("queue-settings", s.queues.length
+    ? table(["queue", "state", "paused since", "max running/key", "max starts/key/s", ""],
+      s.queues.map((r) => el("tr", { "data-settings": r.queue },
+        el("td", { text: r.queue }),
+        el("td", { "data-paused": r.paused, text: r.paused ? "paused" : "running" }),
+        el("td", { text: r.paused_at || "" }),
+        el("td", { class: "num", text: r.max_running_per_key || "none" }),
+        el("td", { class: "num", text: r.max_starts_per_key ? fmtNum(r.max_starts_per_key, 3)
+          : "none" }),
+        el("td", {}, el("button", { class: "small", text: r.paused ? "resume" : "pause",
+          "data-toggle": r.queue,
+          onclick: () => queueAction(r.paused ? "resume" : "pause", r.queue) })))))
+    : el("p", { class: "note", text: "No queue is paused or limited per key." }));
 }
 
 // ------------------------------------------------------------------ tasks and dead letters
@@ -686,7 +729,10 @@ function start() {
   for (const a of document.querySelectorAll("nav a")) a.href = link(new URL(a.href).pathname);
   const slow = REFRESH_MS * 2.5;
   if (PAGE === "overview") { overviewSkeleton(); every(loadOverview, REFRESH_MS); }
-  if (PAGE === "queues") { queuesSkeleton(); every(loadQueues, slow); }
+  if (PAGE === "queues") {
+    queuesSkeleton();
+    every(async () => { await loadQueues(); await loadQueueSettings(); }, slow);
+  }
   if (PAGE === "tasks") { tasksSkeleton(false); every(() => loadTasks(false), slow); }
   if (PAGE === "dead") { tasksSkeleton(true); every(() => loadTasks(true), slow); }
   if (PAGE === "task") { taskSkeleton(); every(loadTask, slow); }

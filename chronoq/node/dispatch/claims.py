@@ -23,6 +23,7 @@ from chronoq.errors import ChronoqError
 from chronoq.limits import MAX_ANSWER_BYTES
 from chronoq.models import Lease, Task
 from chronoq.node.dispatch.dispatcher import Dispatch
+from chronoq.node.dispatch.gate import Gate
 from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier, Watch
 from chronoq.store.port import ByQueue, ByTaskId
 
@@ -31,8 +32,6 @@ log = logging.getLogger("chronoq.node")
 #: A long-poll answers this long before the caller's deadline, so its (empty) answer arrives
 #: in time even from a busy node.
 ANSWER_MARGIN = timedelta(milliseconds=250)
-#: Queues with a dispatch limit are re-read this often (a new limit applies within it).
-LIMITS_REFRESH = timedelta(seconds=2)
 #: A woken long-poll that claimed a full batch wakes this many more waiters of its queues:
 #: the notice of "N tasks ready" may have counted fewer than there are (one per submit).
 WAKE_FANOUT = 2
@@ -125,29 +124,8 @@ def caller_gone(caller: Caller) -> bool:
 
 
 class ClaimStore(ByQueue, ByTaskId, Protocol):
-    """What claims ask of the store: claims and limits by queue, releases by task id."""
-
-
-class LimitedQueues:
-    """The queues with a dispatch limit as last read from the store (again after
-    ``LIMITS_REFRESH``): one per node, read by its claims and by the hand-off, which hands no
-    task of a limited queue to a stream (its claims take tokens from the limit)."""
-
-    def __init__(self) -> None:
-        self._keys: set[tuple[str, str]] = set()
-        self._read = float("-inf")
-
-    def known(self) -> set[tuple[str, str]] | None:
-        """The keys as last read, None before the first read."""
-        return None if self._read == float("-inf") else self._keys
-
-    async def current(self, store: ByQueue) -> set[tuple[str, str]]:
-        """The keys, read again when the last read is older than ``LIMITS_REFRESH``."""
-        now = asyncio.get_running_loop().time()
-        if now - self._read > LIMITS_REFRESH.total_seconds():
-            self._keys = set(await store.queue_limits())
-            self._read = now
-        return self._keys
+    """What claims ask of the store: claims, limits and settings by queue (the gate reads
+    them), releases by task id."""
 
 
 class Claims:
@@ -162,7 +140,7 @@ class Claims:
         lanes: FairLanes,
         *,
         dispatch: Callable[[Effects], None] | None = None,
-        limited: LimitedQueues | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -172,8 +150,9 @@ class Claims:
         self._dispatch = dispatch or Dispatch(notifier, clock).apply
         self.slots = slots
         self.lanes = lanes
-        #: The node's queues with a dispatch limit (shared with its hand-off).
-        self.limited = limited if limited is not None else LimitedQueues()
+        #: The node's dispatch gate (shared with its hand-offs): the queues whose claims
+        #: take tokens from a dispatch limit, read again as it says.
+        self.gate = gate if gate is not None else Gate()
         self._releasing: set[asyncio.Task[None]] = set()
         self.released = 0  # tasks given back because their caller had gone
 
@@ -242,7 +221,7 @@ class Claims:
         async with self.lanes.lane(namespace):
             if unless_quiet and self._notifier.quiet(namespace, queues):
                 return []
-            limited = await self.limited.current(self._store)
+            limited = await self.gate.current(self._store)
             job = asyncio.ensure_future(
                 self._store.claim(
                     namespace,
@@ -278,9 +257,9 @@ class Claims:
         """A waiter was woken but cannot claim (no credit left): wake another in its place."""
         self._notifier.wake(dict.fromkeys(keys, 1))
 
-    def limited_keys(self) -> set[tuple[str, str]] | None:
-        """The queues with a dispatch limit as last read, None before the first read."""
-        return self.limited.known()
+    def gated_keys(self) -> frozenset[tuple[str, str]] | None:
+        """The gated queues (never handed off) as last read, None before the first read."""
+        return self.gate.known()
 
     def give_back(self, namespace: str, tasks: list[Task]) -> None:
         """Release ``tasks`` claimed for a caller that will not get them (its call failed

@@ -12,8 +12,10 @@ did not use (a task skipped by its misfire policy, fired elsewhere, or a fence l
 stream never gets more tasks than it has credits for. It reserves bytes the same way: the
 statement leases a stream's tasks only while they fit in the stream's room (its byte budget
 less what it holds unwritten, always one task), the rest fire READY, so a stream whose worker
-does not read takes no more hand-offs than its budget. Queues with a dispatch limit are never
-handed off: their claims take tokens from the limit.
+does not read takes no more hand-offs than its budget. Gated queues (a dispatch limit, a
+pause, a limit per concurrency key: ``chronoq.node.dispatch.gate``) are never handed off:
+their claims take tokens from the limit, or the claim statement decides whether they may run
+(and the fire statement refuses a queue its settings gate, whatever this node's gate said).
 
 A submit of a task due at once is handed off the same way (``take``, through
 ``chronoq.node.dispatch.submit_handoff``): its insert leases the task to a waiting stream.
@@ -22,6 +24,7 @@ A submit of a task due at once is handed off the same way (``take``, through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -119,10 +122,10 @@ class Single:
 class HandOff:
     """The worker streams of this node, by the keys they work on."""
 
-    def __init__(self, limited: Callable[[], set[Key] | None]) -> None:
-        """``limited``: the keys with a dispatch limit, or None while not known yet (then
-        nothing is handed off)."""
-        self._limited = limited
+    def __init__(self, gated: Callable[[], AbstractSet[Key] | None]) -> None:
+        """``gated``: the keys never handed off (``Gate.known``), or None while not known
+        yet (then nothing is handed off)."""
+        self._gated = gated
         self._takers: dict[Key, dict[Taker, None]] = {}
 
     def join(self, taker: Taker, keys: Iterable[Key]) -> None:
@@ -143,12 +146,12 @@ class HandOff:
         key first (each key's streams take turns across plans); None when none can take."""
         if not self._takers:
             return None
-        limited = self._limited()
-        if limited is None:
+        gated = self._gated()
+        if gated is None:
             return None
         by_key: dict[Key, list[str]] = {}
         for d in due:
-            if d.key is not None and d.key in self._takers and d.key not in limited:
+            if d.key is not None and d.key in self._takers and d.key not in gated:
                 by_key.setdefault(d.key, []).append(d.task_id)
         if not by_key:
             return None
@@ -183,13 +186,13 @@ class HandOff:
     def take(self, key: Key, size: int) -> Single | None:
         """A stream of ``key`` for one task of ``size`` bytes (its worker id not counted),
         which a submit's insert leases to it: the oldest with a free credit and room for the
-        task (the streams of a key take turns); None when none can take it, while the
-        dispatch limits are not known, or when ``key`` has one (its claims take tokens)."""
+        task (the streams of a key take turns); None when none can take it, while the gate
+        is not known, or when ``key`` is gated (claims only)."""
         takers = self._takers.get(key)
         if not takers:
             return None
-        limited = self._limited()
-        if limited is None or key in limited:
+        gated = self._gated()
+        if gated is None or key in gated:
             return None
         for taker in takers:
             taker.offered()

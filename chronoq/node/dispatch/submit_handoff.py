@@ -10,8 +10,10 @@ wheel's hand-off does for fired tasks (``chronoq.node.dispatch.handoff``).
 
 It obeys what a claim obeys:
 
-- a queue with a dispatch limit is never handed off (its claims take tokens from the limit),
-  nor any queue before the node has read the limits;
+- a gated queue (a dispatch limit, a pause, a limit per concurrency key:
+  ``chronoq.node.dispatch.gate``) is never handed off, nor any queue before the node has read
+  its gate; the insert refuses a queue whose settings gate it too (it goes READY), whatever
+  this node's gate said;
 - order: only a *quiet* queue is handed off, one on which a waiter of this node found nothing
   at its last claim and no notice woke it since (``ReadyNotifier.quiet``). With READY tasks
   waiting, claims take them in (priority, run_at) order and the new task waits its turn; a

@@ -56,14 +56,16 @@ from chronoq.limits import (
     failure_message,
 )
 from chronoq.models import Lease, LeaseMiss, SubmitOutcome, Task, TaskSpec, TaskState
-from chronoq.node.dispatch.claims import Claims, FairLanes, LimitedQueues, claim_lanes
+from chronoq.node.dispatch.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.dispatch.dispatcher import Dispatch
+from chronoq.node.dispatch.gate import Gate
 from chronoq.node.dispatch.handoff import HandOff
 from chronoq.node.dispatch.readiness import LongPollSlots, ReadyNotifier
 from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings, WorkSession, opened
 from chronoq.node.edge import queue_counts
 from chronoq.node.edge.bulk import BulkSlots, bulk_call
+from chronoq.node.edge.queue_service import QueueRpcs
 from chronoq.node.edge.status import translated
 from chronoq.node.metrics import NodeMetrics
 from chronoq.ratelimit import Quotas
@@ -112,18 +114,21 @@ def submit_quotas(settings: NodeSettings) -> Quotas | None:
     )
 
 
-class TaskService(_Servicer, tasks_pb2_grpc.TaskServiceServicer):
+class TaskService(_Servicer, QueueRpcs, tasks_pb2_grpc.TaskServiceServicer):
     def __init__(
         self,
         *args: Any,
         quotas: Quotas | None = None,
         handoff: SubmitHandOff | None = None,
+        gate: Gate | None = None,
         **kwargs: Any,
     ) -> None:
         """``quotas``: the node's, shared with its schedule pump (default: its own).
         ``handoff``: leases a task due at once to a stream waiting on this node by its
-        insert (None: every submit inserts READY and a claim takes it)."""
+        insert (None: every submit inserts READY and a claim takes it). ``gate``: the node's
+        dispatch gate, which its queue settings RPCs change at once (default: its own)."""
         super().__init__(*args, **kwargs)
+        self.gate = gate if gate is not None else Gate()
         self._quotas = quotas if quotas is not None else submit_quotas(self._settings)
         self.handoff = handoff
         #: Bulk calls running per namespace on this node (bounded).
@@ -384,10 +389,10 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         *args: Any,
         openings: Openings | None = None,
         handoff: HandOff | None = None,
-        limited: LimitedQueues | None = None,
+        gate: Gate | None = None,
         **kwargs: Any,
     ) -> None:
-        """``handoff`` and ``limited``: the node's, shared with its owner engine (default:
+        """``handoff`` and ``gate``: the node's, shared with its owner engine (default:
         this servicer's own)."""
         super().__init__(*args, **kwargs)
         self._rng = random.Random()
@@ -399,10 +404,10 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             LongPollSlots(settings.long_polls_per_namespace, settings.long_polls_per_node),
             FairLanes(claim_lanes(settings.pool_size)),
             dispatch=self._dispatch.apply,
-            limited=limited,
+            gate=gate,
         )
         #: The streams fired tasks are handed to (see ``chronoq.node.dispatch.handoff``).
-        self.handoff = handoff if handoff is not None else HandOff(self.claims.limited_keys)
+        self.handoff = handoff if handoff is not None else HandOff(self.claims.gated_keys)
         #: Streams that have not sent their open message yet (capped, with a deadline): the
         #: node's one ``Openings``, shared with its auth interceptor.
         self.openings = Openings() if openings is None else openings

@@ -7,6 +7,7 @@ import { type Duration } from "./generated/google/protobuf/duration";
 import {
   MisfirePolicy,
   type QueueCountsResponse,
+  type QueueSettings,
   type Task,
   TaskServiceClient,
   TaskSpec,
@@ -14,7 +15,7 @@ import {
 } from "./generated/chronoq/v1/tasks";
 import { WorkerServiceClient, type HeartbeatResult, type AckResult } from "./generated/chronoq/v1/worker";
 
-export { MisfirePolicy, TaskState, type QueueCountsResponse, type Task };
+export { MisfirePolicy, TaskState, type QueueCountsResponse, type QueueSettings, type Task };
 
 export const OCTET_STREAM = "application/octet-stream";
 export const APPLICATION_JSON = "application/json";
@@ -260,6 +261,45 @@ export class Client {
       pageToken = reply.nextPageToken;
       if (!reply.more) return { count, more: false };
     }
+  }
+
+  /**
+   * This namespace's tasks per queue and state and each queue's oldest READY task, summed from
+   * the counts the partition owners keep (cheap whatever the backlog). `asOf`: the oldest count
+   * summed; `queues` (at most 100): only these; `labelKey`: also per value of that label.
+   */
+  queueCounts(queues: string[] = [], labelKey = ""): Promise<QueueCountsResponse> {
+    const request = { namespace: this.namespace, queues, labelKey };
+    return this.call(this.tasks.queueCounts as Unary<unknown, QueueCountsResponse>, this.tasks, request);
+  }
+
+  /**
+   * Limit a queue per concurrency key, cluster-wide: at most `maxRunningPerKey` tasks of one
+   * key running at once (0..10,000), at most `maxStartsPerKey` of one key started per second
+   * (0..100,000). 0 removes a limit; a limit left out keeps its value.
+   */
+  setQueue(queue: string, limits: { maxRunningPerKey?: number; maxStartsPerKey?: number }): Promise<QueueSettings> {
+    const request = {
+      namespace: this.namespace,
+      queue,
+      maxRunningPerKey: limits.maxRunningPerKey,
+      maxStartsPerKey: limits.maxStartsPerKey,
+    };
+    return this.call(this.tasks.setQueue as Unary<unknown, QueueSettings>, this.tasks, request);
+  }
+
+  /** Pause a queue cluster-wide: its due tasks still fire, no worker gets them until it resumes. */
+  pauseQueue(queue: string): Promise<QueueSettings> {
+    return this.call(this.tasks.pauseQueue as Unary<unknown, QueueSettings>, this.tasks, { namespace: this.namespace, queue });
+  }
+
+  /** Resume a paused queue; `skipped`: READY tasks its misfire policy (SKIP) skipped. */
+  async resumeQueue(queue: string): Promise<{ queue: QueueSettings; skipped: number }> {
+    const reply = await this.call(
+      this.tasks.resumeQueue as Unary<unknown, { queue?: QueueSettings; skipped: number }>,
+      this.tasks, { namespace: this.namespace, queue },
+    );
+    return { queue: reply.queue as QueueSettings, skipped: reply.skipped };
   }
 
   /**
