@@ -123,28 +123,15 @@ class MoveRounds(MoveSteps):
                     timeout=self.phase_timeout,
                 )
         stage = f"chronoq_move_stage_{tracked.table}"
+        # Every changed row's old copy goes before any new version comes: a key of a unique
+        # index (a unique or debounce key's pending task, migration 0019) passes from one row
+        # to another between rounds, and the new holder's batch may come before the batch of
+        # the old holder's new version. A copy taken out and not yet put back has no move_rows
+        # entry, so a crash in between leaves it changed for the next round.
         for lo in range(0, fresh, self.batch_rows):
-            ids = [
-                r["id"]
-                for r in await t.fetch(
-                    "SELECT id FROM chronoq_move_changed WHERE n > $1 AND n <= $2",
-                    lo,
-                    lo + self.batch_rows,
-                    timeout=self.phase_timeout,
-                )
-            ]
-            await t.execute(f"TRUNCATE {stage}", timeout=self.phase_timeout)
-            await self._stream(
-                s,
-                f"SELECT {_list(cols)}, xmin::text::bigint FROM {tracked.table}"
-                f" WHERE id = ANY($1::uuid[]) AND {self._moving}",
-                (ids,),
-                t,
-                stage,
-                (*cols, "chronoq_source_xmin"),
-            )
             async with t.transaction():
                 await self._fence_target(t)
+                ids = await self._changed(t, lo)
                 await t.execute(
                     "DELETE FROM move_rows WHERE partition = ANY($1::smallint[]) AND kind = $2"
                     " AND id = ANY($3::uuid[])",
@@ -158,6 +145,20 @@ class MoveRounds(MoveSteps):
                     ids,
                     timeout=self.phase_timeout,
                 )
+        for lo in range(0, fresh, self.batch_rows):
+            ids = await self._changed(t, lo)
+            await t.execute(f"TRUNCATE {stage}", timeout=self.phase_timeout)
+            await self._stream(
+                s,
+                f"SELECT {_list(cols)}, xmin::text::bigint FROM {tracked.table}"
+                f" WHERE id = ANY($1::uuid[]) AND {self._moving}",
+                (ids,),
+                t,
+                stage,
+                (*cols, "chronoq_source_xmin"),
+            )
+            async with t.transaction():
+                await self._fence_target(t)
                 await self._translate_unique(
                     t.execute(
                         f"INSERT INTO {tracked.table} ({_list(cols)}) SELECT {_list(cols)}"
@@ -171,6 +172,18 @@ class MoveRounds(MoveSteps):
                     timeout=self.phase_timeout,
                 )
         return listed, gone + fresh
+
+    async def _changed(self, t: Any, lo: int) -> list[Any]:
+        """The ids of the changed rows ``lo + 1 .. lo + batch_rows`` (of ``_diff``)."""
+        return [
+            r["id"]
+            for r in await t.fetch(
+                "SELECT id FROM chronoq_move_changed WHERE n > $1 AND n <= $2",
+                lo,
+                lo + self.batch_rows,
+                timeout=self.phase_timeout,
+            )
+        ]
 
     async def _replace(self, s: Any, t: Any, layout: _Layout) -> None:
         """The small tables keyed by partition, copied whole (inside the callers'
