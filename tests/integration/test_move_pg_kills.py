@@ -43,8 +43,7 @@ pytestmark = pytest.mark.timeout(120)
 
 P = 16
 MAP = even(P, 3)
-SOURCE, TARGET = "shard-1", "shard-2"
-MOVED = MAP.held_by(SOURCE)[:2]
+TARGET = "shard-2"
 QUEUE = "kills"
 LOADED = 1500  # tasks in the moved partitions before the move: a copy of several chunks
 
@@ -59,7 +58,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """shard-1's and shard-2's servers, durable: a commit acknowledged before the kill must
     survive it (the tests kill them by PID and start them again)."""
     root = tmp_path_factory.mktemp("move-kills")
-    made = {s: EmbeddedPostgres(root / s, durable=True) for s in (SOURCE, TARGET)}
+    made = {s: EmbeddedPostgres(root / s, durable=True) for s in ("shard-1", TARGET)}
     try:
         for server in made.values():
             server.start()
@@ -207,6 +206,20 @@ class Setup:
     hooks: Hooks
     victim: str  # the shard whose server is killed
     server: EmbeddedPostgres  # its server
+    source: str  # the move's source shard (shard-1, or shard-0: the node's own DSN)
+    moved: tuple[int, ...]  # the partitions moved
+
+
+@pytest.fixture(scope="module")
+def shard0_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """shard-0's own server, for the cases that kill the source when it is shard-0 (the node's
+    main DSN): the session's server is shared by every test."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("move-kills-0") / "shard-0", durable=True)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -221,12 +234,14 @@ async def moving(
 ) -> AsyncIterator[Setup]:
     """A node on three shards whose move driver kills ``request.param``'s side (source or
     target) at ``request.param``'s point; both servers are running again afterwards."""
-    side, point = request.param
-    dbs = {
-        s: srv.create_database(f"k_{uuid.uuid4().hex[:10]}") for s, srv in servers.by_shard.items()
-    }
-    shard = SOURCE if side == "source" else TARGET
-    victim = servers.by_shard[shard]
+    side, point, source = (*request.param, "shard-1")[:3]
+    by_shard = dict(servers.by_shard)
+    if source == "shard-0":
+        by_shard["shard-0"] = request.getfixturevalue("shard0_server")
+    dbs = {s: srv.create_database(f"k_{uuid.uuid4().hex[:10]}") for s, srv in by_shard.items()}
+    dsns = {"shard-0": dsn, **dbs}
+    shard = source if side == "source" else TARGET
+    victim = by_shard[shard]
 
     def kill() -> None:
         pid = victim.pid
@@ -241,7 +256,8 @@ async def moving(
     node = await make_node(
         cluster=cluster(etcd, cluster_name),
         node_id="n0",
-        store_shards=(dbs[SOURCE], dbs[TARGET]),
+        dsn=dsns["shard-0"],
+        store_shards=(dsns["shard-1"], dsns[TARGET]),
     )
     assert node.shard_admin is not None
     admin = node.shard_admin
@@ -254,11 +270,12 @@ async def moving(
     await settled([node])
     client = Client(node.address, timeout=10)
     try:
-        yield Setup(node, client, {"shard-0": dsn, **dbs}, hooks, shard, victim)
+        moved = MAP.held_by(source)[:2]
+        yield Setup(node, client, dsns, hooks, shard, victim, source, moved)
     finally:
         HookedPipe.hooks = None
         await client.close()
-        for server in servers.by_shard.values():
+        for server in by_shard.values():
             await asyncio.to_thread(server.start)  # a failed test leaves none down
 
 
@@ -282,11 +299,13 @@ async def submit_all(client: Client, keys: Sequence[str], run_at: datetime) -> d
     return ids
 
 
-async def write_moving(client: Client, run_at: datetime, stop: asyncio.Event) -> dict[str, str]:
+async def write_moving(
+    client: Client, moved: Sequence[int], run_at: datetime, stop: asyncio.Event
+) -> dict[str, str]:
     """Keyed submits into the moved partitions all through the move, each repeated with its
     key until accepted (the cut-over and the outage refuse them for a while); the accepted."""
     ids: dict[str, str] = {}
-    for key in keys_in(MOVED, 10_000, "during"):
+    for key in keys_in(moved, 10_000, "during"):
         while not stop.is_set():
             try:
                 out = await client.submit(QUEUE, idempotency_key=key, run_at=run_at)
@@ -301,12 +320,13 @@ async def write_moving(client: Client, run_at: datetime, stop: asyncio.Event) ->
     return ids
 
 
-async def live_on_both(dsns: dict[str, str]) -> set[str]:
+async def live_on_both(setup: Setup) -> set[str]:
     """Ids of the moved partitions live (SCHEDULED, READY or RUNNING) on the source and on
     the target at once: every row of both, not only those a client saw accepted."""
     query = "SELECT id FROM tasks WHERE partition = ANY($1::smallint[]) AND state <= 2"
-    source = {str(r["id"]) for r in await fetch(dsns[SOURCE], query, list(MOVED))}
-    target = {str(r["id"]) for r in await fetch(dsns[TARGET], query, list(MOVED))}
+    dsns, moved = setup.dsns, list(setup.moved)
+    source = {str(r["id"]) for r in await fetch(dsns[setup.source], query, moved)}
+    target = {str(r["id"]) for r in await fetch(dsns[TARGET], query, moved)}
     return source & target
 
 
@@ -321,18 +341,18 @@ async def where(dsns: dict[str, str], ids: Sequence[str]) -> dict[str, list[tupl
     return found
 
 
-async def moved_rows(url: str) -> int:
+async def moved_rows(url: str, moved: Sequence[int]) -> int:
     rows = await fetch(
-        url, "SELECT count(*) AS n FROM tasks WHERE partition = ANY($1::smallint[])", list(MOVED)
+        url, "SELECT count(*) AS n FROM tasks WHERE partition = ANY($1::smallint[])", list(moved)
     )
     return int(rows[0]["n"])
 
 
-async def holding_states(url: str) -> dict[int, int]:
+async def holding_states(url: str, moved: Sequence[int]) -> dict[int, int]:
     rows = await fetch(
         url,
         "SELECT partition, state FROM shard_partitions WHERE partition = ANY($1::smallint[])",
-        list(MOVED),
+        list(moved),
     )
     return {r["partition"]: r["state"] for r in rows}
 
@@ -354,6 +374,10 @@ CASES = [
             (("source", "cut"), "done", "source-before-commit"),
             (("source", "clean_up"), "done", "source-in-clean-up"),
             (("target", "clean_up"), "done", "target-in-clean-up"),
+            # The source is shard-0, whose server is the node's own DSN's.
+            (("source", "stream:copy", "shard-0"), "rolled_back", "shard-0-source-mid-copy"),
+            (("source", "frozen", "shard-0"), "rolled_back", "shard-0-source-after-freeze"),
+            (("source", "cut", "shard-0"), "done", "shard-0-source-before-commit"),
         ]
     ),
 ]
@@ -364,26 +388,27 @@ async def test_a_move_survives_a_postgres_kill_on_either_side(moving: Setup, end
     node, client, dsns, hooks = moving.node, moving.client, moving.dsns, moving.hooks
     assert node.shard_admin is not None
     book = node.shard_admin.book
+    source, moved = moving.source, moving.moved
     later = datetime.now(UTC) + timedelta(hours=1)
-    loaded = keys_in(MOVED, LOADED, "load")
+    loaded = keys_in(moved, LOADED, "load")
     ids: dict[str, str] = {}
     for lo in range(0, len(loaded), 500):
         out = await client.submit_many(
             [NewTask(queue=QUEUE, run_at=later, idempotency_key=k) for k in loaded[lo : lo + 500]]
         )
         ids.update({k: o.task.id for k, o in zip(loaded[lo : lo + 500], out, strict=True)})
-    before = await moved_rows(dsns[SOURCE])
+    before = await moved_rows(dsns[source], moved)
     assert before == LOADED
 
     stop = asyncio.Event()
-    writing = asyncio.create_task(write_moving(client, later, stop))
+    writing = asyncio.create_task(write_moving(client, moved, later, stop))
     try:
-        (asked,) = await client.move_partitions(",".join(map(str, MOVED)), TARGET)
+        (asked,) = await client.move_partitions(",".join(map(str, moved)), TARGET)
         await asyncio.wait_for(hooks.fired.wait(), 60)
         victim = moving.victim
 
         # While the killed server is down, the other shards' partitions take submits.
-        alive = [p for p in range(P) if MAP.shard_of(p) != victim and p not in MOVED]
+        alive = [p for p in range(P) if MAP.shard_of(p) != victim and p not in moved]
         ids.update(await submit_all(client, keys_in(alive, 12, "alive"), later))
         # The driver has seen the failure (its record says where it goes from here) ...
         failed = {Phase.ROLLING_BACK} if ends == "rolled_back" else {Phase.CLEAN_UP}
@@ -394,11 +419,11 @@ async def test_a_move_survives_a_postgres_kill_on_either_side(moving: Setup, end
 
         await until(seen, 30, f"the driver in {failed}")
         if victim == TARGET:  # the source's copy is all there while the target is down
-            assert await moved_rows(dsns[SOURCE]) >= before
+            assert await moved_rows(dsns[source], moved) >= before
             if ends == "rolled_back":
                 # ... and the moved partitions, given back, take submits on the source: the
                 # target's outage is not theirs.
-                ids.update(await submit_all(client, keys_in(MOVED, 5, "given-back"), later))
+                ids.update(await submit_all(client, keys_in(moved, 5, "given-back"), later))
         # ... and the server comes back (crash recovery from its WAL).
         await asyncio.to_thread(moving.server.start)
 
@@ -418,7 +443,7 @@ async def test_a_move_survives_a_postgres_kill_on_either_side(moving: Setup, end
     assert final.phase.value == ends, (final.phase, final.error)
     assert during, "no submit into the moved partitions was accepted during the move"
     ids.update(during)
-    assert not await live_on_both(dsns)
+    assert not await live_on_both(moving)
     # Keyed submits into every partition (the moved ones included) work again.
     ids.update(await submit_all(client, keys_in(range(P), 24, "after"), later))
 
@@ -437,13 +462,13 @@ async def test_a_move_survives_a_postgres_kill_on_either_side(moving: Setup, end
     assert not elsewhere, (
         f"tasks not (only) on their partition's shard: {list(elsewhere.items())[:3]}"
     )
-    src, dst = await holding_states(dsns[SOURCE]), await holding_states(dsns[TARGET])
+    src, dst = await holding_states(dsns[source], moved), await holding_states(dsns[TARGET], moved)
     if ends == "rolled_back":
-        assert all(placement[p] == SOURCE for p in MOVED)
-        assert src == dict.fromkeys(MOVED, 0)  # live again
+        assert all(placement[p] == source for p in moved)
+        assert src == dict.fromkeys(moved, 0)  # live again
         assert all(s == 3 for s in dst.values()), dst  # gone (or never marked)
-        assert await moved_rows(dsns[TARGET]) == 0
+        assert await moved_rows(dsns[TARGET], moved) == 0
     else:
-        assert all(placement[p] == TARGET for p in MOVED)
-        assert src == dict.fromkeys(MOVED, 3) and dst == dict.fromkeys(MOVED, 0)
-        assert await moved_rows(dsns[SOURCE]) == 0
+        assert all(placement[p] == TARGET for p in moved)
+        assert src == dict.fromkeys(moved, 3) and dst == dict.fromkeys(moved, 0)
+        assert await moved_rows(dsns[source], moved) == 0
