@@ -136,8 +136,10 @@ def _done(
     action: BulkAction,
     queues: Counter[str],
 ) -> BulkDone:
+    # READY tasks wake claims of their queue; so does a cancel of a task with a concurrency
+    # key (if it was running, a slot of its key is free; else the wake-up finds nothing).
     effects = NO_EFFECTS
-    if not dry_run and action.target is TaskState.READY and queues:
+    if not dry_run and queues:
         effects = made_ready({(namespace, q): n for q, n in queues.items()})
     return BulkDone(BulkOutcome(count, token, dry_run), effects)
 

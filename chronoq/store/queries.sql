@@ -1491,11 +1491,13 @@ WITH {{filter_walk}}
 SELECT ARRAY(SELECT id FROM pick ORDER BY id) AS ids, (SELECT next FROM walk_next) AS next;
 
 -- fragment: bulk_done
--- What a bulk write answers: how many rows it changed, their queues (the READY ones wake
--- claims), and where its walk goes on. Every row it writes is of a partition this shard
+-- What a bulk write answers: how many rows it changed, the queues of those that wake claims
+-- (made READY, or cancelled with a concurrency key: a key's slot may be free; NULL: none),
+-- and where its walk goes on. Every row it writes is of a partition this shard
 -- holds live at the caller's map version (chronoq_hold_ids; else PartitionMoved, nothing
 -- written), still in one of the states $2 and still matching the filter as it is written.
-SELECT (SELECT count(*) FROM done) AS n, ARRAY(SELECT queue FROM done) AS queues,
+SELECT (SELECT count(*) FROM done) AS n,
+       ARRAY(SELECT queue FROM done WHERE queue IS NOT NULL) AS queues,
        (SELECT next FROM walk_next) AS next
 
 -- name: bulk_cancel
@@ -1508,13 +1510,15 @@ done AS (
     WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
       AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
       AND (SELECT chronoq_hold_ids(ARRAY(SELECT id FROM pick), {{map_version}}))
-    RETURNING t.queue
+    RETURNING CASE WHEN t.concurrency_key IS NOT NULL THEN t.queue END AS queue
 )
 {{bulk_done}};
 
 -- name: bulk_requeue
 -- DEAD -> READY now ($10, bucket $11) with a fresh attempt budget, as requeue_dead, for the
--- rows filter_walk picks (one batch of $4).
+-- rows filter_walk picks (one batch of $4). A dead letter whose unique key has a pending
+-- task stays DEAD (one pending task per key, tasks_unique_pending), as does all but the first
+-- (by id) of a batch's dead letters sharing a key: the rest of the batch goes on.
 WITH {{filter_walk}},
 done AS (
     UPDATE tasks t
@@ -1523,6 +1527,17 @@ done AS (
         fire_token = NULL, retry_base = t.attempt, lease_until = NULL, worker_id = NULL
     WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
       AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
+      AND (t.unique_key IS NULL OR (
+          t.id = ANY(ARRAY(
+              SELECT DISTINCT ON (u.partition, u.unique_key) u.id FROM tasks u
+              WHERE u.id = ANY(ARRAY(SELECT id FROM pick)) AND u.unique_key IS NOT NULL
+              ORDER BY u.partition, u.unique_key, u.id
+          ))
+          AND NOT EXISTS (
+              SELECT 1 FROM tasks p
+              WHERE p.namespace = t.namespace AND p.partition = t.partition
+                AND p.unique_key = t.unique_key AND p.state IN (0, 1, 2)
+          )))
       -- A dead task whose unique key a pending task holds stays DEAD (requeued, both would
       -- be pending: tasks_unique_pending); of a key's dead tasks in one batch, the first only.
       AND (t.unique_key IS NULL OR NOT EXISTS (

@@ -179,3 +179,77 @@ async def test_a_bad_token_is_refused(store_shape: TaskStore, now: datetime) -> 
         await store_shape.bulk_where(
             BulkAction.CANCEL, "default", TaskFilter(labels=RED), now, page_token="nope"
         )
+
+
+async def test_cancelling_running_keyed_tasks_wakes_their_queue(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    await store_shape.submit(
+        [
+            TaskSpec(queue="k", run_at=now, concurrency_key="c1", labels=RED),
+            TaskSpec(queue="plain", run_at=now, labels=RED),
+        ],
+        now,
+    )
+    await store_shape.claim("default", ["k", "plain"], "w", 2, now)
+    done = await store_shape.bulk_where(
+        BulkAction.CANCEL, "default", TaskFilter(labels=RED, state=TaskState.RUNNING), now
+    )
+    assert done.outcome.count == 2
+    assert done.effects.ready == {("default", "k"): 1}  # the key's slot is free: claims wake
+
+
+async def test_a_moving_partition_is_refused_whole_and_a_copy_is_left_alone(dsn: str) -> None:
+    """A frozen partition's rows make the bulk statement fail whole (PartitionMoved: the
+    caller retries once the map moved on), so none of them is passed over; rows of a
+    partition this shard holds only as a copy (incoming) are not listed or changed here."""
+    from chronoq.errors import PartitionMoved
+    from tests.contract.conftest import START, holding
+
+    async with holding(dsn, (0, 1, 2, 3)) as shard:
+        store = shard.store
+        later = START + timedelta(hours=1)
+
+        async def put(partition: int, n: int) -> list[str]:
+            specs = [TaskSpec(queue="m", run_at=later, labels=RED) for _ in range(n)]
+            made = await store.submit(specs, START, partitions=[partition] * n)
+            return [o.task.id for o in made]
+
+        frozen, live = await put(2, 3), await put(3, 3)
+        await shard.move_in([5], since_version=1)
+        copies = await put(5, 2)
+        await shard.mark_incoming([5])  # the move rolled back: these rows are another's now
+        listed = {t.id for t in await _all(store, labels=RED)}
+        assert listed == set(frozen + live)
+
+        await shard.freeze([2])
+        with pytest.raises(PartitionMoved):
+            await store.bulk_where(BulkAction.CANCEL, "default", TaskFilter(labels=RED), START)
+        assert {t.state for t in await _all(store, labels=RED)} == {TaskState.SCHEDULED}
+
+        await shard.unfreeze([2])
+        done = await store.bulk_where(BulkAction.CANCEL, "default", TaskFilter(labels=RED), START)
+        assert done.outcome.count == 6
+        for task_id in copies:  # another shard's rows: not changed here
+            assert (await store.get(task_id, "default")).state is TaskState.SCHEDULED
+
+
+async def test_a_bulk_requeue_keeps_one_pending_task_per_unique_key(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    """Dead letters of one unique key: the first is requeued, the others stay DEAD (a second
+    pending task of the key would break the rule); so does one whose key is pending again."""
+    specs = [TaskSpec(queue="u", run_at=now, max_attempts=1, unique_key="k1", labels=RED)]
+    for _ in range(3):  # each dies before the next takes the key
+        await store_shape.submit(specs, now)
+        (task,) = await store_shape.claim("default", ["u"], "w", 1, now)
+        await store_shape.fail("default", Lease(task.id, task.attempt), "boom", now)
+    other = [TaskSpec(queue="u", run_at=now, max_attempts=1, unique_key="k2", labels=RED)]
+    await store_shape.submit(other, now)
+    (task,) = await store_shape.claim("default", ["u"], "w", 1, now)
+    await store_shape.fail("default", Lease(task.id, task.attempt), "boom", now)
+    await store_shape.submit(other, now)  # k2 is pending again
+    done = await store_shape.bulk_where(BulkAction.REQUEUE, "default", TaskFilter(queue="u"), now)
+    assert done.outcome.count == 1
+    states = sorted(t.state for t in await _all(store_shape, labels=RED))
+    assert states == [TaskState.READY] * 2 + [TaskState.DEAD] * 3
