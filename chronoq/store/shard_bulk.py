@@ -18,12 +18,14 @@ from datetime import datetime
 from chronoq.errors import PartitionMoved
 from chronoq.limits import BULK_DEADLINE_S, MAX_BULK_TASKS
 from chronoq.store.bulk import Batch, walk
-from chronoq.store.shard_routing import REFRESH_S, ShardRouting
+from chronoq.store.shard_routing import ShardRouting
 from chronoq.taskfilter import BulkAction, BulkDone, TaskFilter
 
-#: Rounds in a row a moving partition may refuse before the call gives up (a move's freeze
-#: lasts about a second; each try first waits for the refreshed map).
-MOVED_TRIES = 5
+#: Tries of a round a moving partition may refuse before the call gives up, and the pause
+#: after each (after the map's refresh): about 3 s in all, past a move's cut-over freeze
+#: (about a second per group of partitions).
+MOVED_TRIES = 12
+MOVED_PAUSE_S = 0.25
 
 
 class ShardBulk(ShardRouting):
@@ -78,7 +80,7 @@ class ShardBulk(ShardRouting):
                 if not dry_run:  # committed: counted, and not walked into again
                     counted += [Batch(b.count, None, queues=b.queues) for b in done]
                 await self._refreshed()
-                await asyncio.sleep(REFRESH_S / 10)
+                await asyncio.sleep(MOVED_PAUSE_S)
             raise failed[0]
 
         return await walk(

@@ -253,3 +253,41 @@ async def test_a_bulk_requeue_keeps_one_pending_task_per_unique_key(
     assert done.outcome.count == 1
     states = sorted(t.state for t in await _all(store_shape, labels=RED))
     assert states == [TaskState.READY] * 2 + [TaskState.DEAD] * 3
+
+
+@pytest.fixture
+def two_dsns(request: pytest.FixtureRequest) -> tuple[str, str]:
+    from tests.contract.conftest import _prepare_two
+
+    return _prepare_two(request)
+
+
+async def test_over_shards_a_frozen_partition_is_waited_for_not_passed_over(
+    two_dsns: tuple[str, str],
+) -> None:
+    """A freeze of a partition on one shard (a move's cut-over) while a bulk cancel runs: its
+    rounds go again from the same position until the freeze ends, and every task is done."""
+    import asyncio
+
+    from chronoq.store import holdings
+    from tests.contract.conftest import START, TWO_SHARDS, open_two
+
+    async with open_two(two_dsns) as sharded:
+        later = START + timedelta(hours=1)
+        specs = [TaskSpec(queue="m", run_at=later, labels=RED) for _ in range(200)]
+        await sharded.submit(specs, START)
+        moving = TWO_SHARDS.held_by("shard-1")[0]
+        target = sharded.stores["shard-1"]
+        await holdings.freeze(target, [moving], "m1", 7)
+
+        async def thaw() -> None:
+            await asyncio.sleep(1.0)  # about a cut-over's freeze
+            await holdings.unfreeze(target, [moving], "m1", 7)
+
+        thawing = asyncio.ensure_future(thaw())
+        done = await sharded.bulk_where(
+            BulkAction.CANCEL, "default", TaskFilter(labels=RED), START
+        )
+        await thawing
+        assert done.outcome.count == 200 and not done.outcome.more
+        assert {t.state for t in await _all(sharded, labels=RED)} == {TaskState.CANCELLED}
