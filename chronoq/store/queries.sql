@@ -621,11 +621,15 @@ RETURNING t.id;
 -- fragment: key_free
 -- Whether key h.key of queue s.queue (limits s.lim RUNNING, s.rate starts a second) may start
 -- a task now: fewer than s.lim RUNNING (at most s.lim entries of tasks_running_keys read) and
--- a whole token in its bucket of burst 1 (a key without a key_tokens row has a full one).
+-- a whole token in its bucket of burst 1 (a key without a key_tokens row has a full one). A
+-- key is compared as a range (>= and <=) wherever another index could serve an equality:
+-- tasks_ready_keys and tasks_running_keys are then the only ones whose ranges it narrows, so
+-- no plan made on statistics of a moment with few READY or RUNNING tasks scans a queue's
+-- tasks to find one key's.
 ((s.lim <= 0 OR (SELECT count(*) FROM (
       SELECT 1 FROM tasks r
-      WHERE r.namespace = $1 AND r.queue = s.queue AND r.concurrency_key = h.key
-        AND r.state = 2
+      WHERE r.namespace = $1 AND r.queue = s.queue
+        AND r.concurrency_key >= h.key AND r.concurrency_key <= h.key AND r.state = 2
       LIMIT greatest(s.lim, 0)) x) < s.lim)
  AND (s.rate <= 0 OR coalesce((
       SELECT k.tokens + s.rate * greatest(0, extract(epoch FROM $2::timestamptz - k.refilled_at))
@@ -784,8 +788,8 @@ s AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT count(*)::integer AS n FROM (
             SELECT 1 FROM tasks r
-            WHERE r.namespace = $1 AND r.queue = h.queue AND r.concurrency_key = h.key
-              AND r.state = 2
+            WHERE r.namespace = $1 AND r.queue = h.queue
+              AND r.concurrency_key >= h.key AND r.concurrency_key <= h.key AND r.state = 2
             LIMIT greatest(s.lim, 0)) x
     ) run
     CROSS JOIN LATERAL (
@@ -803,11 +807,15 @@ s AS MATERIALIZED (
         SELECT t.id, t.queue, t.priority, t.run_at,
                {{task_bytes}} + octet_length($8::text) + $12::integer AS bytes
         FROM tasks t
-        WHERE t.namespace = $1 AND t.queue = k.queue AND t.concurrency_key = k.key
+        -- the key as a range and first in the order: only tasks_ready_keys reads it in that
+        -- order, so no plan walks the queue's whole tasks_ready range for one key's tasks (a
+        -- plan made while few tasks were READY did, 440 rows a key)
+        WHERE t.namespace = $1 AND t.queue = k.queue
+          AND t.concurrency_key >= k.key AND t.concurrency_key <= k.key
           AND t.state = 1
           AND ((SELECT parts FROM live) IS NULL
                OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
-        ORDER BY t.priority DESC, t.run_at
+        ORDER BY t.concurrency_key, t.priority DESC, t.run_at
         LIMIT k.room
         FOR UPDATE SKIP LOCKED
     ) c
@@ -816,11 +824,14 @@ s AS MATERIALIZED (
         SELECT t.id, t.queue, t.priority, t.run_at,
                {{task_bytes}} + octet_length($8::text) + $12::integer AS bytes
         FROM tasks t
+        -- the keyless ones among the first $13 READY tasks (only those are looked up again)
         WHERE t.id = ANY(ARRAY(
-                  SELECT f.id FROM tasks f
-                  WHERE f.namespace = $1 AND f.queue = s.queue AND f.state = 1
-                  ORDER BY f.priority DESC, f.run_at
-                  LIMIT $13))
+                  SELECT w.id FROM (
+                      SELECT f.id, f.concurrency_key FROM tasks f
+                      WHERE f.namespace = $1 AND f.queue = s.queue AND f.state = 1
+                      ORDER BY f.priority DESC, f.run_at
+                      LIMIT $13) w
+                  WHERE w.concurrency_key IS NULL))
           AND t.concurrency_key IS NULL AND t.state + 0 = 1
           AND ((SELECT parts FROM live) IS NULL
                OR t.partition = ANY((SELECT parts FROM live)::smallint[]))
