@@ -14,17 +14,43 @@ from chronoq.embedded.ha import PatroniCluster, PatroniUnavailable
 from chronoq.embedded.postgres import EmbeddedPostgres
 
 
+#: The heavy tier: tests that kill and restart servers and node processes, run the chaos
+#: harness or a benchmark end to end (tens of seconds each). The default run leaves them out
+#: so that it stays well under 15 minutes; CI runs them in a step of their own (`--heavy -m
+#: heavy`, see .ci/run). Listed here by path, so a new test in one of these files is heavy too.
+HEAVY = (
+    "tests/chaos/test_chaos_short.py::test_short_chaos_run_has_no_violation",
+    "tests/chaos/test_chaos_short.py::test_grey_faults_lose_nothing_and_are_felt",
+    "tests/cluster/test_moves.py::",
+    "tests/cluster/test_grey_failures.py::test_workers_keep_starting_tasks_while_a_node_is_frozen",
+    "tests/cluster/test_tenants_cluster.py::",
+    "tests/integration/test_node_shards.py::test_one_shard_down_stops_only_its_partitions",
+    "tests/integration/test_bench_backlog.py::",
+    "tests/integration/test_bench_smoke.py::",
+    "tests/integration/test_dev_supervision.py::",
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+    parser.addoption("--heavy", action="store_true", help="also run the heavy tier (HEAVY)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--runslow"):
-        return
-    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    heavy = pytest.mark.heavy
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        if item.nodeid.startswith(HEAVY):
+            item.add_marker(heavy)
+    skips = []
+    if not config.getoption("--runslow"):
+        skips.append(("slow", pytest.mark.skip(reason="slow: run with --runslow")))
+    if not config.getoption("--heavy"):
+        skips.append(("heavy", pytest.mark.skip(reason="heavy tier: run with --heavy")))
+    for item in items:
+        for keyword, skip in skips:
+            if keyword in item.keywords:
+                item.add_marker(skip)
+                break
 
 
 @pytest.fixture(scope="session")
