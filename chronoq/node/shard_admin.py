@@ -256,7 +256,18 @@ class ShardAdmin:
             raise ShardAdminRefused("the shard map changed meanwhile: run add-shard again")
         self.stores.remember(name, dsn)
         log.info("registered %s (%s): shard map version %d", name, masked, bigger.version)
+        await self._copy_queue_settings(current.shards[0], name)
         return AddedShard(name, masked, bigger.version)
+
+    async def _copy_queue_settings(self, first: str, name: str) -> None:
+        """The new shard takes the first shard's queue settings (each shard's claims read
+        their own copy; later settings are written to every shard the map names). Logged
+        when it cannot: the settings are then set again to reach it."""
+        try:
+            rows = await (await self.stores.store(first)).gated_queues()
+            await (await self.stores.store(name)).copy_queue_settings(rows)
+        except (ChronoqError, OSError, TimeoutError) as exc:
+            log.warning("queue settings not copied to %s: %s", name, exc)
 
     # ------------------------------------------------------------------ moves
 

@@ -1777,3 +1777,12 @@ gone AS (
 )
 SELECT (SELECT w.id FROM walk w ORDER BY w.id DESC LIMIT 1) AS last,
        (SELECT count(*) FROM gone)::integer AS skipped;
+
+-- name: copy_queue_settings
+-- Rows of queue_settings from another shard (column arrays), for a shard that joins the map:
+-- each row as it is there (a row here already is left as it is: it was written since).
+INSERT INTO queue_settings (namespace, queue, paused, paused_at, max_running_per_key,
+                            max_starts_per_key, updated_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::boolean[], $4::timestamptz[], $5::integer[],
+                     $6::float8[], $7::timestamptz[])
+ON CONFLICT (namespace, queue) DO NOTHING;

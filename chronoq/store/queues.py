@@ -11,6 +11,7 @@ their dispatch gates have read. A store of shards writes each setting to every s
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,8 @@ from chronoq.saturating import ms_of
 from chronoq.store.connection import Connected
 from chronoq.store.sql import q
 
+#: Settings rows one statement copies to a shard joining the map.
+COPY_BATCH = 1000
 #: Below every task id: a misfire pass starts its walk after it.
 _FIRST_ID = uuid.UUID(int=0)
 
@@ -135,6 +138,23 @@ class QueueStatements(Connected):
         async with self.connection() as conn:
             rows = await conn.fetch(q("list_queue_settings"), namespace, limit)
         return [settings_of(r) for r in rows]
+
+    async def copy_queue_settings(self, rows: Sequence[QueueSettings]) -> None:
+        """Write ``rows`` (another shard's settings) here, ``COPY_BATCH`` a statement; a row
+        this shard has already stays (a shard joining the map takes the first shard's)."""
+        for start in range(0, len(rows), COPY_BATCH):
+            part = rows[start : start + COPY_BATCH]
+            async with self.connection() as conn:
+                await conn.execute(
+                    q("copy_queue_settings"),
+                    [r.namespace for r in part],
+                    [r.queue for r in part],
+                    [r.paused for r in part],
+                    [r.paused_at for r in part],
+                    [r.max_running_per_key for r in part],
+                    [r.max_starts_per_key for r in part],
+                    [r.updated_at for r in part],
+                )
 
     async def gated_queues(self) -> list[QueueSettings]:
         """Every namespace's queues that are paused or limited per key (the dispatch gate's)."""

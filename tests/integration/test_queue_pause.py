@@ -230,3 +230,25 @@ async def test_a_bad_queue_name_is_refused_naming_the_field(client: Client) -> N
         with pytest.raises(errors.BadRequest) as caught:
             await client.pause_queue(bad)
         assert caught.value.message.startswith("INVALID_ARGUMENT: queue:"), caught.value.message
+
+
+async def test_a_shard_added_later_takes_the_paused_queues(
+    make_node: NodeFactory, etcd: Any, cluster_name: str, empty_db: str, tmp_path: Path
+) -> None:
+    """Each shard's claims read their own copy of the settings: AddShard copies the first
+    shard's to the new one, so a partition moved there later stays paused."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[tokens]\n"admin-token-for-pauses" = ["*"]\n')
+    tokens.chmod(0o600)
+    node = await make_node(cluster=cluster(etcd, cluster_name), auth_tokens=str(tokens))
+    async with Client(node.address, token="admin-token-for-pauses", timeout=40) as admin:
+        await admin.pause_queue("moving")
+        await admin.set_queue("keyed", max_running_per_key=2)
+        added = await admin.add_shard(empty_db)
+        assert added.shard == "shard-1"
+    joined = await Store.connect(empty_db, partitions=16, min_size=1, max_size=2, migrate=False)
+    try:
+        got = {s.queue: s for s in await joined.gated_queues()}
+        assert got["moving"].paused and got["keyed"].max_running_per_key == 2
+    finally:
+        await joined.close()

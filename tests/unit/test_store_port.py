@@ -42,6 +42,7 @@ OWN = {
     "skip_overdue_ready",
     "unpause_queue",
     "ready_count",
+    "copy_queue_settings",  # AddShard: a joining shard takes the first shard's settings
     "pause_once",  # Schedules: a store of shards releases a paused rate once
     "remove",  # Schedules: a store of shards gives back what the deleted one held
     "bulk_batch",  # one statement of a bulk walk: a store of shards runs it on every shard
