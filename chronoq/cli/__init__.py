@@ -40,6 +40,7 @@ from chronoq.cli import (  # noqa: E402
     dev,
     etcd,
     node,
+    outbox,
     queues,
     schedules,
     status,
@@ -152,6 +153,7 @@ queues.register(app)
 counts.register(app)
 status.register(app)
 store.register(app)
+outbox.register(app)
 worker.register(app)
 bench.register(app)
 chaos.register(app)
