@@ -250,6 +250,12 @@ class Holder:
         )
 
 
+def shard_holder(sharded: ShardedStore, shard: str) -> Holder:
+    """One shard of a store of shards, with the map's steps on it (a move's freeze)."""
+    store = sharded.stores[shard]
+    return Holder(store, Schedules(store))
+
+
 @contextlib.asynccontextmanager
 async def holding(dsn: str, holds: Sequence[int]) -> AsyncIterator[Holder]:
     """A single store shard on ``dsn`` that holds ``holds`` from its first connect."""

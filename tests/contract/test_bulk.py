@@ -269,20 +269,19 @@ async def test_over_shards_a_frozen_partition_is_waited_for_not_passed_over(
     rounds go again from the same position until the freeze ends, and every task is done."""
     import asyncio
 
-    from chronoq.store import holdings
-    from tests.contract.conftest import START, TWO_SHARDS, open_two
+    from tests.contract.conftest import START, TWO_SHARDS, open_two, shard_holder
 
     async with open_two(two_dsns) as sharded:
         later = START + timedelta(hours=1)
         specs = [TaskSpec(queue="m", run_at=later, labels=RED) for _ in range(200)]
         await sharded.submit(specs, START)
         moving = TWO_SHARDS.held_by("shard-1")[0]
-        target = sharded.stores["shard-1"]
-        await holdings.freeze(target, [moving], "m1", 7)
+        target = shard_holder(sharded, "shard-1")
+        await target.freeze([moving])
 
         async def thaw() -> None:
             await asyncio.sleep(1.0)  # about a cut-over's freeze
-            await holdings.unfreeze(target, [moving], "m1", 7)
+            await target.unfreeze([moving])
 
         thawing = asyncio.ensure_future(thaw())
         done = await sharded.bulk_where(

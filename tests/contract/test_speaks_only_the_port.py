@@ -31,6 +31,7 @@ ALLOWED = (
     "chronoq.queue_settings",
     "chronoq.recurrence",
     "chronoq.store.port",
+    "chronoq.taskfilter",
     "tests.contract.conftest",
 )
 #: Names of one database's insides: a contract touching one is not about the port.
