@@ -28,6 +28,7 @@ HEAVY = (
     "tests/integration/test_bench_backlog.py::",
     "tests/integration/test_bench_smoke.py::",
     "tests/integration/test_dev_supervision.py::",
+    "tests/integration/test_move_pg_kills.py::",
 )
 
 
