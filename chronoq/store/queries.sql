@@ -1538,17 +1538,6 @@ done AS (
         fire_token = NULL, retry_base = t.attempt, lease_until = NULL, worker_id = NULL
     WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.namespace || '' = $1
       AND t.state + 0 = ANY($2::smallint[]) AND {{filter_hit}}
-      AND (t.unique_key IS NULL OR (
-          t.id = ANY(ARRAY(
-              SELECT DISTINCT ON (u.partition, u.unique_key) u.id FROM tasks u
-              WHERE u.id = ANY(ARRAY(SELECT id FROM pick)) AND u.unique_key IS NOT NULL
-              ORDER BY u.partition, u.unique_key, u.id
-          ))
-          AND NOT EXISTS (
-              SELECT 1 FROM tasks p
-              WHERE p.namespace = t.namespace AND p.partition = t.partition
-                AND p.unique_key = t.unique_key AND p.state IN (0, 1, 2)
-          )))
       -- A dead task whose unique key a pending task holds stays DEAD (requeued, both would
       -- be pending: tasks_unique_pending); of a key's dead tasks in one batch, the first only.
       AND (t.unique_key IS NULL OR NOT EXISTS (
