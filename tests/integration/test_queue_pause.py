@@ -252,3 +252,43 @@ async def test_a_shard_added_later_takes_the_paused_queues(
         assert got["moving"].paused and got["keyed"].max_running_per_key == 2
     finally:
         await joined.close()
+
+
+async def test_the_typescript_client_pauses_and_resumes(make_node: NodeFactory) -> None:
+    import json
+    import shutil
+    import subprocess
+
+    from tests.integration.test_typescript_client import BUILD_TIMEOUT, FOLDER, RUN_TIMEOUT
+
+    node_js, npx = shutil.which("node"), shutil.which("npx")
+    if not (node_js and npx and (FOLDER / "node_modules" / ".bin" / "tsc").exists()):
+        pytest.skip("Node.js and the client's node_modules are needed (.ci/run installs them)")
+    compiled = await asyncio.to_thread(
+        subprocess.run, [npx, "tsc", "-p", "."], cwd=FOLDER, capture_output=True, text=True,
+        timeout=BUILD_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    node = await make_node()
+    proc = await asyncio.create_subprocess_exec(
+        node_js, str(FOLDER / "dist" / "examples" / "pause.js"), node.address, "ts-ns",
+        cwd=FOLDER, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stdout.decode() + stderr.decode()
+    report = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert report.pop("refused").startswith("INVALID_ARGUMENT: max_running_per_key:")
+    assert report == {
+        "paused": True,
+        "pausedAt": True,
+        "whilePaused": 0,
+        "resumed": True,
+        "skipped": 0,
+        "claimed": True,
+        "maxRunningPerKey": 3,
+    }
