@@ -86,7 +86,9 @@ class QueueSnapshot:
 
     ``queues``: the answered queues in queue order; ``other``: the queues past them, summed
     (``truncated`` when there were some); ``totals``: every queue. ``as_of``: the oldest
-    partition count summed (None: no partition counted yet); ``now``: the node's clock when
+    partition count summed (None: no partition counted yet), ``ready_as_of`` that of its
+    READY and RUNNING counts, which the owners recount more often (their index entries are
+    few, whatever the backlog); ``now``: the node's clock when
     it answered, which ``oldest_ready_age`` is measured from. ``labels``: per label value,
     when a label key was asked for; read from the tasks up to a bound, so with
     ``labels_capped`` they are lower bounds.
@@ -101,6 +103,7 @@ class QueueSnapshot:
     uncounted_partitions: int = 0
     labels: tuple[LabelTally, ...] = ()
     labels_capped: bool = False
+    ready_as_of: datetime | None = None
 
     def queue(self, name: str) -> QueueTally | None:
         return next((t for t in self.queues if t.queue == name), None)
@@ -130,6 +133,7 @@ class KeptCounts:
     as_of: datetime | None = None
     counted: int = 0
     oldest_ready: dict[str, datetime] = field(default_factory=dict)
+    live_as_of: datetime | None = None
 
 
 def merged(answers: Iterable[KeptCounts]) -> KeptCounts:
@@ -142,6 +146,8 @@ def merged(answers: Iterable[KeptCounts]) -> KeptCounts:
             out.totals[state] = out.totals.get(state, 0) + n
         if a.as_of is not None and (out.as_of is None or a.as_of < out.as_of):
             out.as_of = a.as_of
+        if a.live_as_of is not None and (out.live_as_of is None or a.live_as_of < out.live_as_of):
+            out.live_as_of = a.live_as_of
         out.counted += a.counted
         for queue, at in a.oldest_ready.items():
             if queue not in out.oldest_ready or at < out.oldest_ready[queue]:
@@ -179,6 +185,7 @@ def snapshot(
         as_of=kept.as_of,
         now=now,
         uncounted_partitions=max(0, partitions - kept.counted),
+        ready_as_of=kept.live_as_of,
     )
 
 

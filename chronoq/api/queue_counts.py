@@ -50,6 +50,8 @@ def snapshot_to_pb(s: QueueSnapshot) -> tasks_pb2.QueueCountsResponse:
     )
     if s.as_of is not None:
         out.as_of.CopyFrom(_ts(s.as_of))
+    if s.ready_as_of is not None:
+        out.ready_as_of.CopyFrom(_ts(s.ready_as_of))
     return out
 
 
@@ -73,4 +75,7 @@ def snapshot_from_pb(pb: tasks_pb2.QueueCountsResponse) -> QueueSnapshot:
         uncounted_partitions=pb.uncounted_partitions,
         labels=tuple(LabelTally(x.queue, x.value, _tally_from_pb(x.counts)) for x in pb.labels),
         labels_capped=pb.labels_capped,
+        ready_as_of=from_timestamp("ready_as_of", pb.ready_as_of)
+        if pb.HasField("ready_as_of")
+        else None,
     )

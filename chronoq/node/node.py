@@ -51,7 +51,7 @@ from chronoq.node.owner.engine import Owner
 from chronoq.node.owner.firing import Firer
 from chronoq.node.owner.materializer import SchedulePump
 from chronoq.node.owner.reaper import Reaper
-from chronoq.node.queue_counts import QueueGauges, QueueRecount
+from chronoq.node.queue_counts import LIVE_BATCH, LIVE_STATES, QueueGauges, QueueRecount
 from chronoq.node.shard_admin import ShardAdmin
 from chronoq.node.shard_admin import attach as attach_shard_admin
 from chronoq.node.shards import ShardStores, ShardWatch
@@ -139,6 +139,7 @@ class Node(NodeServices, NodeLoops):
         self.retention: Retention | None = None
         self.depth: DepthPoller | None = None
         self.queue_recount: QueueRecount | None = None
+        self.live_recount: QueueRecount | None = None
         self.queue_gauges: QueueGauges | None = None
         self.health: HealthWatch | None = None
         self.store_watch: StoreWatch | None = None
@@ -255,6 +256,16 @@ class Node(NodeServices, NodeLoops):
             self.clock,
             node_id=s.node_id,
             interval=s.queue_counts_interval.total_seconds(),
+        )
+        self.live_recount = QueueRecount(
+            self.store,
+            self.ownership,
+            self.clock,
+            node_id=s.node_id,
+            interval=s.queue_counts_interval.total_seconds(),
+            states=LIVE_STATES,
+            batch=LIVE_BATCH,
+            name="queue-counts-live",
         )
         self.queue_gauges = QueueGauges(
             self.store,

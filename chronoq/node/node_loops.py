@@ -30,6 +30,7 @@ class NodeLoops(NodeShards):
     retention: Retention | None
     depth: DepthPoller | None
     queue_recount: QueueRecount | None
+    live_recount: QueueRecount | None
     queue_gauges: QueueGauges | None
     store_watch: StoreWatch | None
     health: HealthWatch | None
@@ -61,7 +62,7 @@ class NodeLoops(NodeShards):
         self._loops += self._recount_loops()
         self._loops += [
             part.start(self.supervisor)
-            for part in (self.queue_recount, self.queue_gauges)
+            for part in (self.queue_recount, self.live_recount, self.queue_gauges)
             if part is not None
         ]
         self._loops += self._shard_watch_loops()

@@ -135,10 +135,17 @@ class ByPartition(Buckets, Protocol):
         ...
 
     async def recount_queues(
-        self, partitions: Sequence[int], now: datetime, counter: str, *, max_queues: int
+        self,
+        partitions: Sequence[int],
+        now: datetime,
+        counter: str,
+        *,
+        max_queues: int,
+        states: Sequence[TaskState] = ...,
     ) -> int:
-        """Replace the kept queue counts of ``partitions`` by a count of their index entries
-        (on each partition's shard); the entries read."""
+        """Replace the kept queue counts of ``partitions`` in ``states`` (default: every kept
+        state) by a count of their index entries (on each partition's shard); the entries
+        read."""
         ...
 
 

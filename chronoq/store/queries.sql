@@ -1578,17 +1578,17 @@ done AS (
 -- transaction-level advisory locks of class "chqc", taken in partition order.
 SELECT pg_advisory_xact_lock(1667788131, u.p) FROM unnest($1::smallint[]) AS u(p) ORDER BY u.p;
 
--- name: clear_queue_counts
-DELETE FROM queue_state_counts WHERE partition = ANY($1::smallint[]);
-
 -- name: recount_queue_counts
--- The partitions $1 counted by (namespace, state, queue) from tasks_partition_states alone
--- (an index-only scan, in index order), at most $2 queues per (partition, namespace, state)
--- in queue order and the rest summed under queue ''. Answers the index entries it read.
-WITH counted AS (
-    INSERT INTO queue_state_counts (partition, namespace, state, queue, n)
+-- The partitions $1 counted by (namespace, state, queue) in the states $3 from
+-- tasks_partition_states alone (an index-only scan of those states' entries, in index order:
+-- READY and RUNNING alone read only their own), at most $2 queues per (partition, namespace, state)
+-- in queue order and the rest summed under queue '', written in one statement (a reader
+-- sees the old counts or the new): rows that changed are updated, rows gone deleted, the
+-- rest left as they are (no dead rows for counts that did not move). Answers the index
+-- entries it read.
+WITH fresh AS (
     SELECT g.partition, g.namespace, g.state,
-           CASE WHEN g.rank <= $2 THEN g.queue ELSE '' END, sum(g.n)
+           CASE WHEN g.rank <= $2 THEN g.queue ELSE '' END AS queue, sum(g.n)::bigint AS n
     FROM (
         SELECT c.partition, c.namespace, c.state, c.queue, c.n,
                row_number() OVER (
@@ -1597,19 +1597,36 @@ WITH counted AS (
         FROM (
             SELECT t.partition, t.namespace, t.state, t.queue, count(*) AS n
             FROM tasks t
-            WHERE t.partition = ANY($1::smallint[]) AND t.state IN (0, 1, 2, 4)
+            WHERE t.partition = ANY($1::smallint[]) AND t.state = ANY($3::smallint[])
+              AND t.state IN (0, 1, 2, 4)
             GROUP BY t.partition, t.state, t.namespace, t.queue
         ) c
     ) g
     GROUP BY 1, 2, 3, 4
-    RETURNING n
+), gone AS (
+    DELETE FROM queue_state_counts k
+    WHERE k.partition = ANY($1::smallint[]) AND k.state = ANY($3::smallint[])
+      AND NOT EXISTS (
+          SELECT 1 FROM fresh f
+          WHERE f.partition = k.partition AND f.namespace = k.namespace
+            AND f.state = k.state AND f.queue = k.queue
+      )
+), changed AS (
+    INSERT INTO queue_state_counts AS k (partition, namespace, state, queue, n)
+    SELECT f.partition, f.namespace, f.state, f.queue, f.n FROM fresh f
+    ON CONFLICT (partition, namespace, state, queue) DO UPDATE SET n = excluded.n
+    WHERE k.n IS DISTINCT FROM excluded.n
 )
-SELECT coalesce(sum(n), 0)::bigint AS read FROM counted;
+SELECT coalesce(sum(n), 0)::bigint AS read FROM fresh;
 
 -- name: mark_queue_counts
-INSERT INTO queue_counts_at (partition, counted_at, counter)
-SELECT u.p, $2, $3 FROM unnest($1::smallint[]) AS u(p)
-ON CONFLICT (partition) DO UPDATE SET counted_at = excluded.counted_at, counter = excluded.counter;
+-- The partitions $1 recounted at $2 by $3: READY and RUNNING, and every state when $4.
+INSERT INTO queue_counts_at AS a (partition, counted_at, live_at, counter)
+SELECT u.p, CASE WHEN $4::boolean THEN $2::timestamptz END, $2, $3
+FROM unnest($1::smallint[]) AS u(p)
+ON CONFLICT (partition) DO UPDATE
+SET counted_at = coalesce(excluded.counted_at, a.counted_at), live_at = excluded.live_at,
+    counter = excluded.counter;
 
 -- name: kept_queue_counts
 -- Namespace $1's kept counts per (queue, state), summed over the partitions this shard
@@ -1636,8 +1653,9 @@ WHERE c.namespace = $1
 GROUP BY c.state;
 
 -- name: queue_counts_as_of
--- The oldest recount among the partitions this shard holds, and how many were counted.
-SELECT min(a.counted_at) AS as_of, count(*) AS counted
+-- The oldest recount among the partitions this shard holds (of every state, and of READY
+-- and RUNNING), and how many were counted in every state.
+SELECT min(a.counted_at) AS as_of, min(a.live_at) AS live_as_of, count(a.counted_at) AS counted
 FROM queue_counts_at a
 WHERE NOT EXISTS (
     SELECT 1 FROM shard_partitions h WHERE h.partition = a.partition AND h.state >= 2

@@ -17,18 +17,25 @@ class QueueCountStatements(Connected):
     """The kept counts of one database."""
 
     async def recount_queues(
-        self, partitions: Sequence[int], now: datetime, counter: str, *, max_queues: int
+        self,
+        partitions: Sequence[int],
+        now: datetime,
+        counter: str,
+        *,
+        max_queues: int,
+        states: Sequence[TaskState] = KEPT_STATES,
     ) -> int:
-        """Replace the kept counts of ``partitions`` by a count of their index entries, in one
-        transaction (readers see the old or the new counts); the entries it read."""
+        """Replace the kept counts of ``partitions`` in ``states`` by a count of their index
+        entries, in one statement (readers see the old or the new counts); the entries read."""
         if not partitions:
             return 0
         ps = sorted(set(partitions))
         async with self.connection() as conn, conn.transaction():
             await conn.execute(q("lock_queue_recount"), ps)
-            await conn.execute(q("clear_queue_counts"), ps)
-            read = await conn.fetchval(q("recount_queue_counts"), ps, max_queues)
-            await conn.execute(q("mark_queue_counts"), ps, now, counter)
+            codes = sorted({int(s) for s in states})
+            read = await conn.fetchval(q("recount_queue_counts"), ps, max_queues, codes)
+            full = set(codes) >= {int(s) for s in KEPT_STATES}
+            await conn.execute(q("mark_queue_counts"), ps, now, counter, full)
         return int(read)
 
     async def kept_counts(
@@ -40,7 +47,10 @@ class QueueCountStatements(Connected):
         names = None if queues is None else list(queues)
         async with self.connection() as conn:
             rows = await conn.fetch(q("kept_queue_counts"), namespace, names, 4 * (max_queues + 1))
-            totals = await conn.fetch(q("kept_state_totals"), namespace)
+            # Named queues' totals are their own rows' sums (``snapshot``): not read again.
+            totals = (
+                [] if names is not None else await conn.fetch(q("kept_state_totals"), namespace)
+            )
             at = await conn.fetchrow(q("queue_counts_as_of"))
             probed = names if names is not None else sorted({r["queue"] for r in rows} - {""})
             probed = probed[:max_queues]
@@ -49,6 +59,7 @@ class QueueCountStatements(Connected):
             rows={(r["queue"], known(TaskState, r["state"], TaskState.DEAD)): r["n"] for r in rows},
             totals={known(TaskState, r["state"], TaskState.DEAD): r["n"] for r in totals},
             as_of=at["as_of"],
+            live_as_of=at["live_as_of"],
             counted=int(at["counted"]),
             oldest_ready={r["queue"]: r["oldest"] for r in oldest if r["oldest"] is not None},
         )

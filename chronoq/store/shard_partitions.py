@@ -11,6 +11,7 @@ from datetime import datetime
 
 from chronoq.errors import StoreUnavailable
 from chronoq.models import Task, TaskState
+from chronoq.queuecounts import KEPT_STATES
 from chronoq.store import fanout, legacy
 from chronoq.store.rows import Fence, FireResult
 from chronoq.store.shard_routing import DueSoon, Route, ShardRouting
@@ -184,16 +185,24 @@ class ByPartition(ShardRouting):
         return fanout.summed(r for _pos, r in answers)
 
     async def recount_queues(
-        self, partitions: Sequence[int], now: datetime, counter: str, *, max_queues: int
+        self,
+        partitions: Sequence[int],
+        now: datetime,
+        counter: str,
+        *,
+        max_queues: int,
+        states: Sequence[TaskState] = KEPT_STATES,
     ) -> int:
         if (solo := self._fast()) is not None:
-            return await solo.recount_queues(partitions, now, counter, max_queues=max_queues)
+            return await solo.recount_queues(
+                partitions, now, counter, max_queues=max_queues, states=states
+            )
         ps = list(partitions)
         answers = await self._routed(
             ps,
             int,
             lambda s, pos: s.recount_queues(
-                [ps[i] for i in pos], now, counter, max_queues=max_queues
+                [ps[i] for i in pos], now, counter, max_queues=max_queues, states=states
             ),
             skip_down=True,
         )

@@ -53,6 +53,7 @@ async def test_counts_follow_submits_fires_claims_and_acks(make_node: NodeFactor
         mark = datetime.now(UTC)
         snap = await counted_after(client, mark)
         assert snap.staleness is not None and snap.staleness < timedelta(seconds=30)
+        assert snap.ready_as_of is not None and snap.ready_as_of > mark
         counts = by_queue(snap)
         assert counts["mail"] == StateCounts(ready=5)
         assert counts["later"] == StateCounts(scheduled=3)
@@ -149,14 +150,40 @@ async def test_a_recount_keeps_its_bound_of_queues_and_reads_the_index_only(
     assert kept.rows[REST, TaskState.READY] == 5
     assert kept.totals[TaskState.READY] == queues
     assert kept.counted == 1 and kept.as_of == now
+    async with store.connection() as conn:
+        before = await conn.fetch("SELECT queue, xmin::text FROM queue_state_counts")
+        await conn.execute("DELETE FROM tasks WHERE queue = 'q00001'")
+    await store.recount_queues([3], now, "test", max_queues=MAX_KEPT_QUEUES)
+    async with store.connection() as conn:
+        after = await conn.fetch("SELECT queue, xmin::text FROM queue_state_counts")
+    moved = {r["queue"] for r in before} ^ {r["queue"] for r in after}
+    # A count that did not move is not written again; the queue's shift moved one task
+    # from the summed rest into the kept ones.
+    assert "q00001" not in {r["queue"] for r in after}
+    assert moved == {"q00001", f"q{MAX_KEPT_QUEUES + 1:05d}"}
+    unchanged = {(r["queue"], r["xmin"]) for r in before} & {(r["queue"], r["xmin"]) for r in after}
+    assert len(unchanged) >= MAX_KEPT_QUEUES - 1
+    # The frequent recount of READY and RUNNING alone leaves the other states' rows and the
+    # every-state count time alone.
+    async with store.connection() as conn:
+        await conn.execute("UPDATE tasks SET state = 0 WHERE queue = 'q00002'")
+    later = now + timedelta(seconds=1)
+    live = (TaskState.READY, TaskState.RUNNING)
+    await store.recount_queues([3], later, "test", max_queues=MAX_KEPT_QUEUES, states=live)
+    kept = await store.kept_counts("n", None, max_queues=MAX_KEPT_QUEUES)
+    assert (kept.as_of, kept.live_as_of) == (now, later)
+    assert ("q00002", TaskState.READY) not in kept.rows
+    assert ("q00002", TaskState.SCHEDULED) not in kept.rows  # counted at the next full pass
     other = await store.kept_counts("other-namespace", None, max_queues=MAX_KEPT_QUEUES)
     assert other.rows == {} and other.totals == {}  # a namespace sees its own rows only
     async with store.connection() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")  # the plan a big table gets
         await conn.execute("SET LOCAL enable_bitmapscan = off")
-        rows = await conn.fetch("EXPLAIN " + q("recount_queue_counts"), [3, 4], 1000)
+        rows = await conn.fetch("EXPLAIN " + q("recount_queue_counts"), [3, 4], 1000, [1, 2])
     plan = "\n".join(r[0] for r in rows)
     assert "Index Only Scan using tasks_partition_states" in plan, plan
+    # READY and RUNNING are searched in the index (read alone), not filtered after a read.
+    assert "state = ANY" in plan.split("Index Cond:")[1].splitlines()[0], plan
 
 
 async def test_the_typescript_client_reads_queue_counts(make_node: NodeFactory) -> None:

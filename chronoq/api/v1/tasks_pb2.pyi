@@ -430,7 +430,7 @@ class LabelTally(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., value: _Optional[str] = ..., counts: _Optional[_Union[StateTally, _Mapping]] = ...) -> None: ...
 
 class QueueCountsResponse(_message.Message):
-    __slots__ = ("queues", "other", "totals", "truncated", "as_of", "now", "uncounted_partitions", "labels", "labels_capped")
+    __slots__ = ("queues", "other", "totals", "truncated", "as_of", "now", "uncounted_partitions", "labels", "labels_capped", "ready_as_of")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     OTHER_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +440,7 @@ class QueueCountsResponse(_message.Message):
     UNCOUNTED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LABELS_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    READY_AS_OF_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueTally]
     other: StateTally
     totals: StateTally
@@ -449,7 +450,8 @@ class QueueCountsResponse(_message.Message):
     uncounted_partitions: int
     labels: _containers.RepeatedCompositeFieldContainer[LabelTally]
     labels_capped: bool
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueTally, _Mapping]]] = ..., other: _Optional[_Union[StateTally, _Mapping]] = ..., totals: _Optional[_Union[StateTally, _Mapping]] = ..., truncated: _Optional[bool] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uncounted_partitions: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[LabelTally, _Mapping]]] = ..., labels_capped: _Optional[bool] = ...) -> None: ...
+    ready_as_of: _timestamp_pb2.Timestamp
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueTally, _Mapping]]] = ..., other: _Optional[_Union[StateTally, _Mapping]] = ..., totals: _Optional[_Union[StateTally, _Mapping]] = ..., truncated: _Optional[bool] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uncounted_partitions: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[LabelTally, _Mapping]]] = ..., labels_capped: _Optional[bool] = ..., ready_as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class QueueSettings(_message.Message):
     __slots__ = ("namespace", "queue", "paused", "paused_at", "max_running_per_key", "max_starts_per_key", "updated_at")

@@ -19,9 +19,11 @@ CREATE TABLE queue_state_counts (
 CREATE INDEX queue_state_counts_namespace ON queue_state_counts (namespace, state, queue);
 
 -- When each partition was last recounted (and by whom): an answer is as fresh as the
--- oldest of the partitions it sums.
+-- oldest of the partitions it sums. READY and RUNNING (a few index entries per partition:
+-- the index keeps each state's entries together) are recounted more often than every state.
 CREATE TABLE queue_counts_at (
     partition  smallint    PRIMARY KEY,
-    counted_at timestamptz NOT NULL,
+    counted_at timestamptz,           -- every state (NULL: not yet)
+    live_at    timestamptz NOT NULL,  -- READY and RUNNING
     counter    text        NOT NULL DEFAULT ''
 );

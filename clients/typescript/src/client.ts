@@ -264,16 +264,6 @@ export class Client {
   }
 
   /**
-   * This namespace's tasks per queue and state and each queue's oldest READY task, summed from
-   * the counts the partition owners keep (cheap whatever the backlog). `asOf`: the oldest count
-   * summed; `queues` (at most 100): only these; `labelKey`: also per value of that label.
-   */
-  queueCounts(queues: string[] = [], labelKey = ""): Promise<QueueCountsResponse> {
-    const request = { namespace: this.namespace, queues, labelKey };
-    return this.call(this.tasks.queueCounts as Unary<unknown, QueueCountsResponse>, this.tasks, request);
-  }
-
-  /**
    * Limit a queue per concurrency key, cluster-wide: at most `maxRunningPerKey` tasks of one
    * key running at once (0..10,000), at most `maxStartsPerKey` of one key started per second
    * (0..100,000). 0 removes a limit; a limit left out keeps its value.

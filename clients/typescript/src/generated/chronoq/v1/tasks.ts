@@ -531,6 +531,11 @@ export interface QueueCountsResponse {
   labels: LabelTally[];
   /** label counts stopped at their bound: lower bounds */
   labelsCapped: boolean;
+  /**
+   * As as_of, for the READY and RUNNING counts alone, which the owners recount more often
+   * (their index entries are few whatever the backlog): an autoscaler's freshness.
+   */
+  readyAsOf: Date | undefined;
 }
 
 /**
@@ -5002,6 +5007,7 @@ function createBaseQueueCountsResponse(): QueueCountsResponse {
     uncountedPartitions: 0,
     labels: [],
     labelsCapped: false,
+    readyAsOf: undefined,
   };
 }
 
@@ -5033,6 +5039,9 @@ export const QueueCountsResponse: MessageFns<QueueCountsResponse> = {
     }
     if (message.labelsCapped !== false) {
       writer.uint32(72).bool(message.labelsCapped);
+    }
+    if (message.readyAsOf !== undefined) {
+      Timestamp.encode(toTimestamp(message.readyAsOf), writer.uint32(82).fork()).join();
     }
     return writer;
   },
@@ -5122,6 +5131,14 @@ export const QueueCountsResponse: MessageFns<QueueCountsResponse> = {
             message.labelsCapped = reader.bool();
             continue;
           }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.readyAsOf = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5157,6 +5174,11 @@ export const QueueCountsResponse: MessageFns<QueueCountsResponse> = {
         : isSet(object.labels_capped)
         ? globalThis.Boolean(object.labels_capped)
         : false,
+      readyAsOf: isSet(object.readyAsOf)
+        ? fromJsonTimestamp(object.readyAsOf)
+        : isSet(object.ready_as_of)
+        ? fromJsonTimestamp(object.ready_as_of)
+        : undefined,
     };
   },
 
@@ -5189,6 +5211,9 @@ export const QueueCountsResponse: MessageFns<QueueCountsResponse> = {
     if (message.labelsCapped !== false) {
       obj.labelsCapped = message.labelsCapped;
     }
+    if (message.readyAsOf !== undefined) {
+      obj.readyAsOf = message.readyAsOf.toISOString();
+    }
     return obj;
   },
 
@@ -5210,6 +5235,7 @@ export const QueueCountsResponse: MessageFns<QueueCountsResponse> = {
     message.uncountedPartitions = object.uncountedPartitions ?? 0;
     message.labels = object.labels?.map((e) => LabelTally.fromPartial(e)) || [];
     message.labelsCapped = object.labelsCapped ?? false;
+    message.readyAsOf = object.readyAsOf ?? undefined;
     return message;
   },
 };
