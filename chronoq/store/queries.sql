@@ -1765,8 +1765,12 @@ WITH live AS MATERIALIZED (SELECT chronoq_live({{map_version}}) AS parts),
 walk AS MATERIALIZED (
     SELECT t.id, t.queue, t.partition, t.misfire_policy, t.misfire_grace_ms, t.run_at
     FROM tasks t
-    WHERE t.namespace = $1 AND t.state = 1 AND t.id > $5::uuid
-    ORDER BY t.id
+    -- a range of tasks_listing read as row comparisons, in its order: no plan can walk the
+    -- primary key instead and filter out other namespaces' rows on the way
+    WHERE (t.namespace, t.state, t.id) > ($1::text, 1::smallint, $5::uuid)
+      AND (t.namespace, t.state, t.id)
+          <= ($1::text, 1::smallint, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid)
+    ORDER BY t.namespace, t.state, t.id
     LIMIT $4
 ),
 gone AS (
