@@ -1360,30 +1360,38 @@ SELECT paused FROM schedules WHERE namespace = $1 AND name = $2 FOR UPDATE;
 -- statement names one key of one namespace in one partition ($1, $2, $3): the partition its
 -- tasks are placed in, so each is one probe of a partial index.
 
--- name: unique_holder
--- The task that holds unique key $3: the pending one (SCHEDULED, READY or RUNNING), else,
--- for a submit with a unique_for window ($4), the one whose window is open at $5.
-SELECT * FROM (
-    (SELECT {{task_row}}, 0 AS holds FROM tasks t
-     WHERE t.namespace = $1 AND t.partition = $2 AND t.unique_key = $3
-       AND t.state IN (0, 1, 2)
-     LIMIT 1)
-    UNION ALL
-    (SELECT {{task_row}}, 1 AS holds FROM tasks t
-     WHERE $4 AND t.namespace = $1 AND t.partition = $2 AND t.unique_key = $3
-       AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL AND t.unique_until > $5
-     LIMIT 1)
-) h
-ORDER BY h.holds
-LIMIT 1;
+-- name: unique_holders
+-- Per unique key (namespaces $1, partitions $2, keys $3, in order: `n`), the task that holds
+-- it: the pending one (SCHEDULED, READY or RUNNING), else, for a submit with a unique_for
+-- window ($4), the one whose window is open at $5. A key held by none has no row.
+SELECT o.n, h.* FROM unnest($1::text[], $2::smallint[], $3::text[], $4::boolean[])
+     WITH ORDINALITY AS o(namespace, partition, key, windowed, n)
+CROSS JOIN LATERAL (
+    SELECT * FROM (
+        (SELECT {{task_row}}, 0 AS holds FROM tasks t
+         WHERE t.namespace = o.namespace AND t.partition = o.partition
+           AND t.unique_key = o.key AND t.state IN (0, 1, 2)
+         LIMIT 1)
+        UNION ALL
+        (SELECT {{task_row}}, 1 AS holds FROM tasks t
+         WHERE o.windowed AND t.namespace = o.namespace AND t.partition = o.partition
+           AND t.unique_key = o.key AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL
+           AND t.unique_until > $5
+         LIMIT 1)
+    ) x
+    ORDER BY x.holds
+    LIMIT 1
+) h;
 
 -- name: close_unique_windows
--- The unique_for window of key $3 that ended by $4 no longer holds the key (the row lock
--- orders concurrent submits: the second finds it closed). Held live, as every write.
+-- The unique_for windows of the keys (namespaces $1, partitions $2, keys $3) that ended by
+-- $4 no longer hold their keys (the row lock orders concurrent submits: the second finds
+-- the window closed). Held live, as every write.
 UPDATE tasks t SET unique_closed = true
-WHERE t.namespace = $1 AND t.partition = $2 AND t.unique_key = $3
+FROM unnest($1::text[], $2::smallint[], $3::text[]) AS o(namespace, partition, key)
+WHERE t.namespace = o.namespace AND t.partition = o.partition AND t.unique_key = o.key
   AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL AND t.unique_until <= $4
-  AND (SELECT chronoq_hold(ARRAY[$2::smallint], {{map_version}}));
+  AND (SELECT chronoq_hold($2::smallint[], {{map_version}}));
 
 -- name: debounce_pending
 -- The debounced task of key $3 that has not started (SCHEDULED, attempt 0) moves to $4 or
@@ -1402,6 +1410,24 @@ WHERE t.namespace = $1 AND t.partition = $2 AND t.debounce_key = $3
   AND t.state = 0 AND t.attempt = 0
   AND (SELECT chronoq_hold(ARRAY[$2::smallint], {{map_version}}))
 RETURNING {{task_row}};
+
+-- name: debounce_pending_many
+-- debounce_pending for many keys at once (namespaces $1, partitions $2, keys $3, each once,
+-- in lock order; instants $4, payloads $6, content types $7, trace contexts $8; buckets $5 s
+-- wide): the moved tasks, each with its key's position `n`.
+UPDATE tasks t
+SET run_at = least(greatest(t.run_at, o.run_at), t.debounce_until),
+    bucket = floor(extract(epoch FROM least(greatest(t.run_at, o.run_at), t.debounce_until))
+                   / $5::integer)::bigint,
+    payload = o.payload, content_type = o.content_type, trace_context = o.trace_context
+FROM unnest($1::text[], $2::smallint[], $3::text[], $4::timestamptz[], $6::bytea[],
+            $7::text[], $8::jsonb[])
+     WITH ORDINALITY AS o(namespace, partition, key, run_at, payload, content_type,
+                          trace_context, n)
+WHERE t.namespace = o.namespace AND t.partition = o.partition AND t.debounce_key = o.key
+  AND t.state = 0 AND t.attempt = 0
+  AND (SELECT chronoq_hold($2::smallint[], {{map_version}}))
+RETURNING o.n, {{task_row}};
 
 -- name: unique_blockers
 -- Of the dead tasks $1 of namespace $2, one whose unique key a pending task holds (what

@@ -384,7 +384,7 @@ class TaskStatements(Connected):
     ) -> list[SubmitOutcome]:
         """``submit`` of a batch holding unique or debounce keys, in one transaction: its
         plain specs in one insert, then its keyed ones, each decided by its key's indexes
-        (``chronoq.store.keyed``). Every answer is the task as its own spec left it."""
+        (``chronoq.store.keyed``)."""
         parts = (
             list(partitions)
             if partitions is not None

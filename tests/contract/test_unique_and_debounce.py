@@ -333,3 +333,27 @@ async def test_a_debounced_unique_task_is_moved_then_answered_once_started(
     (answered,) = await store_shape.submit([bounce("b", later, b"3", unique_key="u")], later)
     assert not answered.created and answered.task.id == first.task.id
     assert answered.task.state is TaskState.READY and answered.task.payload == b"2"
+
+
+async def test_one_batch_of_one_debounce_key_acts_as_its_submits_one_after_another(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    """The task is made from the first spec, runs at the latest of their instants and holds
+    the last one's payload; a key already pending moves the same way."""
+    specs = [
+        bounce("b", now, b"1", 10 * S, priority=7),
+        bounce("b", now, b"2", 30 * S),
+        bounce("b", now, b"3", 20 * S),
+    ]
+    out = await store_shape.submit(specs, now)
+    assert [o.created for o in out] == [True, False, False]
+    task = await store_shape.get(out[0].task.id, "default")
+    assert {o.task.id for o in out} == {task.id}
+    assert (task.run_at, task.payload, task.priority) == (now + 30 * S, b"3", 7)
+    at = now + 5 * S
+    again = await store_shape.submit(
+        [bounce("b", at, b"4", 40 * S), bounce("b", at, b"5", 10 * S)], at
+    )
+    assert [o.created for o in again] == [False, False]
+    moved = await store_shape.get(task.id, "default")
+    assert (moved.run_at, moved.payload) == (at + 40 * S, b"5")
