@@ -230,6 +230,7 @@ class Claims:
                     max_tasks,
                     self._clock.now(),
                     limited=limited,
+                    keyed=self._keyed(namespace, queues),
                     max_bytes=max_bytes,
                 )
             )
@@ -243,6 +244,17 @@ class Claims:
             self._release_soon(namespace, tasks)
             return []
         return tasks
+
+    def _keyed(self, namespace: str, queues: Sequence[str]) -> frozenset[tuple[str, str]]:
+        """The queues among ``queues`` the gate knows to be limited per concurrency key: their
+        claim counts each key's running tasks (a queue limited since the gate's last read is
+        claimed by no one until it reads it: the plain claim statement skips keyed queues)."""
+        out = []
+        for queue in queues:
+            settings = self.gate.settings((namespace, queue))
+            if settings is not None and settings.keyed:
+                out.append((namespace, queue))
+        return frozenset(out)
 
     def watch(self, namespace: str, queues: Sequence[str]) -> Watch:
         """Register a waiter on ``queues`` (before its claim, so no wake-up is missed)."""

@@ -8,7 +8,7 @@ import functools
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +25,7 @@ from chronoq.api.v1 import (
 )
 from chronoq.clock import Clock
 from chronoq.config import NodeSettings
-from chronoq.effects import made_ready, of_submits, of_tasks, released
+from chronoq.effects import freed, freed_by_acks, made_ready, of_submits, of_tasks, released
 from chronoq.errors import (
     ChronoqError,
     InvalidArgument,
@@ -55,7 +55,7 @@ from chronoq.limits import (
     check_text,
     failure_message,
 )
-from chronoq.models import Lease, LeaseMiss, SubmitOutcome, Task, TaskSpec, TaskState
+from chronoq.models import AckOutcome, Lease, LeaseMiss, SubmitOutcome, Task, TaskSpec, TaskState
 from chronoq.node.dispatch.claims import Claims, FairLanes, claim_lanes
 from chronoq.node.dispatch.dispatcher import Dispatch
 from chronoq.node.dispatch.gate import Gate
@@ -242,6 +242,7 @@ class TaskService(_Servicer, QueueRpcs, tasks_pb2_grpc.TaskServiceServicer):
         task = await self._store.cancel(
             _required_id(request.id), convert.namespace_of(request.namespace), self._clock.now()
         )
+        self._dispatch.apply(freed([task]))  # a running task's key slot is free
         return convert.task_to_pb(task)
 
     async def _list(
@@ -320,9 +321,11 @@ class TaskService(_Servicer, QueueRpcs, tasks_pb2_grpc.TaskServiceServicer):
     async def QueueCounts(
         self, request: tasks_pb2.QueueCountsRequest, context: Ctx
     ) -> tasks_pb2.QueueCountsResponse:
-        return await queue_counts.answer(
-            self._store, self._clock, self._settings.partitions, request
-        )
+        return await self._queue_counts.answer(request)
+
+    @functools.cached_property
+    def _queue_counts(self) -> queue_counts.Answers:
+        return queue_counts.Answers(self._store, self._clock, self._settings.partitions)
 
     @translated
     async def CountTasks(
@@ -471,6 +474,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         namespace = convert.namespace_of(request.namespace)
         lease = _lease(request)
         (outcome,) = await self._store.complete(namespace, [lease], self._clock.now())
+        self._dispatch.apply(freed_by_acks(namespace, [outcome]))
         self._metrics.completed.inc(int(outcome.ok))
         if not outcome.ok:
             if outcome.reason is LeaseMiss.NO_TASK:
@@ -505,7 +509,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             if claiming is not None:  # the caller gets an error, so not the tasks: give back
                 claiming.add_done_callback(functools.partial(self._give_back, namespace))
             raise
-        self._metrics.completed.inc(sum(1 for o in outcomes if o.ok))
+        self._completed(namespace, outcomes)
         response = worker_pb2.CompleteBatchResponse(
             results=[
                 worker_pb2.AckResult(task_id=o.task_id, ok=o.ok, error=o.error) for o in outcomes
@@ -516,6 +520,11 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             tracing.claimed(tasks, claim[2] if claim else "")  # no-op unless tracing is on
             response.claimed.extend(await converted(tasks, convert.task_to_pb))
         return response
+
+    def _completed(self, namespace: str, outcomes: Sequence[AckOutcome]) -> None:
+        """Counted; the slots of concurrency keys the acks freed wake claims of their queues."""
+        self._metrics.completed.inc(sum(1 for o in outcomes if o.ok))
+        self._dispatch.apply(freed_by_acks(namespace, outcomes))
 
     def _give_back(self, namespace: str, claiming: asyncio.Future[list[Task]]) -> None:
         if not claiming.cancelled() and claiming.exception() is None:
@@ -548,9 +557,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
             namespace=namespace,
             queues=queues,
             worker_id=worker_id,
-            on_completed=lambda outcomes: self._metrics.completed.inc(
-                sum(1 for o in outcomes if o.ok)
-            ),
+            on_completed=lambda outcomes: self._completed(namespace, outcomes),
             handoff=self.handoff,
         )
         await session.run(first, request_iterator)
@@ -577,7 +584,7 @@ class WorkerService(_Servicer, worker_pb2_grpc.WorkerServiceServicer):
         self._metrics.failed.inc()
         if task.state is TaskState.DEAD:
             self._metrics.dead.inc()
-        self._dispatch.apply(of_tasks([task]), now)
+        self._dispatch.apply(of_tasks([task]).merge(freed([task])), now)
         return convert.task_to_pb(task)
 
     @translated
