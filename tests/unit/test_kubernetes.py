@@ -252,6 +252,7 @@ def test_secrets_reach_pods_by_reference_never_in_manifests_or_command_lines(
     for obj in objects:
         if obj["kind"] not in ("StatefulSet", "Deployment", "Job"):
             continue
+        assert pod_spec(obj)["automountServiceAccountToken"] is False  # no API credentials
         for c in pod_spec(obj)["containers"]:
             assert not any("password" in a.lower() or "token=" in a for a in c.get("args", []))
             for e in c.get("env", []):
