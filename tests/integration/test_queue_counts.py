@@ -243,3 +243,20 @@ async def test_the_cli_shows_the_counts_as_a_table_and_as_json(make_node: NodeFa
     table = ok(await cli("queues", *address))
     assert "emails" in table and "as of" in table and "total" in table
     failed(await cli("queues", "bad queue!", *address), 1, "queues")
+
+
+async def test_a_flood_of_one_question_costs_the_store_one_read(store: Store) -> None:
+    """Callers asking at once or in a loop get the answer read once within its second; a
+    different question is read on its own."""
+    from chronoq.api.v1 import tasks_pb2
+    from chronoq.clock import SystemClock
+    from chronoq.node.edge.queue_counts import Answers
+
+    answers = Answers(store, SystemClock(), 16)
+    ask = tasks_pb2.QueueCountsRequest(namespace="n")
+    got = await asyncio.gather(*(answers.answer(ask) for _ in range(50)))
+    for _ in range(50):
+        got.append(await answers.answer(ask))
+    assert answers.reads == 1 and all(g == got[0] for g in got)
+    await answers.answer(tasks_pb2.QueueCountsRequest(namespace="n", queues=["mail"]))
+    assert answers.reads == 2
