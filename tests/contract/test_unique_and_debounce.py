@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from chronoq.errors import InvalidTransition
+from chronoq.errors import InvalidTransition, PartitionMoved
 from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
@@ -357,3 +357,28 @@ async def test_one_batch_of_one_debounce_key_acts_as_its_submits_one_after_anoth
     assert [o.created for o in again] == [False, False]
     moved = await store_shape.get(task.id, "default")
     assert (moved.run_at, moved.payload) == (at + 40 * S, b"5")
+
+
+async def test_a_debounce_or_a_window_of_a_frozen_partition_is_refused_whole(dsn: str) -> None:
+    """The keyed writes are fenced like every write: a shard that no longer holds the key's
+    partition live moves nothing and closes no window (PartitionMoved, retried elsewhere)."""
+    from tests.contract.conftest import START, holding
+
+    async with holding(dsn, range(PARTITIONS)) as shard:
+        store = shard.store
+        (first,) = await store.submit([bounce("b", START, b"1")], START)
+        hour = timedelta(hours=1)
+        (window,) = await store.submit([unique("w", START, unique_for=hour)], START)
+        await store.cancel(window.task.id, "default", START)  # only its window holds the key
+        await shard.freeze(sorted({first.task.partition, window.task.partition}))
+        at = START + 5 * S
+        with pytest.raises(PartitionMoved):
+            await store.submit([bounce("b", at, b"2")], at)
+        kept = await store.get(first.task.id, "default")
+        assert (kept.run_at, kept.payload) == (first.task.run_at, b"1")
+        later = START + 2 * hour
+        with pytest.raises(PartitionMoved):
+            await store.submit([unique("w", later, unique_for=hour)], later)
+        await shard.unfreeze(sorted({first.task.partition, window.task.partition}))
+        (again,) = await store.submit([unique("w", START + 30 * 60 * S, unique_for=hour)], START)
+        assert not again.created and again.task.id == window.task.id  # its window still holds
