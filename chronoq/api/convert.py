@@ -162,6 +162,8 @@ def spec_from_pb(
         run_at = from_timestamp("run_at", pb.run_at)
     elif which == "delay":
         run_at = now + (limits or Limits()).check_delay("delay", from_duration("delay", pb.delay))
+    elif pb.HasField("debounce"):
+        run_at = now  # a debounced task runs at now + debounce, whatever run_at says
     else:
         raise InvalidArgument(
             "run_at", "is required: set run_at (a timestamp) or delay (a duration)"

@@ -179,6 +179,15 @@ def test_a_spec_without_controls_has_none() -> None:
     assert (s.debounce, s.debounce_max, s.labels) == (None, None, ())
 
 
+def test_a_debounced_spec_needs_no_run_at_and_one_without_debounce_does() -> None:
+    pb = tasks_pb2.TaskSpec(queue="q", debounce_key="d")
+    pb.debounce.seconds = 5
+    assert convert.spec_from_pb(pb, NOW, DEFAULTS, LIMITS).run_at == NOW
+    with pytest.raises(InvalidArgument) as info:
+        convert.spec_from_pb(tasks_pb2.TaskSpec(queue="q", unique_key="u"), NOW, DEFAULTS, LIMITS)
+    assert info.value.field == "run_at"
+
+
 def test_a_negative_control_duration_is_refused_on_the_wire() -> None:
     pb = _full_pb()
     pb.debounce.seconds = -5
