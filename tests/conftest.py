@@ -13,7 +13,6 @@ import pytest
 from chronoq.embedded.ha import PatroniCluster, PatroniUnavailable
 from chronoq.embedded.postgres import EmbeddedPostgres
 
-
 #: The heavy tier: tests that kill and restart servers and node processes, run the chaos
 #: harness or a benchmark end to end (tens of seconds each). The default run leaves them out
 #: so that it stays well under 15 minutes; CI runs them in a step of their own (`--heavy -m
