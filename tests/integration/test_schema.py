@@ -62,6 +62,9 @@ INDEX_STATES = {"tasks_due": S.SCHEDULED, "tasks_ready": S.READY, "tasks_leases"
 QUERY_STATES = {
     "cancel": {S.SCHEDULED, S.READY, S.RUNNING, S.DEAD, S.CANCELLED},
     "claim": {S.READY, S.RUNNING},
+    "claim_keyed": {S.READY, S.RUNNING},
+    "key_candidates": {S.READY, S.RUNNING},
+    "key_heads": {S.READY, S.RUNNING},
     "ready_heads": {S.READY},
     "complete": {S.RUNNING, S.SUCCEEDED},
     "completed_by": {S.SUCCEEDED},
