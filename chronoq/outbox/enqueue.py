@@ -136,7 +136,7 @@ def enqueue_django(
     """``enqueue`` on Django's database connection ``using`` (a PostgreSQL one), in its
     current transaction: call it inside ``transaction.atomic()``. Needs ``django``, which the
     application brings."""
-    from django.db import connections  # type: ignore[import-untyped]
+    from django.db import connections
 
     row = new_row(queue, fields, namespace=namespace)
     connection = connections[using]
