@@ -20,6 +20,7 @@ well, so a missed notice (a listener reconnecting) costs at most that delay.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -155,22 +156,19 @@ class Relay:
                         conn = await connect(self.dsn, timeout=self.db_timeout)
                     moved = await self.relay_once(conn)
                     failures = 0
-                except (
-                    errors.Unavailable,
-                    errors.ResourceExhausted,
-                    errors.AccessDenied,
-                    errors.PreconditionFailed,
-                    AppDatabaseUnavailable,
-                ) as exc:
+                except (errors.RemoteError, AppDatabaseUnavailable) as exc:
+                    # Whatever the node answers but a refusal of a row (set aside in the pass),
+                    # or the database failing: keep the rows and wait.
                     failures += 1
                     self.stats.failures += 1
                     pause = backoff(
                         failures, initial=self.backoff_initial, maximum=self.backoff_max
                     ).total_seconds()
                     log.warning("outbox relay: %s; retrying in %.1f s", exc.message, pause)
-                    await _closed(conn)
-                    conn = None
-                    await self._sleep(pause)
+                    if isinstance(exc, AppDatabaseUnavailable):
+                        await _closed(conn)
+                        conn = None
+                    await self._pause(pause)
                     continue
                 if moved < self.batch_rows:  # the table is drained: wait for a notice
                     await self._sleep(self.poll_interval)
@@ -191,6 +189,12 @@ class Relay:
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         if payload == self.namespace:
             self._wake.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Until ``stop()`` or ``seconds``: a backoff that notices do not cut short (an
+        application enqueueing fast would otherwise retry a node that is down at its pace)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _sleep(self, seconds: float) -> None:
         """Until a notice, ``stop()``, or ``seconds``."""

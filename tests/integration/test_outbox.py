@@ -393,3 +393,76 @@ async def test_a_relay_moves_only_its_own_namespace(
     await drain(Relay(app_db, client), app_db)  # the default namespace's relay
     assert await tasks_in_chronoq(dsn, "ns") == {ours: 1}
     assert [str(r["id"]) for r in await outbox_rows(app_db)] == [theirs]
+
+
+async def start_relay(app_dsn: str, address: str, *extra: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *CLI, "outbox", "relay", "--dsn", app_dsn, "-a", address, *extra,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+async def test_relay_processes_killed_mid_batch_make_no_second_task(
+    app_db: str, dsn: str, chronoq: tuple[Node, Client]
+) -> None:
+    """SIGKILL relay processes while they move rows until one dies after a submit and before
+    its delete (rows still in the outbox whose task exists), then let a relay finish."""
+    node, _client = chronoq
+    keys = await insert_rows(app_db, "killed", 3000)
+    caught_between = False
+    for _attempt in range(10):
+        before = len(await tasks_in_chronoq(dsn, "killed"))
+        proc = await start_relay(app_db, node.address, "--batch-rows", "50")
+        try:
+            for _ in range(600):
+                if len(await tasks_in_chronoq(dsn, "killed")) > before:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            proc.kill()
+            await proc.wait()
+        left = {str(r["id"]) for r in await outbox_rows(app_db)}
+        if left & set(await tasks_in_chronoq(dsn, "killed")):
+            caught_between = True
+            break
+    assert caught_between, "no kill landed between a submit and its delete"
+    proc = await start_relay(app_db, node.address)
+    try:
+        for _ in range(600):
+            if not await outbox_rows(app_db):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 20)
+    counts = await tasks_in_chronoq(dsn, "killed")
+    assert set(counts) == set(keys) and set(counts.values()) == {1}
+    assert await outbox_rows(app_db) == []
+
+
+async def test_notices_do_not_cut_the_backoff_short(app_db: str) -> None:
+    """An application enqueueing fast while chronoq is down must not make the relay retry at
+    its pace: the backoff (here 2 s) holds however many notices arrive."""
+    async with Client("127.0.0.1:1", timeout=1) as nowhere:
+        relay = Relay(
+            app_db, nowhere, submit_timeout=1,
+            backoff_initial=timedelta(seconds=2), backoff_max=timedelta(seconds=2),
+        )
+        runner = asyncio.create_task(relay.run())
+        conn = await asyncpg.connect(app_db)
+        try:
+            for _ in range(100):
+                if relay.stats.failures >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            seen = relay.stats.failures
+            for i in range(20):  # 20 commits, 20 notices, within about half a second
+                async with conn.transaction():
+                    await enqueue(conn, "storm", payload={"i": i})
+                await asyncio.sleep(0.025)
+            assert relay.stats.failures <= seen + 1  # one backoff (2 s) at most has ended
+        finally:
+            await conn.close()
+            relay.stop()
+            await asyncio.wait_for(runner, 10)
+    assert len(await outbox_rows(app_db)) == 20
