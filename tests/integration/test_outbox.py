@@ -18,6 +18,7 @@ import asyncpg
 import psycopg
 import pytest
 import sqlalchemy
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from chronoq.api.v1 import tasks_pb2
@@ -127,7 +128,7 @@ async def test_rolled_back_transactions_make_no_task_and_committed_ones_exactly_
             committed.append(await enqueue(conn2, "receipts", payload={"order": 6}))
     finally:
         await conn2.close()
-    # SQLAlchemy (over psycopg 3)
+    # SQLAlchemy's Session (over psycopg 3)
     engine = sqlalchemy.create_engine(app_db.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with Session(engine) as session:
@@ -137,6 +138,18 @@ async def test_rolled_back_transactions_make_no_task_and_committed_ones_exactly_
             session.commit()
     finally:
         engine.dispose()
+    # SQLAlchemy's AsyncSession (over psycopg 3's async connection)
+    aengine = create_async_engine(app_db.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        async with AsyncSession(aengine) as asession:
+            await enqueue_sqlalchemy(asession, "receipts", payload={"order": 9})
+            await asession.rollback()
+            committed.append(
+                await enqueue_sqlalchemy(asession, "receipts", payload={"order": 10})
+            )
+            await asession.commit()
+    finally:
+        await aengine.dispose()
 
     assert [str(r["id"]) for r in await outbox_rows(app_db)] == sorted(committed)
     await drain(Relay(app_db, client), app_db)
@@ -144,7 +157,7 @@ async def test_rolled_back_transactions_make_no_task_and_committed_ones_exactly_
     assert await outbox_rows(app_db) == []
     page = await client.list(queue="receipts")
     orders = sorted(json.loads(t.payload)["order"] for t in page.tasks)
-    assert orders == [2, 4, 6, 8]
+    assert orders == [2, 4, 6, 8, 10]
 
 
 async def test_a_task_the_node_would_refuse_is_refused_before_the_insert(app_db: str) -> None:
