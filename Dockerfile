@@ -17,8 +17,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/chronoq
 WORKDIR /src
-# What `pip install .` reads: the project metadata (its readme too) and the package.
-COPY pyproject.toml README.md ./
+# The context has no git to read a tag from: the version is given (docker build --build-arg
+# RELEASE_VERSION=0.1.0 .), else it is setuptools-scm's fallback (docs/release.md).
+ARG RELEASE_VERSION=0.1.0.dev0
+ENV SETUPTOOLS_SCM_PRETEND_VERSION_FOR_CHRONOQ=${RELEASE_VERSION}
+# What `pip install .` reads: the project metadata (its readme and license too) and the package.
+COPY pyproject.toml README.md LICENSE ./
 COPY chronoq ./chronoq
 # First the base install (client SDK and client commands), then the extras the other roles
 # need: server (node), dev (embedded servers), lab, console, bench, chaos and tracing (OTLP).

@@ -31,6 +31,7 @@ import typer  # noqa: E402
 from rich.logging import RichHandler  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
+from chronoq import __version__  # noqa: E402
 from chronoq.cli import (  # noqa: E402
     bench,
     bulk,
@@ -69,9 +70,25 @@ class LogLevel(enum.StrEnum):
     error = "error"
 
 
+def _show_version(value: bool) -> None:
+    """``--version``: the installed distribution's version (from its git tag), then exit."""
+    if value:
+        typer.echo(f"chronoq {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _configure(
     ctx: typer.Context,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Show the installed chronoq's version and exit.",
+        ),
+    ] = False,
     config: Annotated[
         Path | None,
         typer.Option(
