@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--relays", type=int, default=1)
     parser.add_argument(
-        "--connections", type=int, default=32, help="the producer's (a commit waits for fsync)"
+        "--connections", type=int, default=8, help="the producer's (a commit waits for fsync)"
     )
     parser.add_argument("--dsn", help="a server whose role may CREATE DATABASE (else embedded)")
     parser.add_argument("--logs", type=Path, help="keep the node's and relays' logs here")
