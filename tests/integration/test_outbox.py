@@ -1,6 +1,7 @@
-"""The transactional outbox against two real PostgreSQL databases: the application's (a fresh
-database of its own, migrated by ``chronoq outbox migrate``) and chronoq's store behind a real
-node. A task exists in chronoq iff its transaction committed, once."""
+"""The transactional outbox against two real PostgreSQL servers: the application's (a server of
+its own, a fresh database on it per test, migrated by ``chronoq outbox migrate``) and
+chronoq's store behind a real node. A task exists in chronoq iff its transaction committed,
+once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from chronoq.api.v1 import tasks_pb2
 from chronoq.client import Client
+from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import InvalidArgument
 from chronoq.limits import Limits
 from chronoq.node import Node
@@ -32,12 +35,29 @@ from tests.integration.conftest import NodeFactory
 from tests.integration.test_cli import CLI, cli, failed, ok
 
 
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """The application's PostgreSQL: a server apart from chronoq's store."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("app-pg") / "data", durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-async def app_db(empty_db: str) -> str:
-    """The application's database, with the outbox's tables."""
-    assert await migrate(empty_db) == [1]
-    assert await migrate(empty_db) == []  # a second run applies nothing
-    return empty_db
+async def app_db(app_server: EmbeddedPostgres, dsn: str) -> AsyncIterator[str]:
+    """The application's database, with the outbox's tables, on the application's server."""
+    name = f"app_{uuid.uuid4().hex[:12]}"
+    url = app_server.create_database(name)
+    assert url != dsn
+    assert await migrate(url) == [1]
+    assert await migrate(url) == []  # a second run applies nothing
+    try:
+        yield url
+    finally:
+        app_server.drop_database(name)
 
 
 @pytest.fixture
