@@ -50,6 +50,7 @@ from chronoq.cli import (  # noqa: E402
     worker,
 )
 from chronoq.cli.common import CLIENT_OPTIONS, env, err, fail, text_opt  # noqa: E402
+from chronoq.cli.extras import missing_extra  # noqa: E402
 from chronoq.errors import ChronoqError  # noqa: E402
 
 __all__ = ["app", "main"]
@@ -193,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         err.print(f"[bold red]error:[/bold red] [red]{escape(exc.message)}[/red]")
         sys.exit(1)
     except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError):  # a command of an extra on the base install
+            hint = missing_extra(exc, sys.argv[1:] if argv is None else argv)
+            if hint is not None:
+                err.print(f"[bold red]error:[/bold red] [red]{escape(hint)}[/red]")
+                sys.exit(1)
         # The edge of the program: a bug or a driver error nobody translated. One line for
         # people; the traceback for whoever runs with --log-level debug.
         logging.getLogger("chronoq.cli").debug("unexpected error", exc_info=True)

@@ -302,3 +302,29 @@ def test_the_installed_command_tells_its_version(base_install: Path) -> None:
     assert _run([str(chronoq), "--version"], cwd=base_install.parents[1]).strip() == (
         f"chronoq {VERSION}"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "extra"),
+    [
+        (["node", "--dsn", "postgresql://127.0.0.1:1/none"], "server"),
+        (["dev"], "dev"),
+        (["bench", "scan"], "bench"),
+    ],
+)
+def test_a_command_of_an_extra_names_the_extra(
+    base_install: Path, args: list[str], extra: str
+) -> None:
+    """On the base install a server command fails in one line saying what to install."""
+    done = subprocess.run(
+        [str(base_install.parent / "chronoq"), *args],
+        cwd=base_install.parents[1],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].endswith(f"pip install 'chronoq[{extra}]'"), lines[0]
