@@ -10,6 +10,7 @@ offline (``python -m build --no-isolation``) and checked:
   proto-generated stubs, the console's and the lab's static files, py.typed) and nothing else;
 - the sdist holds the sources, the proto, the license, the readme and the changelog, and not
   the tests, docs, TypeScript client or deployment files;
+- the sdist alone, unpacked where there is no git, builds the same wheel;
 - the wheel installed with only its base dependencies (``pip install chronoq``: no extras)
   runs the client SDK and the client commands, and cannot even find a server package.
 
@@ -180,6 +181,24 @@ def test_the_sdist_holds_sources_proto_license_and_changelog(release: Release) -
         pkg_info = sdist.extractfile(f"chronoq-{VERSION}/PKG-INFO")
         assert pkg_info is not None
         assert email.message_from_bytes(pkg_info.read())["Version"] == VERSION
+
+
+def test_the_sdist_alone_builds_the_same_wheel(
+    release: Release, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Unpacked where there is no git, the sdist builds a wheel of the same version and files:
+    it is complete, and its version comes from its own PKG-INFO."""
+    base = tmp_path_factory.mktemp("from-sdist")
+    with tarfile.open(release.sdist) as sdist:
+        sdist.extractall(base, filter="data")
+    (unpacked,) = base.iterdir()
+    dist = base / "dist"
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist),
+          str(unpacked)])  # fmt: skip
+    (rebuilt,) = dist.glob("*.whl")
+    assert rebuilt.name == release.wheel.name
+    with zipfile.ZipFile(rebuilt) as again, zipfile.ZipFile(release.wheel) as first:
+        assert sorted(again.namelist()) == sorted(first.namelist())
 
 
 def _base_requirements(wheel: Path) -> list[str]:
