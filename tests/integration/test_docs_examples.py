@@ -44,7 +44,8 @@ ASYNC_PRELUDE = """\
 import asyncio
 from datetime import UTC, datetime, timedelta
 from chronoq.client import Client
-from chronoq.models import CatchUp, MisfirePolicy
+from chronoq.models import MisfirePolicy
+from chronoq.recurrence import CatchUp
 
 async def _main() -> None:
     async with Client({address!r}) as client:
@@ -129,8 +130,10 @@ def test_every_block_runs_or_says_why_not() -> None:
     blocks = all_blocks()
     skipped = sum(b.mark == "not run" for b in blocks)
     included = sum(b.include is not None for b in blocks)
-    print(f"{len(blocks)} blocks: {len(RUNNABLE)} run here, {included} included files run by "
-          f"their tests, {skipped} marked not run")
+    print(
+        f"{len(blocks)} blocks: {len(RUNNABLE)} run here, {included} included files run by "
+        f"their tests, {skipped} marked not run"
+    )
     assert not unexplained, "blocks neither run nor marked <!-- not run: REASON -->: " + ", ".join(
         unexplained
     )
