@@ -317,12 +317,22 @@ class DevStack:
             children += self.cluster.children()
         self.write_state()
         self.supervisor = Supervisor(
-            children, restart=self.settings.restart, on_change=self.write_state
+            children,
+            restart=self.settings.restart,
+            on_change=self.write_state,
+            observe=self._postmasters if self.settings.replicated else None,
         )
         self.supervisor.start()
 
     def _restart_postgres(self) -> None:
         self.postgres.start(60.0)
+
+    def _postmasters(self) -> tuple[int | None, ...]:
+        """The postmaster PIDs of every Patroni member, shard-0's first: Patroni restarts a
+        crashed postmaster itself (no child of ours exits), and ``dev.json`` must follow."""
+        clusters = [self.ha] if self.ha is not None else []
+        clusters += [s.ha for s in self.shards.servers if s.ha is not None]
+        return tuple(m.postmaster_pid for c in clusters for m in c.members.values())
 
     async def __aenter__(self) -> DevStack:
         await self.start()

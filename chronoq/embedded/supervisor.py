@@ -3,7 +3,8 @@
 One watcher per child, all alike: it polls the child's PID (which also reaps an exited child,
 so no zombie stays behind), and when the child is gone it logs one line and starts it again
 after a ``RestartBackoff`` delay. With ``restart=False`` it only reaps and reports, so faults
-injected by hand stay in place.
+injected by hand stay in place. Processes that another program restarts (a postmaster under
+Patroni) are not children; ``observe`` watches their PIDs, so the state file follows them too.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class Child:
 
 class Supervisor:
     """Watches ``children``; ``on_change`` is called after each restart or, without
-    restarts, each exit (e.g. to rewrite a state file with the PIDs). ``start()``, then
-    ``await stop()`` before stopping the children themselves."""
+    restarts, each exit (e.g. to rewrite a state file with the PIDs), and whenever what
+    ``observe`` returns (PIDs that others restart) changes. ``start()``, then ``await stop()``
+    before stopping the children themselves."""
 
     def __init__(
         self,
@@ -46,6 +48,7 @@ class Supervisor:
         on_change: Callable[[], None] = lambda: None,
         poll_interval: float = POLL_INTERVAL_S,
         backoff: Callable[[], RestartBackoff] = RestartBackoff,
+        observe: Callable[[], object] | None = None,
     ) -> None:
         self.children = children
         self.restart = restart
@@ -53,6 +56,7 @@ class Supervisor:
         self._on_change = on_change
         self._poll = poll_interval
         self._backoff = backoff
+        self._observe = observe
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -63,6 +67,10 @@ class Supervisor:
             )
             for child in self.children
         ]
+        if self._observe is not None:
+            self._tasks.append(
+                asyncio.create_task(self._follow(self._observe), name="chronoq-supervise-observed")
+            )
 
     async def stop(self) -> None:
         """Stop watching; a restart in progress finishes first (it runs in a thread)."""
@@ -89,6 +97,16 @@ class Supervisor:
                 log.warning(
                     "%s (pid %s) exited; not restarting it (--no-restart)", child.name, last_pid
                 )
+                self._on_change()
+
+    async def _follow(self, observe: Callable[[], object]) -> None:
+        """``on_change`` whenever ``observe()`` differs from the last look."""
+        seen = observe()
+        while True:
+            await asyncio.sleep(self._poll)
+            now = observe()
+            if now != seen:
+                seen = now
                 self._on_change()
 
     async def _restart(self, child: Child, backoff: RestartBackoff, last_pid: int | None) -> int:

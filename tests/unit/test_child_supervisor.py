@@ -92,3 +92,27 @@ async def test_without_restarts_an_exit_is_reported_once(caplog: pytest.LogCaptu
     assert [r.getMessage() for r in caplog.records] == [
         "PostgreSQL (pid 100) exited; not restarting it (--no-restart)"
     ]
+
+
+async def test_a_pid_restarted_by_another_program_rewrites_the_state() -> None:
+    """A postmaster that Patroni restarts is no child (nothing of ours exits): ``observe``
+    sees its new PID and ``on_change`` runs once per change, not on every look."""
+    postmaster = [200]
+    changed: list[int] = []
+    supervisor = Supervisor(
+        [],
+        on_change=lambda: changed.append(postmaster[0]),
+        poll_interval=0.01,
+        backoff=quick,
+        observe=lambda: tuple(postmaster),
+    )
+    supervisor.start()
+    try:
+        await asyncio.sleep(0.1)
+        assert changed == []
+        postmaster[0] = 201  # killed and started again by someone else
+        await until(lambda: changed == [201], "the new PID was not seen")
+        await asyncio.sleep(0.1)
+        assert changed == [201]
+    finally:
+        await supervisor.stop()
