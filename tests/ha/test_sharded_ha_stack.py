@@ -151,6 +151,45 @@ async def _wait_done(done: dict[str, float], ids: Sequence[str], what: str) -> N
         await asyncio.sleep(0.2)
 
 
+class Traffic:
+    """Keyed submits to each shard's partitions and ``Status`` calls, until ``stop``."""
+
+    def __init__(self, client: Client, held: dict[str, set[int]]) -> None:
+        self.client = client
+        self.held = held
+        self.stop = asyncio.Event()
+        self.acked: dict[str, list[tuple[str, float]]] = {s: [] for s in held}  # (id, when)
+        self.health: list[tuple[float, dict[str, str]]] = []  # (when, shard -> health)
+        self.errors: list[str] = []  # of Status calls
+
+    def start(self) -> list[asyncio.Task[None]]:
+        loops = [asyncio.create_task(self._submits(s)) for s in self.held]
+        return [*loops, asyncio.create_task(self._statuses())]
+
+    async def _submits(self, shard: str) -> None:
+        """The killed shard's submits wait out its failover in the SDK."""
+        while not self.stop.is_set():
+            try:
+                ids = await _submit(self.client, _keys_for(self.held[shard], 3), 0.2)
+            except ChronoqError:  # not acknowledged: nothing to find later
+                continue
+            self.acked[shard].extend((i, time.time()) for i in ids)
+            await asyncio.sleep(0.05)
+
+    async def _statuses(self) -> None:
+        """``Status`` keeps answering while a shard is down, and names it."""
+        while not self.stop.is_set():
+            try:
+                seen = await self.client.status()
+            except ChronoqError as exc:
+                self.errors.append(str(exc))
+            else:
+                assert seen.shard_map is not None
+                shards = {h.name: h.health for h in seen.shard_map.shards}
+                self.health.append((time.time(), shards))
+            await asyncio.sleep(0.3)
+
+
 def _state_postmasters(dev: DevStack) -> list[set[int]]:
     """The postmaster PIDs ``dev.json`` names, shard-0's first."""
     state = json.loads(dev.state_file.read_text())
@@ -207,24 +246,14 @@ async def test_one_shard_primary_killed_is_that_shards_outage_only(
             assert killed_pid is not None
             killed_at = time.time()
             os.kill(killed_pid, signal.SIGKILL)
-            acked: dict[str, list[tuple[str, float]]] = {s: [] for s in held}
-
-            async def submit_loop(shard: str, until: asyncio.Event) -> None:
-                while not until.is_set():
-                    try:
-                        ids = await _submit(client, _keys_for(held[shard], 3), 0.2)
-                    except ChronoqError:  # not acknowledged: nothing to find later
-                        continue
-                    acked[shard].extend((i, time.time()) for i in ids)
-                    await asyncio.sleep(0.05)
-
-            recovered = asyncio.Event()
-            loops = [asyncio.create_task(submit_loop(s, recovered)) for s in held]
+            traffic = Traffic(client, held)
+            loops = traffic.start()
             new_leader = await asyncio.to_thread(victim.wait_writable, SETTLE_S)
             recovered_at = time.time()
-            await asyncio.sleep(2)  # shard-1's partitions take submits again
-            recovered.set()
+            await asyncio.sleep(2)  # the killed shard's partitions take submits again
+            traffic.stop.set()
             await asyncio.gather(*loops)
+            acked, health = traffic.acked, traffic.health
 
             new_pid = victim.members[new_leader].postmaster_pid
             assert new_pid is not None and new_pid != killed_pid
@@ -232,6 +261,10 @@ async def test_one_shard_primary_killed_is_that_shards_outage_only(
             assert during, f"{up} acknowledged no submit while {down} was down"
             after = [i for i, t in acked[down] if t > recovered_at]
             assert after, f"{down} took no submit after its failover"
+            answered = [h for t, h in health if killed_at < t < recovered_at]
+            assert answered, f"Status answered nothing during the outage: {traffic.errors[:3]}"
+            blamed = {s for _, h in health for s, v in h.items() if v != "ok"}
+            assert blamed <= {down}, f"health named {blamed} down, only {down} was"
 
             every = {s: first[s] + [i for i, _ in acked[s]] for s in held}
             for ids in every.values():
@@ -260,7 +293,9 @@ async def test_one_shard_primary_killed_is_that_shards_outage_only(
     print(
         f"killed {old_leader}'s postmaster {killed_pid} on {down}; new primary "
         f"{new_leader} (postmaster {new_pid}) after {recovered_at - killed_at:.1f} s; "
-        f"{up} acked {len(during)} and fired {len(fired_during)} meanwhile; "
+        f"{up} acked {len(during)} and fired {len(fired_during)} meanwhile; Status answered "
+        f"{len(answered)} times ({len(traffic.errors)} errors), {down} seen down in "
+        f"{sum(1 for h in answered if h.get(down) != 'ok')}; "
         f"acked {', '.join(f'{s}: {len(ids)}' for s, ids in every.items())}, 0 lost"
     )
     assert fired_during, f"{up} fired nothing while {down} was down"
