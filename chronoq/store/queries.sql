@@ -657,23 +657,39 @@ s AS MATERIALIZED (
 -- keys are found. Full keys are at most the queue's RUNNING tasks / limit, so a walk longer
 -- than that finds every free key it needs; a shorter one goes on from its cursor next time
 -- (every key is reached within keys / $6 claims). Cost: $5 + $6 x (limit + 2) index
--- entries at most, whatever the backlog of full keys.
-front AS (
+-- entries at most, whatever the backlog of full keys. The front's keys are checked best head
+-- first and only until 2 x $7 are free (a claim wants $7; the rest is slack for keys other
+-- claims hold), and a queue whose front has $7 free keys is not walked: its best tasks are
+-- there, and a walk would only find worse ones (measured in chronoq.store.key_claims).
+head AS MATERIALIZED (
+    SELECT s.queue, f.key, f.id, f.priority, f.run_at
+    FROM s CROSS JOIN LATERAL (
+        SELECT t.concurrency_key AS key, t.id, t.priority, t.run_at FROM tasks t
+        WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
+        ORDER BY t.priority DESC, t.run_at
+        LIMIT $5
+    ) f
+), front AS (
     SELECT s.queue, h.key, h.id, h.priority, h.run_at
     FROM s CROSS JOIN LATERAL (
-        SELECT DISTINCT ON (f.key) f.key, f.id, f.priority, f.run_at FROM (
-            SELECT t.concurrency_key AS key, t.id, t.priority, t.run_at FROM tasks t
-            WHERE t.namespace = $1 AND t.queue = s.queue AND t.state = 1
-            ORDER BY t.priority DESC, t.run_at
-            LIMIT $5
-        ) f
-        WHERE f.key IS NOT NULL
-        ORDER BY f.key, f.priority DESC, f.run_at
+        SELECT h.key, h.id, h.priority, h.run_at FROM (
+            -- OFFSET 0: sorted before the check, so the LIMIT stops the checks
+            SELECT d.* FROM (
+                SELECT DISTINCT ON (f.key) f.key, f.id, f.priority, f.run_at FROM head f
+                WHERE f.queue = s.queue AND f.key IS NOT NULL
+                ORDER BY f.key, f.priority DESC, f.run_at
+            ) d
+            ORDER BY d.priority DESC, d.run_at
+            OFFSET 0
+        ) h
+        WHERE {{key_free}}
+        LIMIT 2 * $7
     ) h
-    WHERE {{key_free}}
 ), walk AS (
     SELECT s.queue, w.key, w.id, w.priority, w.run_at, w.n, w.ok
-    FROM s CROSS JOIN LATERAL (
+    FROM (SELECT * FROM s
+          WHERE (SELECT count(*) FROM front f WHERE f.queue = s.queue) < $7) s
+    CROSS JOIN LATERAL (
         WITH RECURSIVE w (key, id, priority, run_at, wrapped, n, frees, ok) AS (
             (SELECT h.key, h.id, h.priority, h.run_at, h.wrapped, 1, 0, {{key_free}}
              FROM ((SELECT t.concurrency_key AS key, t.id, t.priority, t.run_at, false AS wrapped
@@ -729,14 +745,18 @@ front AS (
 -- name: key_candidates
 -- Up to $7 keys of the keyed queues $3 that may start a task now ({{key_walk}}), best head
 -- first, each locked for this transaction (a key another claim holds is passed over); and per
--- queue one row with no key and the cursor its next walk starts from (the last key walked).
+-- queue one row with no key and the cursor its next walk starts from (the last key walked),
+-- and one with `keyless` true if a task without a key is among its first $5 READY ones (only
+-- those queues' keyless tasks are looked for by claim_keyed).
 -- Read only: claim_keyed, the next statement of the transaction, decides.
 WITH {{key_settings}}, {{key_walk}}
-(SELECT c.queue, c.key, NULL::text AS cursor FROM cand c
+(SELECT c.queue, c.key, NULL::text AS cursor, false AS keyless FROM cand c
  WHERE pg_try_advisory_xact_lock(1667789163, hashtext($1 || chr(31) || c.queue || chr(31) || c.key))
  LIMIT $7)
 UNION ALL
-(SELECT DISTINCT ON (w.queue) w.queue, NULL, w.key FROM walk w ORDER BY w.queue, w.n DESC);
+(SELECT DISTINCT ON (w.queue) w.queue, NULL, w.key, false FROM walk w ORDER BY w.queue, w.n DESC)
+UNION ALL
+(SELECT DISTINCT h.queue, NULL, NULL, true FROM head h WHERE h.key IS NULL);
 
 -- name: key_heads
 -- The first $7 tasks a claim of the keyed queues $3 could take, unlocked (as ready_heads:
@@ -769,8 +789,9 @@ LIMIT $7;
 -- negative: strict). A fresh statement: each locked key's RUNNING tasks are counted again
 -- here, so a key starts at most its limit minus its running count, and no more than its whole
 -- tokens; its tasks in (priority DESC, run_at) order. A keyless task is unlimited, found among
--- the first $13 READY tasks of its queue. The tokens of what started are spent in the same
--- statement. Only rows of partitions held live are claimed, as in claim.
+-- the first $13 READY tasks of its queue, of the queues $14 only (key_candidates saw one
+-- there). The tokens of what started are spent in the same statement. Only rows of partitions
+-- held live are claimed, as in claim.
 WITH live AS MATERIALIZED (SELECT chronoq_live({{map_version}}) AS parts),
 s AS MATERIALIZED (
     SELECT q.queue, q.cap, coalesce(c.max_running_per_key, 0) AS lim,
@@ -820,7 +841,9 @@ s AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) c
     UNION ALL
-    SELECT c.id, c.queue, c.priority, c.run_at, c.bytes FROM s CROSS JOIN LATERAL (
+    SELECT c.id, c.queue, c.priority, c.run_at, c.bytes
+    FROM (SELECT * FROM s WHERE s.queue = ANY($14::text[])) s
+    CROSS JOIN LATERAL (
         SELECT t.id, t.queue, t.priority, t.run_at,
                {{task_bytes}} + octet_length($8::text) + $12::integer AS bytes
         FROM tasks t
