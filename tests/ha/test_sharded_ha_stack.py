@@ -269,6 +269,15 @@ async def test_one_shard_primary_killed_is_that_shards_outage_only(
             every = {s: first[s] + [i for i, _ in acked[s]] for s in held}
             for ids in every.values():
                 await _wait_done(done, ids, "after the failover")
+
+            # Patroni restarts a killed primary in place when it can; the shard's partitions
+            # also follow the primary to another member (the nodes' multi-host DSN and
+            # password file name every member).
+            moved_to = await asyncio.to_thread(victim.switchover)
+            assert moved_to != new_leader
+            later = await _submit(client, _keys_for(held[down], 10), 0.3)
+            every[down] += later
+            await _wait_done(done, later, f"{down} after a switchover")
         finally:
             stop.set()
             await worker
@@ -292,7 +301,8 @@ async def test_one_shard_primary_killed_is_that_shards_outage_only(
     fired_during = [i for i in during if (f := rows[up][i][1]) is not None and f < recovered_at]
     print(
         f"killed {old_leader}'s postmaster {killed_pid} on {down}; new primary "
-        f"{new_leader} (postmaster {new_pid}) after {recovered_at - killed_at:.1f} s; "
+        f"{new_leader} (postmaster {new_pid}) after {recovered_at - killed_at:.1f} s, then "
+        f"{moved_to} by switchover; "
         f"{up} acked {len(during)} and fired {len(fired_during)} meanwhile; Status answered "
         f"{len(answered)} times ({len(traffic.errors)} errors), {down} seen down in "
         f"{sum(1 for h in answered if h.get(down) != 'ok')}; "
