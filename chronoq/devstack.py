@@ -361,8 +361,15 @@ class DevStack:
             etcd_endpoints=etcd.endpoints if etcd is not None else (),
             etcd_auth=etcd.patroni_auth() if etcd is not None else None,
             scope="chronoq-dev",  # + "-shard-i": the same across runs
-            taken_ports=[self.postgres.port],
+            taken_ports=self._shard0_ports(),
         )
+
+    def _shard0_ports(self) -> list[int]:
+        """The ports shard-0's servers will listen on: the shards' servers pick theirs after,
+        each on its own, and a port just freed may be handed out twice."""
+        if self.ha is None:
+            return [self.postgres.port]
+        return [p for a in self.ha.addresses for p in (a.pg_port, a.api_port)]
 
     def _start_servers(self) -> None:
         """shard-0 and the other shards at once, then their databases."""

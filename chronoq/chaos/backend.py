@@ -71,21 +71,26 @@ class LocalBackend:
             if pg_members > 1 or store_shards > 1
             else None
         )
-        self.shards = StoreShards(
-            workdir / "store-shards", store_shards, pg_members=pg_members,
-            etcd_endpoints=self._etcd.endpoints if self._etcd is not None else (),
-            etcd_auth=self._etcd.patroni_auth() if self._etcd and pg_members > 1 else None,
-            scope=f"chronoq-{spec.cluster}",
-        )  # fmt: skip
-        self._shard_dsns: list[str] = []
-        if len(self.shards):
-            self.supported = self.supported | frozenset(SHARD_KINDS)
         if pg_members > 1:
             assert self._etcd is not None
             self.ha = PatroniCluster(
                 workdir / "pg", self._etcd.endpoints, members=pg_members,
                 etcd_auth=self._etcd.patroni_auth(),
             )  # fmt: skip
+        self.shards = StoreShards(
+            workdir / "store-shards", store_shards, pg_members=pg_members,
+            etcd_endpoints=self._etcd.endpoints if self._etcd is not None else (),
+            etcd_auth=self._etcd.patroni_auth() if self._etcd and pg_members > 1 else None,
+            scope=f"chronoq-{spec.cluster}",
+            # shard-0's members picked their ports first: never handed out twice
+            taken_ports=[p for a in self.ha.addresses for p in (a.pg_port, a.api_port)]
+            if self.ha is not None
+            else (),
+        )  # fmt: skip
+        self._shard_dsns: list[str] = []
+        if len(self.shards):
+            self.supported = self.supported | frozenset(SHARD_KINDS)
+        if self.ha is not None:
             self.supported = frozenset(
                 {*self.supported, *STORE_HA_KINDS} - set(SINGLE_STORE_KINDS)
             )
