@@ -14,20 +14,27 @@ from chronoq.embedded.ha import PatroniCluster, PatroniUnavailable
 from chronoq.embedded.postgres import EmbeddedPostgres
 
 #: The heavy tier: tests that kill and restart servers and node processes, run the chaos
-#: harness or a benchmark end to end (tens of seconds each). The default run leaves them out
+#: harness, a benchmark, a browser or a whole local stack end to end (tens of seconds each). The default run leaves them out
 #: so that it stays well under 15 minutes; CI runs them in a step of their own (`--heavy -m
 #: heavy`, see .ci/run). Listed here by path, so a new test in one of these files is heavy too.
 HEAVY = (
     "tests/chaos/test_chaos_short.py::test_short_chaos_run_has_no_violation",
     "tests/chaos/test_chaos_short.py::test_grey_faults_lose_nothing_and_are_felt",
     "tests/cluster/test_moves.py::",
-    "tests/cluster/test_grey_failures.py::test_workers_keep_starting_tasks_while_a_node_is_frozen",
     "tests/cluster/test_tenants_cluster.py::",
     "tests/integration/test_node_shards.py::test_one_shard_down_stops_only_its_partitions",
     "tests/integration/test_bench_backlog.py::",
     "tests/integration/test_bench_smoke.py::",
     "tests/integration/test_dev_supervision.py::",
     "tests/integration/test_move_pg_kills.py::",
+    "tests/cluster/test_concurrency_keys_cluster.py::",
+    "tests/cluster/test_grey_failures.py::",
+    "tests/cluster/test_cluster.py::test_sampled_ownership_is_never_shared",
+    "tests/integration/test_bulk_ops.py::test_bulk_cancel_of_100k_by_label_while_another_namespace_fires_on_time",
+    "tests/integration/test_cli.py::test_demo_runs_to_the_end",
+    "tests/integration/test_dev_password.py::",
+    "tests/integration/test_loop_health.py::",
+    "tests/browser/",
 )
 
 

@@ -52,6 +52,7 @@ TASK_COLUMNS = [
     ("debounce_key", "text"),
     ("debounce_until", "timestamp with time zone"),
     ("labels", "jsonb"),
+    ("unique_closed", "boolean"),  # 0019: a unique_for window closed early (internal)
 ]
 
 # The rows each partial index of `tasks` holds, by the state its predicate names.
@@ -93,6 +94,15 @@ QUERY_STATES = {
     "release": {S.RUNNING, S.READY},
     "requeue_dead": {S.DEAD, S.READY},
     "retry_running": {S.RUNNING, S.READY, S.DEAD},
+    "bulk_cancel": {S.CANCELLED},
+    "bulk_requeue": {S.SCHEDULED, S.READY, S.RUNNING},
+    "bulk_run_now": {S.READY},
+    "debounce_pending": {S.SCHEDULED},
+    "debounce_pending_many": {S.SCHEDULED},
+    "kept_ready": {S.READY},
+    "skip_overdue_ready": {S.READY, S.SKIPPED},
+    "unique_blockers": {S.SCHEDULED, S.READY, S.RUNNING},
+    "unique_holders": {S.SCHEDULED, S.READY, S.RUNNING},
 }
 
 _STATE_NUMBER = re.compile(
