@@ -48,6 +48,7 @@ medians): CPU per task node+workers+PostgreSQL 438 µs before, 406 after (Postgr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -95,6 +96,25 @@ class KeyCursors:
         self._most = most
         self._at: dict[tuple[str, str], str] = {}
         self._purged = float("-inf")
+        self._serial: dict[tuple[str, tuple[str, ...]], asyncio.Lock] = {}
+
+    def serial(self, namespace: str, queues: Sequence[str]) -> asyncio.Lock:
+        """The lock one store's keyed claims of these queues take one after the other.
+
+        Claims in flight together read the same front and try the same keys in the same
+        order: all but the first find the best keys held and take few or none, each at the
+        full cost of its reads (measured: 17 of 117 claims took no key, many took a fraction
+        of what they wanted). One after the other, each reads what the one before started
+        and takes other keys. Taken before the claim's connection, so waiting holds none.
+        Claims of other stores still run beside it: the keys' locks keep the limit, this
+        only spares wasted reads."""
+        key = (namespace, tuple(sorted(queues)))
+        lock = self._serial.get(key)
+        if lock is None:
+            if len(self._serial) >= self._most:
+                self._serial = {k: v for k, v in self._serial.items() if v.locked()}
+            lock = self._serial[key] = asyncio.Lock()
+        return lock
 
     def of(self, namespace: str, queues: Sequence[str]) -> list[str]:
         return [self._at.get((namespace, queue), "") for queue in queues]

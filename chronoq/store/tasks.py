@@ -3,6 +3,7 @@ fail, release. Each state change is one conditional UPDATE whose rows decide who
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -567,7 +568,9 @@ class TaskStatements(Connected):
         statement takes no task of a queue whose settings limit it per key, so a caller that
         does not know a queue is keyed yet claims nothing from it, never past its limits.
         """
-        async with self.connection() as conn:
+        mine = [queue for queue in queues if (namespace, queue) in keyed]
+        serial = self.key_cursors.serial(namespace, mine) if mine else contextlib.nullcontext()
+        async with serial, self.connection() as conn:
             caps = []
             for queue in queues:
                 cap = max_tasks
