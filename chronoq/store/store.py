@@ -14,7 +14,8 @@ from chronoq.store.owner import OwnerStatements
 from chronoq.store.queue_counts import QueueCountStatements
 from chronoq.store.queues import QueueStatements
 from chronoq.store.rows import Fence, FireResult, known, parse_task_id
-from chronoq.store.tasks import COLUMN_SLICE, PAGE_BYTES, ROW_BYTES, TaskStatements
+from chronoq.store.task_inserts import COLUMN_SLICE
+from chronoq.store.tasks import PAGE_BYTES, ROW_BYTES, TaskStatements
 
 __all__ = [
     "COLUMN_SLICE",

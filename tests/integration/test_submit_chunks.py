@@ -10,7 +10,7 @@ import pytest
 from chronoq.clock import ManualClock
 from chronoq.models import Task, TaskSpec, TaskState
 from chronoq.store import Store
-from chronoq.store.tasks import INSERT_CHUNK
+from chronoq.store.task_inserts import INSERT_CHUNK
 
 pytestmark = pytest.mark.timeout(60)
 
