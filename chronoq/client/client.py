@@ -14,40 +14,31 @@ import grpc
 
 from chronoq import errors, tracing
 from chronoq.api import convert
-from chronoq.api.v1 import cluster_pb2, schedules_pb2, tasks_pb2, worker_pb2
+from chronoq.api.v1 import tasks_pb2, worker_pb2
 from chronoq.client.bulk import BulkCalls
+from chronoq.client.cluster import ClusterCalls
 from chronoq.client.counts import QueueCountCalls
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.client.queues import QueueSettingCalls
 from chronoq.client.remote import translate
+from chronoq.client.schedule_calls import ScheduleCalls
 from chronoq.client.stream import OnTasks, WorkStream
 from chronoq.client.values import (
-    AddedShard,
-    BucketCount,
-    ClusterStatus,
-    MemberStatus,
-    MoveStatus,
     NewTask,
-    PartitionStatus,
-    ShardMapStatus,
-    ShardStatus,
     Submitted,
     new_keys,
 )
 from chronoq.limits import MAX_ANSWER_BYTES, full_answer_bytes
 from chronoq.models import (
     DEFAULT_NAMESPACE,
-    TASK_DEFAULTS,
     AckOutcome,
     HeartbeatOutcome,
     Lease,
     Page,
     QueueCounts,
-    Schedule,
     Task,
     TaskState,
 )
-from chronoq.recurrence import CatchUp
 from chronoq.targets import node_targets
 from chronoq.tls import channel_credentials
 
@@ -87,7 +78,7 @@ SPEC_FRAMING_BYTES = 6
 Method = Callable[[NodeStubs], Any]
 
 
-class Client(QueueCountCalls, BulkCalls, QueueSettingCalls):
+class Client(QueueCountCalls, BulkCalls, QueueSettingCalls, ClusterCalls, ScheduleCalls):
     """Talks to a chronoq node, or to several (any node of a cluster serves every call).
 
     Use ``async with Client("127.0.0.1:7070") as client: await client.submit("emails", delay=...)``.
@@ -366,74 +357,6 @@ class Client(QueueCountCalls, BulkCalls, QueueSettingCalls):
 
     # ------------------------------------------------------------------ schedules
 
-    async def create_schedule(
-        self,
-        name: str,
-        queue: str,
-        *,
-        cron: str | None = None,
-        every: timedelta | None = None,
-        timezone: str = "UTC",
-        start_at: datetime | None = None,
-        catch_up: CatchUp = CatchUp.LATEST,
-        payload: bytes = b"",
-        priority: int = TASK_DEFAULTS.priority,
-        max_attempts: int | None = None,
-        lease_timeout: timedelta | None = None,
-    ) -> Schedule:
-        """A recurring schedule: ``cron`` (5 fields, in ``timezone``) or ``every`` (interval)."""
-        if (cron is None) == (every is None):
-            raise errors.BadRequest("set exactly one of cron and every")
-        pb = schedules_pb2.ScheduleSpec(
-            namespace=self.namespace,
-            name=name,
-            queue=queue,
-            timezone=timezone,
-            payload=payload,
-            priority=priority,
-            catch_up=convert.catch_up_to_pb(catch_up),
-        )
-        if cron is not None:
-            pb.cron = cron
-        if every is not None:
-            pb.interval.FromTimedelta(every)
-        if start_at is not None:
-            pb.start_at.FromDatetime(start_at)
-        if max_attempts is not None:
-            pb.retry.max_attempts = max_attempts
-        if lease_timeout is not None:
-            pb.lease_timeout.FromTimedelta(lease_timeout)
-        return convert.schedule_from_pb(await self._call(lambda n: n.schedules.CreateSchedule, pb))
-
-    def _ref(self, name: str) -> schedules_pb2.ScheduleRef:
-        return schedules_pb2.ScheduleRef(namespace=self.namespace, name=name)
-
-    async def get_schedule(self, name: str) -> Schedule:
-        pb = await self._call(lambda n: n.schedules.GetSchedule, self._ref(name), retry=True)
-        return convert.schedule_from_pb(pb)
-
-    async def list_schedules(self) -> builtins.list[Schedule]:
-        out: builtins.list[Schedule] = []
-        token = ""
-        while True:
-            req = schedules_pb2.ListSchedulesRequest(namespace=self.namespace, page_token=token)
-            resp = await self._call(lambda n: n.schedules.ListSchedules, req, retry=True)
-            out += [convert.schedule_from_pb(s) for s in resp.schedules]
-            if not resp.next_page_token:
-                return out
-            token = resp.next_page_token
-
-    async def pause_schedule(self, name: str) -> Schedule:
-        pb = await self._call(lambda n: n.schedules.PauseSchedule, self._ref(name))
-        return convert.schedule_from_pb(pb)
-
-    async def resume_schedule(self, name: str) -> Schedule:
-        pb = await self._call(lambda n: n.schedules.ResumeSchedule, self._ref(name))
-        return convert.schedule_from_pb(pb)
-
-    async def delete_schedule(self, name: str) -> None:
-        await self._call(lambda n: n.schedules.DeleteSchedule, self._ref(name))
-
     async def set_queue_limit(self, queue: str, rate: float, burst: float = 0) -> None:
         """Limit dispatch of ``queue`` to ``rate`` tasks/s across the cluster (0 removes it)."""
         req = tasks_pb2.QueueLimit(namespace=self.namespace, queue=queue, rate=rate, burst=burst)
@@ -454,78 +377,6 @@ class Client(QueueCountCalls, BulkCalls, QueueSettingCalls):
         )
         resp = await self._call(lambda n: n.tasks.CountTasks, req, retry=True)
         return convert.queue_counts_from_pb(resp)
-
-    async def drain(self) -> builtins.list[int]:
-        """Ask this node to hand off its partitions and take no more; returns them."""
-        resp = await self._call(lambda n: n.cluster.Drain, cluster_pb2.DrainRequest())
-        return list(resp.released)
-
-    async def add_shard(self, dsn: str) -> AddedShard:
-        """Register an empty PostgreSQL database as the next store shard (admin token)."""
-        resp = await self._call(
-            lambda n: n.cluster.AddShard, cluster_pb2.AddShardRequest(dsn=dsn), timeout=60
-        )
-        return AddedShard(resp.shard, resp.dsn, resp.map_version)
-
-    async def move_partitions(self, partitions: str, target: str) -> builtins.list[MoveStatus]:
-        """Ask for ``partitions`` (a list such as ``0-63``) to move to shard ``target`` online;
-        the moves asked for (``status().shard_map.moves`` follows them). Admin token."""
-        req = cluster_pb2.MovePartitionsRequest(partitions=partitions, target=target)
-        resp = await self._call(lambda n: n.cluster.MovePartitions, req)
-        return [_move_status(m) for m in resp.moves]
-
-    async def rebalance(self, *, dry_run: bool = False) -> builtins.list[MoveStatus]:
-        """Even out the partitions per shard: the moves planned (``dry_run``) or asked for."""
-        req = cluster_pb2.RebalanceRequest(dry_run=dry_run)
-        resp = await self._call(lambda n: n.cluster.Rebalance, req, retry=dry_run)
-        return [_move_status(m) for m in resp.moves]
-
-    async def status(self, bucket_horizon: int = 10) -> ClusterStatus:
-        resp = await self._call(
-            lambda n: n.cluster.Status,
-            cluster_pb2.StatusRequest(bucket_horizon=bucket_horizon),
-            retry=True,
-        )
-        return ClusterStatus(
-            cluster=resp.cluster,
-            node_id=resp.node_id,
-            now=convert.from_timestamp("now", resp.now),
-            partitions=resp.partitions,
-            bucket_seconds=resp.bucket_seconds,
-            members=[
-                MemberStatus(
-                    m.node_id,
-                    m.address,
-                    m.owned_partitions,
-                    m.lateness_p50_ms,
-                    m.lateness_p99_ms,
-                    m.fired_total,
-                )
-                for m in resp.members
-            ],
-            ownership=[
-                PartitionStatus(o.partition, o.owner, o.fencing_token, o.watermark_bucket, o.shard)
-                for o in resp.ownership
-            ],
-            buckets=[
-                BucketCount(b.bucket, convert.from_timestamp("starts_at", b.starts_at), b.pending)
-                for b in resp.buckets
-            ],
-            firing_partitions=list(resp.firing_partitions),
-            shard_map=ShardMapStatus(
-                version=resp.shard_map.version,
-                shards=[
-                    ShardStatus(s.name, s.dsn, s.health, s.partitions, s.partition_count, s.pending)
-                    for s in resp.shard_map.shards
-                ],
-                moves_in_progress=resp.shard_map.moves_in_progress,
-                error=resp.shard_map.error,
-                moves=[_move_status(m) for m in resp.shard_map.moves],
-                moves_error=resp.shard_map.moves_error,
-            )
-            if resp.HasField("shard_map")
-            else None,
-        )
 
     # ------------------------------------------------------------------ workers
 
@@ -709,18 +560,3 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     if not token.isascii() or not token.isprintable() or " " in token:
         raise errors.ConfigError("token: must be printable ASCII without spaces")
     return (("authorization", f"Bearer {token}"),)
-
-
-def _move_status(m: Any) -> MoveStatus:
-    return MoveStatus(
-        m.id,
-        m.partitions,
-        m.source,
-        m.target,
-        m.phase,
-        m.rows_copied,
-        m.rounds,
-        m.next_version,
-        m.driver,
-        m.error,
-    )
