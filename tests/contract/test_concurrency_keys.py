@@ -92,7 +92,13 @@ async def test_concurrent_claims_never_pass_a_keys_limit(
     await store_shape.submit([spec(f"k{i % 5}", now) for i in range(60)], now)
     batches = await asyncio.gather(*(claim(store_shape, now, 6, f"w{i}") for i in range(8)))
     per_key = Counter(t.concurrency_key for b in batches for t in b)
+    assert all(n <= 2 for n in per_key.values()), per_key
+    # A key another claim held locked is skipped, not waited for: what the concurrent claims
+    # left free, the next claims take, and then no key has room.
+    for _ in range(5):
+        per_key.update(t.concurrency_key for t in await claim(store_shape, now, 6, "late"))
     assert per_key == {f"k{i}": 2 for i in range(5)}
+    assert await claim(store_shape, now, 6, "last") == []
 
 
 async def test_a_slot_is_freed_by_fail_release_and_cancel(
