@@ -1379,91 +1379,114 @@ GROUP BY x.namespace ORDER BY min(x.turn), min(x.at) LIMIT $2;
 -- (its row locked, so two pauses racing learn which one paused it).
 SELECT paused FROM schedules WHERE namespace = $1 AND name = $2 FOR UPDATE;
 
--- Unique tasks and debounce (chronoq.store.keyed; the indexes of migration 0019). Each
--- statement names one key of one namespace in one partition ($1, $2, $3): the partition its
--- tasks are placed in, so each is one probe of a partial index.
+-- Queue counts kept by the partition owners (migration 0021, chronoq.node.queue_counts).
 
--- name: unique_holders
--- Per unique key (namespaces $1, partitions $2, keys $3, in order: `n`), the task that holds
--- it: the pending one (SCHEDULED, READY or RUNNING), else, for a submit with a unique_for
--- window ($4), the one whose window is open at $5. A key held by none has no row.
-SELECT o.n, h.* FROM unnest($1::text[], $2::smallint[], $3::text[], $4::boolean[])
-     WITH ORDINALITY AS o(namespace, partition, key, windowed, n)
-CROSS JOIN LATERAL (
-    SELECT * FROM (
-        (SELECT {{task_row}}, 0 AS holds FROM tasks t
-         WHERE t.namespace = o.namespace AND t.partition = o.partition
-           AND t.unique_key = o.key AND t.state IN (0, 1, 2)
-         LIMIT 1)
-        UNION ALL
-        (SELECT {{task_row}}, 1 AS holds FROM tasks t
-         WHERE o.windowed AND t.namespace = o.namespace AND t.partition = o.partition
-           AND t.unique_key = o.key AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL
-           AND t.unique_until > $5
-         LIMIT 1)
-    ) x
-    ORDER BY x.holds
-    LIMIT 1
-) h;
+-- name: lock_queue_recount
+-- One recount of a partition at a time (an old and a new owner may overlap for a moment):
+-- transaction-level advisory locks of class "chqc", taken in partition order.
+SELECT pg_advisory_xact_lock(1667788131, u.p) FROM unnest($1::smallint[]) AS u(p) ORDER BY u.p;
 
--- name: close_unique_windows
--- The unique_for windows of the keys (namespaces $1, partitions $2, keys $3) that ended by
--- $4 no longer hold their keys (the row lock orders concurrent submits: the second finds
--- the window closed). Held live, as every write.
-UPDATE tasks t SET unique_closed = true
-FROM unnest($1::text[], $2::smallint[], $3::text[]) AS o(namespace, partition, key)
-WHERE t.namespace = o.namespace AND t.partition = o.partition AND t.unique_key = o.key
-  AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL AND t.unique_until <= $4
-  AND (SELECT chronoq_hold($2::smallint[], {{map_version}}));
+-- name: recount_queue_counts
+-- The partitions $1 counted by (namespace, state, queue) in the states $3 from
+-- tasks_partition_states alone (an index-only scan of those states' entries, in index order:
+-- READY and RUNNING alone read only their own), at most $2 queues per (partition, namespace, state)
+-- in queue order and the rest summed under queue '', written in one statement (a reader
+-- sees the old counts or the new): rows that changed are updated, rows gone deleted, the
+-- rest left as they are (no dead rows for counts that did not move). Answers the index
+-- entries it read.
+WITH fresh AS (
+    SELECT g.partition, g.namespace, g.state,
+           CASE WHEN g.rank <= $2 THEN g.queue ELSE '' END AS queue, sum(g.n)::bigint AS n
+    FROM (
+        SELECT c.partition, c.namespace, c.state, c.queue, c.n,
+               row_number() OVER (
+                   PARTITION BY c.partition, c.namespace, c.state ORDER BY c.queue
+               ) AS rank
+        FROM (
+            SELECT t.partition, t.namespace, t.state, t.queue, count(*) AS n
+            FROM tasks t
+            WHERE t.partition = ANY($1::smallint[]) AND t.state = ANY($3::smallint[])
+              AND t.state IN (0, 1, 2, 4)
+            GROUP BY t.partition, t.state, t.namespace, t.queue
+        ) c
+    ) g
+    GROUP BY 1, 2, 3, 4
+), gone AS (
+    DELETE FROM queue_state_counts k
+    WHERE k.partition = ANY($1::smallint[]) AND k.state = ANY($3::smallint[])
+      AND NOT EXISTS (
+          SELECT 1 FROM fresh f
+          WHERE f.partition = k.partition AND f.namespace = k.namespace
+            AND f.state = k.state AND f.queue = k.queue
+      )
+), changed AS (
+    INSERT INTO queue_state_counts AS k (partition, namespace, state, queue, n)
+    SELECT f.partition, f.namespace, f.state, f.queue, f.n FROM fresh f
+    ON CONFLICT (partition, namespace, state, queue) DO UPDATE SET n = excluded.n
+    WHERE k.n IS DISTINCT FROM excluded.n
+)
+SELECT coalesce(sum(n), 0)::bigint AS read FROM fresh;
 
--- name: debounce_pending
--- The debounced task of key $3 that has not started (SCHEDULED, attempt 0) moves to $4 or
--- its debounce_until, whichever is earlier (never earlier than it was: of two submits that
--- raced, the one whose instant is older may commit last), in the bucket of that instant ($5
--- s wide), and takes the last submit's payload, content type and trace context ($6..$8). A
--- fire of the row waits for this write and finds it no longer due (every fire checks
--- run_at in SQL); a fire that committed first made it READY, and this matches nothing.
-UPDATE tasks t
-SET run_at = least(greatest(t.run_at, $4::timestamptz), t.debounce_until),
-    bucket = floor(extract(epoch FROM least(greatest(t.run_at, $4::timestamptz),
-                                            t.debounce_until))
-                   / $5::integer)::bigint,
-    payload = $6, content_type = $7, trace_context = $8
-WHERE t.namespace = $1 AND t.partition = $2 AND t.debounce_key = $3
-  AND t.state = 0 AND t.attempt = 0
-  AND (SELECT chronoq_hold(ARRAY[$2::smallint], {{map_version}}))
-RETURNING {{task_row}};
+-- name: mark_queue_counts
+-- The partitions $1 recounted at $2 by $3: READY and RUNNING, and every state when $4.
+INSERT INTO queue_counts_at AS a (partition, counted_at, live_at, counter)
+SELECT u.p, CASE WHEN $4::boolean THEN $2::timestamptz END, $2, $3
+FROM unnest($1::smallint[]) AS u(p)
+ON CONFLICT (partition) DO UPDATE
+SET counted_at = coalesce(excluded.counted_at, a.counted_at), live_at = excluded.live_at,
+    counter = excluded.counter;
 
--- name: debounce_pending_many
--- debounce_pending for many keys at once (namespaces $1, partitions $2, keys $3, each once,
--- in lock order; instants $4, payloads $6, content types $7, trace contexts $8; buckets $5 s
--- wide): the moved tasks, each with its key's position `n`.
-UPDATE tasks t
-SET run_at = least(greatest(t.run_at, o.run_at), t.debounce_until),
-    bucket = floor(extract(epoch FROM least(greatest(t.run_at, o.run_at), t.debounce_until))
-                   / $5::integer)::bigint,
-    payload = o.payload, content_type = o.content_type, trace_context = o.trace_context
-FROM unnest($1::text[], $2::smallint[], $3::text[], $4::timestamptz[], $6::bytea[],
-            $7::text[], $8::jsonb[])
-     WITH ORDINALITY AS o(namespace, partition, key, run_at, payload, content_type,
-                          trace_context, n)
-WHERE t.namespace = o.namespace AND t.partition = o.partition AND t.debounce_key = o.key
-  AND t.state = 0 AND t.attempt = 0
-  AND (SELECT chronoq_hold($2::smallint[], {{map_version}}))
-RETURNING o.n, {{task_row}};
+-- name: kept_queue_counts
+-- Namespace $1's kept counts per (queue, state), summed over the partitions this shard
+-- holds (one moved away or still coming in is counted on the shard where it is live): the
+-- queues $2 only (NULL: every queue, '' first), at most $3 rows in queue order.
+SELECT c.queue, c.state, sum(c.n)::bigint AS n
+FROM queue_state_counts c
+WHERE c.namespace = $1 AND ($2::text[] IS NULL OR c.queue = ANY($2::text[]))
+  AND NOT EXISTS (
+      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
+  )
+GROUP BY c.queue, c.state
+ORDER BY c.queue, c.state
+LIMIT $3;
 
--- name: unique_blockers
--- Of the dead tasks $1 of namespace $2, one whose unique key a pending task holds (what
--- refused their requeue), and that task.
-SELECT t.id, t.unique_key, o.id AS holder
-FROM tasks t CROSS JOIN LATERAL (
-    SELECT o.id FROM tasks o
-    WHERE o.namespace = t.namespace AND o.partition = t.partition
-      AND o.unique_key = t.unique_key AND o.state IN (0, 1, 2)
-    LIMIT 1
-) o
-WHERE t.id = ANY($1::uuid[]) AND t.namespace = $2 AND t.unique_key IS NOT NULL
-LIMIT 1;
+-- name: kept_state_totals
+-- Namespace $1's kept counts per state, every queue (the same partitions as above).
+SELECT c.state, sum(c.n)::bigint AS n
+FROM queue_state_counts c
+WHERE c.namespace = $1
+  AND NOT EXISTS (
+      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
+  )
+GROUP BY c.state;
+
+-- name: queue_counts_as_of
+-- The oldest recount among the partitions this shard holds (of every state, and of READY
+-- and RUNNING), and how many were counted in every state.
+SELECT min(a.counted_at) AS as_of, min(a.live_at) AS live_as_of, count(a.counted_at) AS counted
+FROM queue_counts_at a
+WHERE NOT EXISTS (
+    SELECT 1 FROM shard_partitions h WHERE h.partition = a.partition AND h.state >= 2
+);
+
+-- name: oldest_ready
+-- The run_at of the oldest READY task of each (namespace, queue) given: one probe of
+-- tasks_queue_states each (its first entry), whatever the backlog.
+SELECT k.namespace, k.queue, (
+    SELECT min(t.run_at) FROM tasks t
+    WHERE t.namespace = k.namespace AND t.state = 1 AND t.queue = k.queue
+) AS oldest
+FROM unnest($1::text[], $2::text[]) AS k(namespace, queue);
+
+-- name: kept_ready
+-- READY tasks per (namespace, queue) of every namespace, as kept (the queue gauges).
+SELECT c.namespace, c.queue, sum(c.n)::bigint AS n
+FROM queue_state_counts c
+WHERE c.state = 1 AND c.queue <> ''
+  AND NOT EXISTS (
+      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
+  )
+GROUP BY c.namespace, c.queue;
 
 -- fragment: filter_hit
 -- Whether the row `t` passes a listing's or a bulk operation's filter: of queue $6, carrying
@@ -1620,115 +1643,6 @@ done AS (
 )
 {{bulk_done}};
 
--- Queue counts kept by the partition owners (migration 0021, chronoq.node.queue_counts).
-
--- name: lock_queue_recount
--- One recount of a partition at a time (an old and a new owner may overlap for a moment):
--- transaction-level advisory locks of class "chqc", taken in partition order.
-SELECT pg_advisory_xact_lock(1667788131, u.p) FROM unnest($1::smallint[]) AS u(p) ORDER BY u.p;
-
--- name: recount_queue_counts
--- The partitions $1 counted by (namespace, state, queue) in the states $3 from
--- tasks_partition_states alone (an index-only scan of those states' entries, in index order:
--- READY and RUNNING alone read only their own), at most $2 queues per (partition, namespace, state)
--- in queue order and the rest summed under queue '', written in one statement (a reader
--- sees the old counts or the new): rows that changed are updated, rows gone deleted, the
--- rest left as they are (no dead rows for counts that did not move). Answers the index
--- entries it read.
-WITH fresh AS (
-    SELECT g.partition, g.namespace, g.state,
-           CASE WHEN g.rank <= $2 THEN g.queue ELSE '' END AS queue, sum(g.n)::bigint AS n
-    FROM (
-        SELECT c.partition, c.namespace, c.state, c.queue, c.n,
-               row_number() OVER (
-                   PARTITION BY c.partition, c.namespace, c.state ORDER BY c.queue
-               ) AS rank
-        FROM (
-            SELECT t.partition, t.namespace, t.state, t.queue, count(*) AS n
-            FROM tasks t
-            WHERE t.partition = ANY($1::smallint[]) AND t.state = ANY($3::smallint[])
-              AND t.state IN (0, 1, 2, 4)
-            GROUP BY t.partition, t.state, t.namespace, t.queue
-        ) c
-    ) g
-    GROUP BY 1, 2, 3, 4
-), gone AS (
-    DELETE FROM queue_state_counts k
-    WHERE k.partition = ANY($1::smallint[]) AND k.state = ANY($3::smallint[])
-      AND NOT EXISTS (
-          SELECT 1 FROM fresh f
-          WHERE f.partition = k.partition AND f.namespace = k.namespace
-            AND f.state = k.state AND f.queue = k.queue
-      )
-), changed AS (
-    INSERT INTO queue_state_counts AS k (partition, namespace, state, queue, n)
-    SELECT f.partition, f.namespace, f.state, f.queue, f.n FROM fresh f
-    ON CONFLICT (partition, namespace, state, queue) DO UPDATE SET n = excluded.n
-    WHERE k.n IS DISTINCT FROM excluded.n
-)
-SELECT coalesce(sum(n), 0)::bigint AS read FROM fresh;
-
--- name: mark_queue_counts
--- The partitions $1 recounted at $2 by $3: READY and RUNNING, and every state when $4.
-INSERT INTO queue_counts_at AS a (partition, counted_at, live_at, counter)
-SELECT u.p, CASE WHEN $4::boolean THEN $2::timestamptz END, $2, $3
-FROM unnest($1::smallint[]) AS u(p)
-ON CONFLICT (partition) DO UPDATE
-SET counted_at = coalesce(excluded.counted_at, a.counted_at), live_at = excluded.live_at,
-    counter = excluded.counter;
-
--- name: kept_queue_counts
--- Namespace $1's kept counts per (queue, state), summed over the partitions this shard
--- holds (one moved away or still coming in is counted on the shard where it is live): the
--- queues $2 only (NULL: every queue, '' first), at most $3 rows in queue order.
-SELECT c.queue, c.state, sum(c.n)::bigint AS n
-FROM queue_state_counts c
-WHERE c.namespace = $1 AND ($2::text[] IS NULL OR c.queue = ANY($2::text[]))
-  AND NOT EXISTS (
-      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
-  )
-GROUP BY c.queue, c.state
-ORDER BY c.queue, c.state
-LIMIT $3;
-
--- name: kept_state_totals
--- Namespace $1's kept counts per state, every queue (the same partitions as above).
-SELECT c.state, sum(c.n)::bigint AS n
-FROM queue_state_counts c
-WHERE c.namespace = $1
-  AND NOT EXISTS (
-      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
-  )
-GROUP BY c.state;
-
--- name: queue_counts_as_of
--- The oldest recount among the partitions this shard holds (of every state, and of READY
--- and RUNNING), and how many were counted in every state.
-SELECT min(a.counted_at) AS as_of, min(a.live_at) AS live_as_of, count(a.counted_at) AS counted
-FROM queue_counts_at a
-WHERE NOT EXISTS (
-    SELECT 1 FROM shard_partitions h WHERE h.partition = a.partition AND h.state >= 2
-);
-
--- name: oldest_ready
--- The run_at of the oldest READY task of each (namespace, queue) given: one probe of
--- tasks_queue_states each (its first entry), whatever the backlog.
-SELECT k.namespace, k.queue, (
-    SELECT min(t.run_at) FROM tasks t
-    WHERE t.namespace = k.namespace AND t.state = 1 AND t.queue = k.queue
-) AS oldest
-FROM unnest($1::text[], $2::text[]) AS k(namespace, queue);
-
--- name: kept_ready
--- READY tasks per (namespace, queue) of every namespace, as kept (the queue gauges).
-SELECT c.namespace, c.queue, sum(c.n)::bigint AS n
-FROM queue_state_counts c
-WHERE c.state = 1 AND c.queue <> ''
-  AND NOT EXISTS (
-      SELECT 1 FROM shard_partitions h WHERE h.partition = c.partition AND h.state >= 2
-  )
-GROUP BY c.namespace, c.queue;
-
 -- name: label_counts
 -- Namespace $1's tasks in the states $3 by (queue, value of label $2, state), the queues $4
 -- only (NULL: every queue): read from the tasks (the label is in no index), at most $5 per
@@ -1743,6 +1657,92 @@ CROSS JOIN LATERAL (
     LIMIT $5
 ) x
 GROUP BY x.queue, 2, s.state;
+
+-- Unique tasks and debounce (chronoq.store.keyed; the indexes of migration 0019). Each
+-- statement names one key of one namespace in one partition ($1, $2, $3): the partition its
+-- tasks are placed in, so each is one probe of a partial index.
+
+-- name: unique_holders
+-- Per unique key (namespaces $1, partitions $2, keys $3, in order: `n`), the task that holds
+-- it: the pending one (SCHEDULED, READY or RUNNING), else, for a submit with a unique_for
+-- window ($4), the one whose window is open at $5. A key held by none has no row.
+SELECT o.n, h.* FROM unnest($1::text[], $2::smallint[], $3::text[], $4::boolean[])
+     WITH ORDINALITY AS o(namespace, partition, key, windowed, n)
+CROSS JOIN LATERAL (
+    SELECT * FROM (
+        (SELECT {{task_row}}, 0 AS holds FROM tasks t
+         WHERE t.namespace = o.namespace AND t.partition = o.partition
+           AND t.unique_key = o.key AND t.state IN (0, 1, 2)
+         LIMIT 1)
+        UNION ALL
+        (SELECT {{task_row}}, 1 AS holds FROM tasks t
+         WHERE o.windowed AND t.namespace = o.namespace AND t.partition = o.partition
+           AND t.unique_key = o.key AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL
+           AND t.unique_until > $5
+         LIMIT 1)
+    ) x
+    ORDER BY x.holds
+    LIMIT 1
+) h;
+
+-- name: close_unique_windows
+-- The unique_for windows of the keys (namespaces $1, partitions $2, keys $3) that ended by
+-- $4 no longer hold their keys (the row lock orders concurrent submits: the second finds
+-- the window closed). Held live, as every write.
+UPDATE tasks t SET unique_closed = true
+FROM unnest($1::text[], $2::smallint[], $3::text[]) AS o(namespace, partition, key)
+WHERE t.namespace = o.namespace AND t.partition = o.partition AND t.unique_key = o.key
+  AND t.unique_until IS NOT NULL AND t.unique_closed IS NULL AND t.unique_until <= $4
+  AND (SELECT chronoq_hold($2::smallint[], {{map_version}}));
+
+-- name: debounce_pending
+-- The debounced task of key $3 that has not started (SCHEDULED, attempt 0) moves to $4 or
+-- its debounce_until, whichever is earlier (never earlier than it was: of two submits that
+-- raced, the one whose instant is older may commit last), in the bucket of that instant ($5
+-- s wide), and takes the last submit's payload, content type and trace context ($6..$8). A
+-- fire of the row waits for this write and finds it no longer due (every fire checks
+-- run_at in SQL); a fire that committed first made it READY, and this matches nothing.
+UPDATE tasks t
+SET run_at = least(greatest(t.run_at, $4::timestamptz), t.debounce_until),
+    bucket = floor(extract(epoch FROM least(greatest(t.run_at, $4::timestamptz),
+                                            t.debounce_until))
+                   / $5::integer)::bigint,
+    payload = $6, content_type = $7, trace_context = $8
+WHERE t.namespace = $1 AND t.partition = $2 AND t.debounce_key = $3
+  AND t.state = 0 AND t.attempt = 0
+  AND (SELECT chronoq_hold(ARRAY[$2::smallint], {{map_version}}))
+RETURNING {{task_row}};
+
+-- name: debounce_pending_many
+-- debounce_pending for many keys at once (namespaces $1, partitions $2, keys $3, each once,
+-- in lock order; instants $4, payloads $6, content types $7, trace contexts $8; buckets $5 s
+-- wide): the moved tasks, each with its key's position `n`.
+UPDATE tasks t
+SET run_at = least(greatest(t.run_at, o.run_at), t.debounce_until),
+    bucket = floor(extract(epoch FROM least(greatest(t.run_at, o.run_at), t.debounce_until))
+                   / $5::integer)::bigint,
+    payload = o.payload, content_type = o.content_type, trace_context = o.trace_context
+FROM unnest($1::text[], $2::smallint[], $3::text[], $4::timestamptz[], $6::bytea[],
+            $7::text[], $8::jsonb[])
+     WITH ORDINALITY AS o(namespace, partition, key, run_at, payload, content_type,
+                          trace_context, n)
+WHERE t.namespace = o.namespace AND t.partition = o.partition AND t.debounce_key = o.key
+  AND t.state = 0 AND t.attempt = 0
+  AND (SELECT chronoq_hold($2::smallint[], {{map_version}}))
+RETURNING o.n, {{task_row}};
+
+-- name: unique_blockers
+-- Of the dead tasks $1 of namespace $2, one whose unique key a pending task holds (what
+-- refused their requeue), and that task.
+SELECT t.id, t.unique_key, o.id AS holder
+FROM tasks t CROSS JOIN LATERAL (
+    SELECT o.id FROM tasks o
+    WHERE o.namespace = t.namespace AND o.partition = t.partition
+      AND o.unique_key = t.unique_key AND o.state IN (0, 1, 2)
+    LIMIT 1
+) o
+WHERE t.id = ANY($1::uuid[]) AND t.namespace = $2 AND t.unique_key IS NOT NULL
+LIMIT 1;
 
 -- ---------------------------------------------------------------- queue settings (pause)
 -- A store of shards writes each of these to every shard (each shard's claim reads its own

@@ -139,22 +139,6 @@ class ShardListings(ByTaskId):
             return await solo.count_by_state()
         return fanout.summed((await self._every(lambda s: s.count_by_state())).values())
 
-    async def count_by_state_per_shard(self) -> dict[str, dict[TaskState, int] | None]:
-        """Each shard's counts (None: down), for a status that shows every shard."""
-        answers = await asyncio.gather(
-            *(self._on(n, lambda s: s.count_by_state()) for n in self._stores),
-            return_exceptions=True,
-        )
-        out: dict[str, dict[TaskState, int] | None] = {}
-        for name, answer in zip(self._stores, answers, strict=True):
-            if isinstance(answer, StoreUnavailable):
-                out[name] = None
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                out[name] = answer
-        return out
-
     async def kept_counts(
         self, namespace: str, queues: Sequence[str] | None, *, max_queues: int
     ) -> KeptCounts:
@@ -192,6 +176,22 @@ class ShardListings(ByTaskId):
             for key, at in answer.items():
                 if key not in out or at < out[key]:
                     out[key] = at
+        return out
+
+    async def count_by_state_per_shard(self) -> dict[str, dict[TaskState, int] | None]:
+        """Each shard's counts (None: down), for a status that shows every shard."""
+        answers = await asyncio.gather(
+            *(self._on(n, lambda s: s.count_by_state()) for n in self._stores),
+            return_exceptions=True,
+        )
+        out: dict[str, dict[TaskState, int] | None] = {}
+        for name, answer in zip(self._stores, answers, strict=True):
+            if isinstance(answer, StoreUnavailable):
+                out[name] = None
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                out[name] = answer
         return out
 
     async def fences(self) -> list[Fence]:

@@ -36,16 +36,15 @@ class Store(
     TaskStatements,
     OwnerStatements,
     OperatorStatements,
+    QueueCountStatements,
     QueueStatements,
     BulkStatements,
-    QueueCountStatements,
 ):
     """The task store on one PostgreSQL database (a pool of connections).
 
     Its roles: ``connection`` (pool, liveness, error translation, notices), ``migrations``,
     ``tasks`` (client and worker statements), ``owner`` (fenced owner statements) and
-    ``operator`` (requeue, limits, retention, counts), ``bulk`` (bulk operations by
-    filter); ``queue_counts`` (the counts the owners
-    keep); ``queues`` (pause, resume, per-key limits);
-    ``rows`` maps what they read.
+    ``operator`` (requeue, limits, retention, counts), ``queue_counts`` (the counts the
+    owners keep), ``queues`` (pause, resume, per-key limits), ``bulk`` (bulk operations by
+    filter); ``rows`` maps what they read.
     """
