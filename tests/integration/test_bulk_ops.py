@@ -268,11 +268,15 @@ async def test_the_typescript_client_lists_by_label_and_works_in_bulk(
     import shutil
     import subprocess
 
-    from tests.integration.test_typescript_client import BUILD_TIMEOUT, FOLDER, RUN_TIMEOUT
+    from tests.integration.test_typescript_client import (
+        BUILD_TIMEOUT,
+        FOLDER,
+        RUN_TIMEOUT,
+        installed,
+    )
 
     node_js, npx = shutil.which("node"), shutil.which("npx")
-    if not (node_js and npx and (FOLDER / "node_modules" / ".bin" / "tsc").exists()):
-        pytest.skip("Node.js and the client's node_modules are needed (.ci/run installs them)")
+    await asyncio.to_thread(installed)  # npm ci if this runs first
     compiled = await asyncio.to_thread(
         subprocess.run, [npx, "tsc", "-p", "."], cwd=FOLDER, capture_output=True, text=True,
         timeout=BUILD_TIMEOUT, check=False,

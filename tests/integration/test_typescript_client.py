@@ -41,16 +41,24 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def built() -> Path:
-    """The compiled client, after ``npm ci`` if needed; skips without Node.js or npm."""
+def installed() -> str:
+    """The client's node_modules, after ``npm ci`` if they are missing (any test that runs
+    the TypeScript client calls this first, whichever runs first); ``npx``. Skips without
+    Node.js or npm."""
     node, npm, npx = shutil.which("node"), shutil.which("npm"), shutil.which("npx")
     if not (node and npm and npx):
         pytest.skip("Node.js and npm are not installed (.ci/run installs them)")
     if not (FOLDER / "node_modules" / ".bin" / "tsc").exists():
-        installed = _run([npm, "ci", "--no-audit", "--no-fund"], INSTALL_TIMEOUT)
-        if installed.returncode:
-            pytest.skip(f"npm ci failed (no registry?): {installed.stderr[-500:]}")
+        done = _run([npm, "ci", "--no-audit", "--no-fund"], INSTALL_TIMEOUT)
+        if done.returncode:
+            pytest.skip(f"npm ci failed (no registry?): {done.stderr[-500:]}")
+    return npx
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    """The compiled client, after ``npm ci`` if needed; skips without Node.js or npm."""
+    npx = installed()
     compiled = _run([npx, "tsc", "-p", "."], BUILD_TIMEOUT)
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
     return FOLDER / "dist" / "examples" / "roundtrip.js"
