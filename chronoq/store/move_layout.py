@@ -7,18 +7,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chronoq.store.move_history import LIVE_HISTORY
+
 
 @dataclass(frozen=True)
 class _Tracked:
-    """A table whose rows a round compares one by one (uuid id, partition column)."""
+    """A table whose rows a round compares one by one (uuid id, partition column); ``live``
+    says which of its rows a move copies."""
 
     table: str
     kind: int
+    live: str = "TRUE"
 
 
 #: The routes to tasks made before routing (``chronoq.store.legacy``) are tracked like tasks:
-#: there can be one per such task, too many to copy whole in the frozen last round.
-_TRACKED = (_Tracked("tasks", 0), _Tracked("schedules", 1), _Tracked("legacy_routes", 2))
+#: there can be one per such task, too many to copy whole in the frozen last round. The
+#: history of finished tasks (migration 0022, kind 3 in move_rows) goes with its partition
+#: too, but for its expired rows (their slice is about to be dropped). A row the sweep moves
+#: from tasks into the history during a round may be copied in both or neither until the
+#: next round; the frozen last round sees the source still.
+_TRACKED = (
+    _Tracked("tasks", 0),
+    _Tracked("schedules", 1),
+    _Tracked("legacy_routes", 2),
+    _Tracked("task_history", 3, LIVE_HISTORY),
+)
+HISTORY = "task_history"
 #: Tables keyed by partition whose rows of the moving partitions are copied whole each round
 #: (one row per partition or a few): the fences.
 _REPLACED = ("partition_fences",)
@@ -56,7 +70,7 @@ TRUNCATE chronoq_move_seen, chronoq_move_gone, chronoq_move_changed, chronoq_mov
 _DROP_TEMP = (
     "DROP TABLE IF EXISTS chronoq_move_seen, chronoq_move_gone, chronoq_move_changed,"
     " chronoq_move_stage_tasks, chronoq_move_stage_schedules,"
-    " chronoq_move_stage_legacy_routes"
+    " chronoq_move_stage_legacy_routes, chronoq_move_stage_task_history"
 )
 
 

@@ -10,11 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chronoq.errors import StoreUnavailable
+from chronoq.store.move_history import cover, slices
 from chronoq.store.move_layout import (
     _DROP_TEMP,
     _IDLE,
     _TEMP,
     _TRACKED,
+    HISTORY,
     _count,
     _Layout,
     _list,
@@ -74,7 +77,8 @@ class MoveRounds(MoveSteps):
         await t.execute(_TEMP.format(table=tracked.table), timeout=self.phase_timeout)
         listed = await self._stream(
             s,
-            f"SELECT partition, id, xmin::text::bigint FROM {tracked.table} WHERE {self._moving}",
+            f"SELECT partition, id, xmin::text::bigint FROM {tracked.table}"
+            f" WHERE {self._moving} AND {tracked.live}",
             (),
             t,
             "chronoq_move_seen",
@@ -145,33 +149,50 @@ class MoveRounds(MoveSteps):
                     ids,
                     timeout=self.phase_timeout,
                 )
+        if fresh and tracked.table == HISTORY:
+            await cover(t, await slices(s, live_only=True))
         for lo in range(0, fresh, self.batch_rows):
             ids = await self._changed(t, lo)
             await t.execute(f"TRUNCATE {stage}", timeout=self.phase_timeout)
             await self._stream(
                 s,
                 f"SELECT {_list(cols)}, xmin::text::bigint FROM {tracked.table}"
-                f" WHERE id = ANY($1::uuid[]) AND {self._moving}",
+                f" WHERE id = ANY($1::uuid[]) AND {self._moving} AND {tracked.live}",
                 (ids,),
                 t,
                 stage,
                 (*cols, "chronoq_source_xmin"),
             )
-            async with t.transaction():
-                await self._fence_target(t)
-                await self._translate_unique(
-                    t.execute(
-                        f"INSERT INTO {tracked.table} ({_list(cols)}) SELECT {_list(cols)}"
+            await self._insert_staged(s, t, tracked, cols)
+        return listed, gone + fresh
+
+    async def _insert_staged(self, s: Any, t: Any, tracked: _Tracked, cols: Sequence[str]) -> None:
+        """The staged rows into their table and move_rows, in one transaction. A history row
+        whose slice the source made after this round covered the target (a new day's) is
+        refused there: the target is covered again and the batch tried once more."""
+        stage = f"chronoq_move_stage_{tracked.table}"
+        for attempt in range(2):
+            try:
+                async with t.transaction():
+                    await self._fence_target(t)
+                    await self._translate_unique(
+                        t.execute(
+                            f"INSERT INTO {tracked.table} ({_list(cols)}) SELECT {_list(cols)}"
+                            f" FROM {stage}",
+                            timeout=self.phase_timeout,
+                        )
+                    )
+                    await t.execute(
+                        "INSERT INTO move_rows (partition, kind, id, source_xmin) SELECT"
+                        f" partition, {tracked.kind}::smallint, id, chronoq_source_xmin"
                         f" FROM {stage}",
                         timeout=self.phase_timeout,
                     )
-                )
-                await t.execute(
-                    f"INSERT INTO move_rows (partition, kind, id, source_xmin) SELECT partition,"
-                    f" {kind}::smallint, id, chronoq_source_xmin FROM {stage}",
-                    timeout=self.phase_timeout,
-                )
-        return listed, gone + fresh
+                return
+            except StoreUnavailable:
+                if tracked.table != HISTORY or attempt:
+                    raise
+                await cover(t, await slices(s, live_only=True))
 
     async def _changed(self, t: Any, lo: int) -> list[Any]:
         """The ids of the changed rows ``lo + 1 .. lo + batch_rows`` (of ``_diff``)."""

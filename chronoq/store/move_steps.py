@@ -178,6 +178,15 @@ class MoveSteps:
     async def _translate_unique(self, statement: Awaitable[Any]) -> Any:
         try:
             return await statement
+        except asyncpg.exceptions.CheckViolationError as exc:
+            if "no partition of relation" not in str(exc):
+                raise
+            # A history row whose slice the target lacks (made on the source meanwhile, or
+            # dropped on the target by a clock ahead of the source's): nothing was written.
+            raise StoreUnavailable(
+                f"move {self.move_id!r}: the target has no history slice for a copied row"
+                f" ({exc}); the phase can be run again"
+            ) from exc
         except asyncpg.exceptions.UniqueViolationError as exc:
             raise MoveRefused(
                 f"move {self.move_id!r}: a copied row collides with a row the target already "
@@ -275,8 +284,8 @@ class MoveSteps:
                 )
 
     async def _strays(self, t: Any, layout: _Layout) -> bool:
-        """Whether the target has task or schedule rows of the moving partitions that no copy
-        of this move wrote (read through the partial indexes of each state)."""
+        """Whether the target has task, schedule or history rows of the moving partitions that
+        no copy of this move wrote (read through the partial indexes of each state)."""
         parts = list(self.partitions)
         return bool(
             await t.fetchval(
@@ -286,6 +295,7 @@ class MoveSteps:
                     for state in ("state = 0", "state = 1", "state = 2", "state >= 3")
                 )
                 + " UNION ALL SELECT id FROM schedules WHERE partition = ANY($1::smallint[])"
+                " UNION ALL SELECT id FROM task_history WHERE partition = ANY($1::smallint[])"
                 ") x WHERE NOT EXISTS (SELECT 1 FROM move_rows r"
                 " WHERE r.partition = ANY($1::smallint[]) AND r.id = x.id))",
                 parts,

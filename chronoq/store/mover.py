@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chronoq.errors import InvalidArgument, StoreUnavailable
+from chronoq.store.move_history import cover, slices
 from chronoq.store.move_layout import _IDLE, _MOVE_ROWS, _TRACKED, _list, index_name
 from chronoq.store.move_pipe import _copied, _Pipe
 from chronoq.store.move_rounds import MoveRounds, Round
@@ -169,7 +170,8 @@ class PartitionMove(MoveRounds):
 
     async def copy(self) -> int:
         """Copy every row of the moving partitions, as of one snapshot of the source, into the
-        target (emptied of earlier copies first); returns the task and schedule rows copied.
+        target (emptied of earlier copies first); returns the task, schedule, route and
+        history rows copied (the history's expired rows stay behind).
         One transaction on the target: a copy cut short leaves nothing behind."""
         async with self._phase("copy"):
             layout = await self._load_layout()
@@ -178,14 +180,19 @@ class PartitionMove(MoveRounds):
             async with self.source.connection() as s, self.target.connection() as t:
                 async with s.transaction(isolation="repeatable_read", readonly=True):
                     await s.execute(_IDLE)
+                    # The slices as of the snapshot that the rows are read in (a row it sees
+                    # is in one of them), made on the target before its transaction: the
+                    # DDL holds its locks for moments, not for the whole copy.
+                    await cover(t, await slices(s, live_only=True))
                     async with t.transaction():
                         await t.execute(_IDLE)
                         await self._fence_target(t)
                         for tracked in _TRACKED:
                             cols = layout.columns[tracked.table]
+                            rows = f"{self._moving} AND {tracked.live}"
                             copied += await self._stream(
                                 s,
-                                f"SELECT {_list(cols)} FROM {tracked.table} WHERE {self._moving}",
+                                f"SELECT {_list(cols)} FROM {tracked.table} WHERE {rows}",
                                 (),
                                 t,
                                 tracked.table,
@@ -194,7 +201,7 @@ class PartitionMove(MoveRounds):
                             await self._stream(
                                 s,
                                 f"SELECT partition, {tracked.kind}::smallint, id, "
-                                f"xmin::text::bigint FROM {tracked.table} WHERE {self._moving}",
+                                f"xmin::text::bigint FROM {tracked.table} WHERE {rows}",
                                 (),
                                 t,
                                 "move_rows",

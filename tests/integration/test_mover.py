@@ -314,6 +314,148 @@ async def test_a_move_under_writes_leaves_every_row_once_on_the_target(
         assert await c.fetchval("SELECT to_regclass($1)", move.index) is None
 
 
+#: History slices of the source (migration 0022): a day ahead, another day after it, and one
+#: expired yesterday (its rows are not copied). Rows of no time slice go to the forever one.
+AHEAD = (
+    "date_trunc('hour', now()) - interval '1 hour'",
+    "date_trunc('hour', now()) + interval '1 day'",
+)
+LATER = AHEAD[1], f"{AHEAD[1]} + interval '1 day'"
+EXPIRED = "now() - interval '2 days'", "now() - interval '1 day'"
+
+
+async def add_slice(store: Store, name: str, bounds: tuple[str, str]) -> None:
+    async with store.connection() as c:
+        lo, hi = await c.fetchrow(f"SELECT {bounds[0]}, {bounds[1]}")
+        await c.execute(
+            f"CREATE TABLE {name} PARTITION OF task_history FOR VALUES FROM ('{lo.isoformat()}')"
+            f" TO ('{hi.isoformat()}')"
+        )
+
+
+async def retire(store: Store, where: str = "TRUE") -> int:
+    """Finished rows (SUCCEEDED, CANCELLED, SKIPPED) into the history as the retention sweep
+    moves them, one DELETE feeding one INSERT: a third kept forever, a third in the slice a
+    day ahead, a third in the expired slice. Returns the rows moved."""
+    async with store.connection() as c:
+        status = await c.execute(
+            "WITH moved AS (DELETE FROM tasks WHERE state IN (3, 5, 6) AND (unique_until IS NULL"
+            f" OR unique_closed) AND ({where}) RETURNING *) INSERT INTO task_history"
+            " SELECT moved.*, CASE get_byte(uuid_send(id), 15) % 3"
+            " WHEN 0 THEN 'infinity'::timestamptz"
+            f" WHEN 1 THEN {AHEAD[0]} + interval '2 hours' ELSE {EXPIRED[0]} + interval '1 hour'"
+            " END FROM moved"
+        )
+    return int(status.split()[-1])
+
+
+LIVE_HISTORY = "retire_at > now()"
+
+
+async def finish_more(store: Store, n: int) -> None:
+    """More tasks of the moving partitions finished (the sweep would move them next)."""
+    specs = [
+        TaskSpec(queue="h", run_at=NOW, idempotency_key=f"late{i}", lease_timeout=LEASE)
+        for i in range(n)
+    ]
+    await store.submit(specs, NOW, partitions=[MOVING[i % 2] for i in range(n)])
+    got = await store.claim("default", ["h"], "wh", n, NOW)
+    await store.complete("default", [Lease(t.id, t.attempt) for t in got], NOW)
+
+
+async def history_slices(store: Store) -> set[str]:
+    async with store.connection() as c:
+        return {
+            r[0]
+            for r in await c.fetch(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = 'task_history'::regclass"
+            )
+        }
+
+
+async def test_a_move_carries_the_history_of_its_partitions_but_for_expired_rows(
+    shards: tuple[Store, Store],
+) -> None:
+    """History rows go with their partition (with their retire_at, into slices the target is
+    given where its own do not cover them: here one of another width overlaps), rows the
+    sweep moves during the move follow, expired ones stay behind and go with the source's."""
+    source, target = shards
+    await add_slice(source, "task_history_ahead", AHEAD)
+    await add_slice(source, "task_history_expired", EXPIRED)
+    half = f"{AHEAD[0]} + interval '12 hours'", f"{AHEAD[1]} + interval '12 hours'"
+    await add_slice(target, "task_history_other_width", half)
+    await load(source)
+    assert await retire(source) > 200
+    others = await rows(source, "task_history", f"NOT ({MOVED})")
+    move = mover(source, target)
+    await move.prepare()
+    copied = await move.copy()
+    live = await rows(source, "task_history", f"{MOVED} AND {LIVE_HISTORY}")
+    assert len(live) > 20 and len(await rows(source, "task_history", MOVED)) > len(live)
+    assert await rows(target, "task_history") == live
+    assert copied >= len(live)
+    # Meanwhile the sweep moves more finished rows, some into a slice made after the copy.
+    await finish_more(source, 40)
+    await add_slice(source, "task_history_later", LATER)
+    async with source.connection() as c:
+        await c.execute(
+            f"WITH moved AS (DELETE FROM tasks WHERE state = 3 AND queue = 'h' RETURNING *)"
+            f" INSERT INTO task_history SELECT moved.*, {LATER[0]} + interval '1 hour' FROM moved"
+        )
+    assert await move.catch_up() >= 40
+    await move.cut_over(2)
+    live = await rows(source, "task_history", f"{MOVED} AND {LIVE_HISTORY}")
+    assert await rows(target, "task_history") == live
+    assert sum(r["queue"] == "h" for r in live) == 40
+    assert await rows(target, "task_history", f"NOT ({LIVE_HISTORY})") == []
+    assert {"task_history_other_width", "task_history_forever"} <= await history_slices(target)
+    # Readable by id and by key on the target as on the source, for every copied row.
+    by_id = {r["id"]: r for r in live}
+    async with target.connection() as c:
+        found = await c.fetch(
+            "SELECT h.id FROM task_history h WHERE h.id = ANY($1::uuid[])"
+            " AND h.idempotency_key IS NOT NULL AND EXISTS (SELECT 1 FROM task_history k"
+            " WHERE k.namespace = h.namespace AND k.idempotency_key = h.idempotency_key)",
+            list(by_id),
+        )
+    assert {r["id"] for r in found} == {i for i, r in by_id.items() if r["idempotency_key"]}
+    deleted = await move.clean_up()
+    assert deleted >= len(live)
+    assert await rows(source, "task_history", MOVED) == []  # expired ones too
+    assert await rows(source, "task_history", f"NOT ({MOVED})") == others
+    assert await rows(target, "task_history") == live
+    assert await rows(target, "move_rows") == []
+
+
+async def test_a_rolled_back_move_leaves_the_history_on_the_source_only(
+    shards: tuple[Store, Store],
+) -> None:
+    source, target = shards
+    await add_slice(source, "task_history_ahead", AHEAD)
+    await add_slice(source, "task_history_expired", EXPIRED)
+    await load(source)
+    await retire(source)
+    history = await rows(source, "task_history", MOVED)
+    move = mover(source, target)
+    await move.prepare()
+    await move.copy()
+    await move.catch_up()
+    assert await rows(target, "task_history") != []
+    await move.rollback()
+    assert await rows(target, "task_history") == []
+    assert await rows(target, "move_rows") == []
+    assert await rows(source, "task_history", MOVED) == history
+    # The same move again finds no stray history on the target, and goes through.
+    again = mover(source, target, "m000000000002", 9)
+    await again.prepare()
+    await again.copy()
+    await again.cut_over(2)
+    assert await rows(target, "task_history") == await rows(
+        source, "task_history", f"{MOVED} AND {LIVE_HISTORY}"
+    )
+
+
 PHASES = ("prepare", "copy", "catch_up", "cut_over", "clean_up")
 
 
