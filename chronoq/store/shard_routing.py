@@ -164,7 +164,10 @@ class ShardRouting:
 
         A shard's ``PartitionMoved``: the map is refreshed and its positions are routed again,
         once. ``skip_down``: a shard that is down is left out (unless every one is); else
-        the first failure is raised once all have ended (the others' writes committed)."""
+        the first failure is raised once all have ended (the others' writes committed). With
+        ``skip_down`` (calls whose parts stand alone: owner statements, reads), a shard that
+        refused some partitions only (a move freezing them) is asked again at once for the
+        rest, so its other partitions do not wait for the cut-over."""
         m = self._routing()
         parts = [partition_of(k) for k in keys]
         groups = fanout.grouped(parts, m.shard_of)
@@ -178,10 +181,17 @@ class ShardRouting:
         )
         done: list[tuple[list[int], R]] = []
         moved: list[int] = []
+        spared: list[int] = []
         down: list[BaseException] = []
         for name, answer in zip(names, answers, strict=True):
-            if isinstance(answer, PartitionMoved) and retry:
-                moved += groups[name]
+            if isinstance(answer, PartitionMoved) and (retry or skip_down):
+                refused = set(answer.partitions) if skip_down else set()
+                spared += [i for i in groups[name] if refused and parts[i] not in refused]
+                rest = [i for i in groups[name] if not refused or parts[i] in refused]
+                if retry:
+                    moved += rest
+                elif rest:
+                    down.append(answer)
             elif isinstance(answer, StoreUnavailable) and skip_down:
                 down.append(answer)
                 self._skipped(name, answer)
@@ -189,19 +199,40 @@ class ShardRouting:
                 down.append(answer)
             else:
                 done.append((groups[name], answer))
+        if spared:  # nothing of a refused statement was written: the rest, at once
+            done += await self._again(keys, partition_of, call, spared, skip_down, down)
         if moved:
             await self._refreshed()
-            again = await self._routed(
-                [keys[i] for i in moved],
-                partition_of,
-                lambda s, ps: call(s, [moved[i] for i in ps]),
-                skip_down=skip_down,
-                retry=False,
-            )
-            done += [([moved[i] for i in ps], r) for ps, r in again]
+            done += await self._again(keys, partition_of, call, moved, skip_down, down)
         if down and (not skip_down or not done):
             raise down[0]
         return done
+
+    async def _again(
+        self,
+        keys: Sequence[K],
+        partition_of: Callable[[K], int],
+        call: Callable[[Store, list[int]], Awaitable[R]],
+        positions: list[int],
+        skip_down: bool,
+        down: list[BaseException],
+    ) -> list[tuple[list[int], R]]:
+        """``positions`` of ``keys`` routed once more (no further retry). With ``skip_down``
+        its failure joins ``down`` and the other shards' answers stand (they committed)."""
+        try:
+            again = await self._routed(
+                [keys[i] for i in positions],
+                partition_of,
+                lambda s, ps: call(s, [positions[i] for i in ps]),
+                skip_down=skip_down,
+                retry=False,
+            )
+        except StoreUnavailable as exc:
+            if not skip_down:
+                raise
+            down.append(exc)
+            return []
+        return [([positions[i] for i in ps], r) for ps, r in again]
 
     def _skipped(self, shard: str, exc: BaseException) -> None:
         at = time.monotonic()
