@@ -103,7 +103,9 @@ async def watch(store: Store, due: datetime, quiet_id: str) -> tuple[float, floa
                 continue
             after = (now - due).total_seconds()
             if quiet_seen is None:
-                state = await conn.fetchval("SELECT state FROM tasks WHERE id = $1", quiet_id)
+                state = await conn.fetchval(
+                    "SELECT state FROM tasks_with_history WHERE id = $1", quiet_id
+                )
                 if state != 0:
                     quiet_seen = after
             if flood_done is None and after >= next_flood_look:

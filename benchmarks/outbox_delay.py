@@ -36,9 +36,7 @@ QUEUE = "outbox-delay"
 DRAIN_S = 10.0
 
 
-async def produce(
-    app_dsn: str, rate: float, seconds: float, connections: int
-) -> dict[str, float]:
+async def produce(app_dsn: str, rate: float, seconds: float, connections: int) -> dict[str, float]:
     """Commit ``rate * seconds`` rows, paced from the start; the commit instant of each key."""
     conns = [await asyncpg.connect(app_dsn) for _ in range(connections)]
     free: asyncio.Queue[asyncpg.Connection] = asyncio.Queue()
@@ -77,7 +75,7 @@ async def arrivals(store_dsn: str) -> dict[str, float]:
     conn = await asyncpg.connect(store_dsn)
     try:
         rows = await conn.fetch(
-            "SELECT idempotency_key, extract(epoch FROM created_at) AS at FROM tasks "
+            "SELECT idempotency_key, extract(epoch FROM created_at) AS at FROM tasks_with_history "
             "WHERE queue = $1",
             QUEUE,
         )

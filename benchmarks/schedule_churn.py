@@ -42,7 +42,9 @@ async def run(dsn: str, quota: float, seconds: float) -> None:
             elapsed = time.monotonic() - started
         made = node.pump.created - before
         async with node.store.pool.acquire() as conn:
-            left = await conn.fetchval("SELECT count(*) FROM tasks WHERE namespace = 'churn'")
+            left = await conn.fetchval(
+                "SELECT count(*) FROM tasks_with_history WHERE namespace = 'churn'"
+            )
             waiting = await conn.fetchval(
                 "SELECT count(*) FROM tasks WHERE namespace = 'churn' AND state = 0"
             )

@@ -57,7 +57,9 @@ async def load(address: str, tasks: int, payload: int) -> None:
 async def states(dsn: str) -> dict[str, int]:
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch("SELECT state, count(*) AS n FROM tasks GROUP BY state")
+        rows = await conn.fetch(
+            "SELECT state, count(*) AS n FROM tasks_with_history GROUP BY state"
+        )
     finally:
         await conn.close()
     return {STATES.get(r["state"], str(r["state"])): r["n"] for r in rows}

@@ -79,13 +79,17 @@ async def one_run(dsn: str, tasks: int, workers: int, concurrency: int) -> dict[
         conn = await asyncpg.connect(dsn)
         try:
             deadline = time.monotonic() + 120 + tasks / 100
-            while await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 3") < tasks:
+            while (
+                await conn.fetchval("SELECT count(*) FROM tasks_with_history WHERE state = 3")
+                < tasks
+            ):
                 assert time.monotonic() < deadline, "tasks did not all complete"
                 await asyncio.sleep(0.1)
             run_cpu = time.process_time() - cpu_started - submit_cpu
             row = await conn.fetchrow(
                 "SELECT min(fired_at) AS first, max(finished_at) AS last,"
-                " count(*) FILTER (WHERE trace_context IS NOT NULL) AS traced FROM tasks"
+                " count(*) FILTER (WHERE trace_context IS NOT NULL) AS traced"
+                " FROM tasks_with_history"
             )
         finally:
             await conn.close()

@@ -178,7 +178,7 @@ async def _first_fire(store: Store, lost: set[int], victim: str, since: datetime
     while time.monotonic() < deadline:
         async with store.pool.acquire() as conn:
             first = await conn.fetchval(
-                "SELECT min(fired_at) FROM tasks WHERE partition = ANY($1::smallint[])"
+                "SELECT min(fired_at) FROM tasks_with_history WHERE partition = ANY($1::smallint[])"
                 " AND fired_at > $2 AND fired_by <> $3 AND fire_token IS NOT NULL",
                 sorted(lost),
                 since,

@@ -337,8 +337,9 @@ async def _reset(dsn: str) -> None:
     store's plans (see the head of queries.sql)."""
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("DELETE FROM tasks")
-        await conn.execute("VACUUM (ANALYZE) tasks")
+        for table in ("tasks", "task_history"):  # finished tasks retire into the history
+            await conn.execute(f"DELETE FROM {table}")
+            await conn.execute(f"VACUUM (ANALYZE) {table}")
     finally:
         await conn.close()
 
@@ -379,7 +380,7 @@ _UNFINISHED_SQL = (
     " OR EXISTS (SELECT 1 FROM tasks WHERE state = 1)"
     " OR EXISTS (SELECT 1 FROM tasks WHERE state = 2)"
 )
-_COMPLETED_SQL = "SELECT count(*) FROM tasks WHERE namespace = $1 AND state = 3"
+_COMPLETED_SQL = "SELECT count(*) FROM tasks_with_history WHERE namespace = $1 AND state = 3"
 
 
 async def _until_done(dsn: str, count: int, within: float) -> None:
@@ -406,7 +407,8 @@ async def _fire_lateness(dsn: str) -> dict[str, float]:
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT id::text, extract(epoch FROM fired_at - run_at)::float8 AS late FROM tasks "
+            "SELECT id::text, extract(epoch FROM fired_at - run_at)::float8 AS late"
+            " FROM tasks_with_history "
             "WHERE fired_at IS NOT NULL"
         )
     finally:

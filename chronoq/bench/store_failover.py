@@ -227,7 +227,8 @@ async def _first_fired(store: Store, ids: list[str]) -> datetime | None:
         with contextlib.suppress(StoreUnavailable):  # the pool may still hold a dead one
             async with store.connection() as conn:
                 first = await conn.fetchval(
-                    "SELECT min(fired_at) FROM tasks WHERE id = ANY($1::uuid[])", ids[:2000]
+                    "SELECT min(fired_at) FROM tasks_with_history WHERE id = ANY($1::uuid[])",
+                    ids[:2000],
                 )
             if first is not None:
                 return first  # type: ignore[no-any-return]
@@ -243,7 +244,7 @@ async def _lost(store: Store, ids: list[str]) -> int:
             try:
                 async with store.connection() as conn:
                     found += await conn.fetchval(
-                        "SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[])", chunk
+                        "SELECT count(*) FROM tasks_with_history WHERE id = ANY($1::uuid[])", chunk
                     )
                 break
             except StoreUnavailable:

@@ -193,10 +193,11 @@ async def quiesce(dsns: Sequence[str], timeout: float) -> int:
 
 
 async def read_store(dsns: Sequence[str]) -> tuple[list[TaskRow], dict[int, int]]:
-    """Every task row and fence of every store shard (a fence copied by a move counts at
-    its highest token). A task a move copied is counted once: from the shard that holds its
-    partition live (a move's source keeps its copy until the clean-up, its target has one
-    while it copies; neither is the task while the other holds it)."""
+    """Every task row (live, or finished and retired into the history) and fence of every
+    store shard (a fence copied by a move counts at its highest token). A task a move copied
+    is counted once: from the shard that holds its partition live (a move's source keeps its
+    copy until the clean-up, its target has one while it copies; neither is the task while
+    the other holds it)."""
     tasks: dict[str, tuple[bool, TaskRow]] = {}
     fences: dict[int, int] = {}
     for dsn in dsns:
@@ -214,7 +215,8 @@ async def _read_shard(dsn: str) -> tuple[list[tuple[bool, TaskRow]], dict[int, i
         dsn,
         "SELECT id, idempotency_key, partition, state, attempt, run_at, fired_at, fired_by,"
         " fire_token, last_error, EXISTS (SELECT 1 FROM shard_partitions h"
-        " WHERE h.partition = tasks.partition AND h.state = 0) AS live FROM tasks",
+        " WHERE h.partition = tasks.partition AND h.state = 0) AS live"
+        " FROM tasks_with_history tasks",
     )
     tasks = [
         (bool(r["live"]), TaskRow(

@@ -68,9 +68,11 @@ async def pending_histogram(conn: asyncpg.Connection, now: datetime, width: int)
 
 
 async def state_counts(conn: asyncpg.Connection) -> dict[str, int]:
-    """Tasks per state past SCHEDULED, through ``tasks_listing`` (not the pending backlog)."""
+    """Tasks per state past SCHEDULED, through ``tasks_listing`` (not the pending backlog)
+    and the history's listing index (finished tasks retired there, migration 0022)."""
     rows = await conn.fetch(
-        "SELECT state, count(*) AS n FROM tasks WHERE namespace = $1 AND state > 0 GROUP BY 1",
+        "SELECT state, count(*) AS n FROM tasks_with_history WHERE namespace = $1 AND state > 0"
+        " GROUP BY 1",
         DEFAULT_NAMESPACE,
     )
     counts = {s.name.lower(): 0 for s in TaskState if s != TaskState.SCHEDULED}
@@ -96,8 +98,8 @@ async def firing_since(conn: asyncpg.Connection, since: datetime) -> Firing:
         "   AS p50,"
         " percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM fired_at - run_at))"
         "   AS p99"
-        " FROM tasks WHERE namespace = $1 AND state > 0 AND fire_token IS NOT NULL"
-        "   AND fired_at > $2",
+        " FROM tasks_with_history WHERE namespace = $1 AND state > 0"
+        "   AND fire_token IS NOT NULL AND fired_at > $2",
         DEFAULT_NAMESPACE, since,
     )
     assert row is not None
@@ -131,7 +133,7 @@ async def double_firings(conn: asyncpg.Connection) -> DoubleFirings:
                    max(fire_token) OVER (
                        PARTITION BY partition ORDER BY fired_at, fire_token
                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_max
-            FROM tasks
+            FROM tasks_with_history
             WHERE namespace = $1 AND state > 0 AND fire_token IS NOT NULL
         ), tokens AS (
             SELECT partition, fire_token FROM fired GROUP BY 1, 2
@@ -163,12 +165,13 @@ async def pending_ids_between(
 
 
 async def states_of(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> dict[str, int]:
-    """How many of ``ids`` are fired (past SCHEDULED) and executed (SUCCEEDED), by primary key."""
+    """How many of ``ids`` are fired (past SCHEDULED) and executed (SUCCEEDED), by id (live or
+    retired into the history)."""
     row = await conn.fetchrow(
         "SELECT count(*) FILTER (WHERE state <> 0) AS fired,"
         " count(*) FILTER (WHERE state = 3) AS executed,"
         " count(DISTINCT fired_by) FILTER (WHERE state <> 0) AS firers"
-        " FROM tasks WHERE id = ANY($1::uuid[])",
+        " FROM tasks_with_history WHERE id = ANY($1::uuid[])",
         list(ids),
     )
     assert row is not None

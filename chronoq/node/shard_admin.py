@@ -207,7 +207,8 @@ class ShardAdmin:
             try:
                 ident = await identity(new)
                 async with new.connection() as conn:
-                    busy = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM tasks)")
+                    # Finished tasks retired into the history count too.
+                    busy = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM tasks_with_history)")
             finally:
                 await new.close()
             if busy:

@@ -102,7 +102,7 @@ async def end_to_end(
             row = await fetchrow(
                 dsn,
                 "SELECT count(*) FILTER (WHERE state = 3) AS completed, min(fired_at) AS first,"
-                " max(finished_at) AS last FROM tasks",
+                " max(finished_at) AS last FROM tasks_with_history",
             )
         finally:
             await node.stop(grace=1.0)

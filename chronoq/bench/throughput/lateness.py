@@ -69,7 +69,9 @@ async def lateness(ctx: Context, layout: str, *, on: str | None = None) -> Laten
             window = firer.lateness
             node_ms = [window.percentile(50) * 1e3, window.percentile(99) * 1e3, window.max * 1e3]
             samples = await fetch_lateness(dsn)
-            completed = await fetchrow(dsn, "SELECT count(*) AS n FROM tasks WHERE state = 3")
+            completed = await fetchrow(
+                dsn, "SELECT count(*) AS n FROM tasks_with_history WHERE state = 3"
+            )
         finally:
             await node.stop(grace=1.0)
     return LatenessRun(
@@ -89,7 +91,7 @@ async def fetch_lateness(dsn: str) -> list[float]:
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT extract(epoch FROM fired_at - run_at)::float8 AS late FROM tasks"
+            "SELECT extract(epoch FROM fired_at - run_at)::float8 AS late FROM tasks_with_history"
             " WHERE fired_at IS NOT NULL"
         )
     finally:

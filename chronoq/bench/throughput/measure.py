@@ -23,10 +23,11 @@ from chronoq.bench.throughput.results import BACKLOG_FROM
 from chronoq.diagnostics.task_rows import NAMESPACE
 from chronoq.models import TaskState
 
-#: The benchmark's completed tasks, polled while a run goes on: through the listing index
-#: (namespace, state, id), so the poll costs the completed rows, not a scan of a backlog.
+#: The benchmark's completed tasks, polled while a run goes on: through the listing indexes
+#: (namespace, state, id) of tasks and of the history (where finished tasks retire), so the
+#: poll costs the completed rows, not a scan of a backlog.
 COMPLETED_SQL = (
-    f"SELECT count(*) FROM tasks WHERE namespace = '{NAMESPACE}'"
+    f"SELECT count(*) FROM tasks_with_history WHERE namespace = '{NAMESPACE}'"
     f" AND state = {int(TaskState.SUCCEEDED)}"
 )
 
@@ -78,10 +79,11 @@ async def measured_on(db: Databases, name: str, dsn: str | None) -> AsyncIterato
     if dsn is not None:
         conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(
-                "DELETE FROM tasks WHERE run_at < $1", datetime.now(UTC) + BACKLOG_FROM / 2
-            )
-            await conn.execute("VACUUM tasks")
+            for table in ("tasks", "task_history"):
+                await conn.execute(
+                    f"DELETE FROM {table} WHERE run_at < $1", datetime.now(UTC) + BACKLOG_FROM / 2
+                )
+                await conn.execute(f"VACUUM {table}")
         finally:
             await conn.close()
         yield dsn

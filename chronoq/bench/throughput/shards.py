@@ -140,7 +140,7 @@ async def end_to_end(
     due = datetime.now(UTC) + timedelta(seconds=2 + 2 * submit_seconds)
     tasks = [NewTask(queue=QUEUE, run_at=due, payload=PAYLOAD) for _ in range(opts.tasks)]
     done_sql = (
-        f"SELECT count(*) FROM tasks WHERE state = {int(TaskState.SUCCEEDED)}"
+        f"SELECT count(*) FROM tasks_with_history WHERE state = {int(TaskState.SUCCEEDED)}"
         f" AND run_at = '{due.isoformat()}'"
     )
     async with running_workers(opts, "in-process", address):
@@ -160,7 +160,7 @@ async def end_to_end(
     for conn in conns.values():
         row = await conn.fetchrow(
             "SELECT min(fired_at) AS first, max(fired_at) AS fired, max(finished_at) AS done"
-            " FROM tasks WHERE run_at = $1",
+            " FROM tasks_with_history WHERE run_at = $1",
             due,
         )
         if row is None or row["first"] is None:
