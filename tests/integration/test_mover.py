@@ -195,6 +195,10 @@ async def load(store: Store, n: int = 3000) -> None:
             break
     for p in range(P):
         await store.take_fence(p, 3, "test", "node-a")
+    # Half the finished tasks retired into the history, as the sweep does.
+    await add_slice(store, "task_history_ahead", AHEAD)
+    await add_slice(store, "task_history_expired", EXPIRED)
+    await retire(store, "get_byte(uuid_send(id), 14) % 2 = 0")
 
 
 def _controls(i: int) -> dict[str, Any]:
@@ -215,13 +219,20 @@ async def rows(store: Store, table: str, where: str = "TRUE") -> list[dict[str, 
 
 
 MOVED = f"partition = ANY('{{{','.join(map(str, MOVING))}}}'::smallint[])"
+LIVE_HISTORY = "retire_at > now()"
 
 
 async def same_on_both(source: Store, target: Store) -> int:
-    """Every row of the moving partitions is on the target, once, exactly as on the source."""
+    """Every row of the moving partitions is on the target, once, exactly as on the source
+    (the history's but for the expired ones)."""
     total = 0
-    for table in ("tasks", "schedules", "partition_fences"):
-        mine = await rows(source, table, MOVED)
+    for table, where in (
+        ("tasks", MOVED),
+        ("schedules", MOVED),
+        ("partition_fences", MOVED),
+        ("task_history", f"{MOVED} AND {LIVE_HISTORY}"),
+    ):
+        mine = await rows(source, table, where)
         theirs = await rows(target, table)
         assert mine == theirs, table
         total += len(mine)
@@ -301,8 +312,10 @@ async def test_a_move_under_writes_leaves_every_row_once_on_the_target(
         for r in controlled
     )
     before = await rows(target, "tasks")
+    history = await rows(source, "task_history", MOVED)  # expired ones too
     deleted = await move.clean_up()
-    assert deleted == len(before) + len(await rows(target, "schedules"))
+    assert deleted == len(before) + len(await rows(target, "schedules")) + len(history)
+    assert await rows(source, "task_history", MOVED) == []
     assert await rows(source, "tasks", MOVED) == []
     assert await rows(source, "schedules", MOVED) == []
     assert await rows(source, "tasks", f"NOT ({MOVED})") == others  # the rest untouched
@@ -349,9 +362,6 @@ async def retire(store: Store, where: str = "TRUE") -> int:
     return int(status.split()[-1])
 
 
-LIVE_HISTORY = "retire_at > now()"
-
-
 async def finish_more(store: Store, n: int) -> None:
     """More tasks of the moving partitions finished (the sweep would move them next)."""
     specs = [
@@ -381,12 +391,10 @@ async def test_a_move_carries_the_history_of_its_partitions_but_for_expired_rows
     given where its own do not cover them: here one of another width overlaps), rows the
     sweep moves during the move follow, expired ones stay behind and go with the source's."""
     source, target = shards
-    await add_slice(source, "task_history_ahead", AHEAD)
-    await add_slice(source, "task_history_expired", EXPIRED)
     half = f"{AHEAD[0]} + interval '12 hours'", f"{AHEAD[1]} + interval '12 hours'"
     await add_slice(target, "task_history_other_width", half)
     await load(source)
-    assert await retire(source) > 200
+    assert await retire(source) > 100
     others = await rows(source, "task_history", f"NOT ({MOVED})")
     move = mover(source, target)
     await move.prepare()
@@ -432,8 +440,6 @@ async def test_a_rolled_back_move_leaves_the_history_on_the_source_only(
     shards: tuple[Store, Store],
 ) -> None:
     source, target = shards
-    await add_slice(source, "task_history_ahead", AHEAD)
-    await add_slice(source, "task_history_expired", EXPIRED)
     await load(source)
     await retire(source)
     history = await rows(source, "task_history", MOVED)
@@ -473,6 +479,7 @@ async def test_a_move_killed_in_any_phase_resumes(
     source, target = shards
     await load(source)
     expected = await rows(source, "tasks", MOVED)
+    history = await rows(source, "task_history", f"{MOVED} AND {LIVE_HISTORY}")
     move = mover(source, target)
     for name in PHASES[: PHASES.index(killed)]:
         await _phase(move, name)
@@ -491,6 +498,8 @@ async def test_a_move_killed_in_any_phase_resumes(
         await never_live_on_both(source, target)
     assert await rows(target, "tasks") == expected
     assert await rows(source, "tasks", MOVED) == []
+    assert history and await rows(target, "task_history") == history
+    assert await rows(source, "task_history", MOVED) == []
 
 
 @pytest.mark.parametrize("killed", PHASES[:-1])
@@ -500,6 +509,7 @@ async def test_a_move_killed_before_its_commit_rolls_back(
     source, target = shards
     await load(source)
     expected = await rows(source, "tasks", MOVED)
+    history = await rows(source, "task_history", MOVED)
     move = mover(source, target)
     for name in PHASES[: PHASES.index(killed)]:
         await _phase(move, name)
@@ -510,6 +520,8 @@ async def test_a_move_killed_before_its_commit_rolls_back(
         await task
     await mover(source, target).rollback()
     assert await rows(target, "tasks") == []
+    assert await rows(target, "task_history") == []
+    assert await rows(source, "task_history", MOVED) == history
     assert await rows(target, "schedules") == []
     assert await rows(target, "move_rows") == []
     assert await rows(source, "tasks", MOVED) == expected
