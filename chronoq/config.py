@@ -16,6 +16,7 @@ from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, MAX_PART
 from chronoq.cardinality import DEFAULT_METRICS_QUEUES, MAX_METRICS_QUEUES
 from chronoq.coordinator.settings import ClusterSettings
 from chronoq.errors import ConfigError
+from chronoq.history_slices import check_history_settings
 from chronoq.limits import Limits
 from chronoq.models import TaskDefaults
 from chronoq.redact import mask_dsn
@@ -25,6 +26,8 @@ from chronoq.shardmap import MAX_SHARDS, shard_name
 MAX_WHEEL_HORIZON = timedelta(seconds=60)
 #: The most tasks a timing wheel may hold (a few hundred megabytes at this bound).
 MAX_WHEEL_CAPACITY = 1_000_000
+#: The longest a finished task may wait in the live table before it moves to the history.
+MAX_HISTORY_AFTER = timedelta(days=7)
 
 #: Long-polling claims one namespace may hold open on a node at once (more: RESOURCE_EXHAUSTED).
 DEFAULT_LONG_POLLS_PER_NAMESPACE = 256
@@ -111,6 +114,13 @@ class NodeSettings:
     retention: timedelta | None = timedelta(days=7)  # SUCCEEDED/CANCELLED/SKIPPED kept this long
     dead_retention: timedelta | None = timedelta(days=30)  # DEAD (the DLQ) kept this long
     retention_interval: timedelta = timedelta(seconds=60)
+    # Finished tasks (SUCCEEDED/CANCELLED/SKIPPED) leave the live table for the task history
+    # this long after they finish (0: at the next pass), and retention drops the history in
+    # whole time slices of history_slice (chronoq.store.history): retention / history_slice
+    # may need at most chronoq.history_slices.MAX_SLICES slices (None: a day, or wider when
+    # the retention needs it: chronoq.history_slices.slice_width).
+    history_after: timedelta = timedelta(seconds=60)
+    history_slice: timedelta | None = None
     # How often the owners recount their partitions' queue counts (the QueueCounts RPC, the
     # queue gauges): at least this, and longer when a pass takes more than 5% of it.
     queue_counts_interval: timedelta = timedelta(seconds=2)
@@ -151,8 +161,18 @@ class NodeSettings:
             raise ConfigError(f"metrics_queues must be between 0 and {MAX_METRICS_QUEUES}")
         if self.long_polls_per_namespace < 1 or self.long_polls_per_node < 1:
             raise ConfigError("long_polls_per_namespace and long_polls_per_node must be >= 1")
+        self._check_history()
         self._check_metrics_access()
         check_store_shards(self.dsn, self.store_shards, self.partitions, self.cluster)
+
+    def _check_history(self) -> None:
+        """Refuse a history setting out of bounds (chronoq.history_slices)."""
+        if not timedelta(0) <= self.history_after <= MAX_HISTORY_AFTER:
+            raise ConfigError(
+                f"history_after must be between 0 and {MAX_HISTORY_AFTER}, got {self.history_after}"
+            )
+        if self.history_slice is not None:
+            check_history_settings(self.retention, self.history_slice)
 
     def _check_metrics_access(self) -> None:
         """Refuse a /metrics that whoever reaches its address could read."""

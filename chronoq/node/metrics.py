@@ -77,7 +77,20 @@ class NodeMetrics:
         self.dead = Counter("chronoq_tasks_dead", "Tasks that ended DEAD.", registry=r)
         self.reaped = Counter("chronoq_leases_expired", "Expired worker leases reaped.", registry=r)
         self.purged = Counter(
-            "chronoq_tasks_purged", "Finished tasks purged by retention.", registry=r
+            "chronoq_tasks_purged",
+            "Finished tasks deleted row by row: DEAD letters past their retention, and "
+            "finished tasks already past it when the sweep reached them.",
+            registry=r,
+        )
+        self.retired = Counter(
+            "chronoq_tasks_retired",
+            "Finished tasks moved from the live table into the task history.",
+            registry=r,
+        )
+        self.slices_dropped = Counter(
+            "chronoq_history_slices_dropped",
+            "Time slices of the task history dropped whole by retention (on any shard).",
+            registry=r,
         )
         self.lateness = Histogram(
             "chronoq_fire_lateness_seconds",
@@ -277,7 +290,7 @@ class PausedCollector(Collector):
         gauge = GaugeMetricFamily(
             "chronoq_queue_paused",
             "Paused queues (1 each; a namespace's queues past the series bound are summed "
-            "under queue \"(other)\"), as this node's dispatch gate last read them.",
+            'under queue "(other)"), as this node\'s dispatch gate last read them.',
             labels=["namespace", "queue"],
         )
         with contextlib.suppress(Exception):

@@ -241,7 +241,11 @@ class Node(NodeServices, NodeLoops):
             dead_retention=s.dead_retention,
             interval=s.retention_interval.total_seconds(),
             batch=s.retention_batch,
+            history_after=s.history_after,
+            history_slice=s.history_slice,
             on_purged=self.metrics.purged.inc,
+            on_retired=self.metrics.retired.inc,
+            on_slices_dropped=self.metrics.slices_dropped.inc,
         )
         self.depth = DepthPoller(
             self.store,

@@ -94,7 +94,12 @@ _SWEEP = """
 SELECT id, namespace, key, row_partition FROM legacy_routes
 WHERE partition = ANY($1::smallint[]) AND id > $2 ORDER BY id LIMIT $3
 """
-_PRESENT = "SELECT id FROM tasks WHERE id = ANY($1::uuid[])"
+# A task moved into its history (retention's sweep) is still there: its key still answers it.
+_PRESENT = """
+SELECT id FROM tasks WHERE id = ANY($1::uuid[])
+UNION ALL
+SELECT id FROM task_history WHERE id = ANY($1::uuid[])
+"""
 
 R = TypeVar("R")
 

@@ -34,6 +34,7 @@ from chronoq.models import (
 )
 from chronoq.queue_settings import QueueSettings, Resumed
 from chronoq.queuecounts import KeptCounts
+from chronoq.store.history import Retired, SliceUpkeep
 from chronoq.store.rows import Accepted, Fence, FireResult
 from chronoq.taskfilter import BulkAction, BulkDone, TaskFilter
 
@@ -132,6 +133,28 @@ class ByPartition(Buckets, Protocol):
     ) -> int:
         """Retention: delete up to ``batch`` finished tasks of ``partitions`` older than
         ``before``; how many went."""
+        ...
+
+    async def retire_finished(
+        self,
+        partitions: Sequence[int],
+        before: datetime,
+        now: datetime,
+        *,
+        retention: timedelta | None,
+        width: timedelta,
+        batch: int,
+    ) -> Retired:
+        """The history's sweep: move up to ``batch`` SUCCEEDED, CANCELLED or SKIPPED tasks
+        of ``partitions`` finished before ``before`` into the history (rows past
+        ``retention`` at ``now`` deleted only; each partition's shard)."""
+        ...
+
+    async def keep_history(
+        self, now: datetime, *, retention: timedelta | None, width: timedelta
+    ) -> SliceUpkeep:
+        """Drop the history's slices past ``now`` and make those the window ahead needs,
+        on every shard (one node at a time per shard)."""
         ...
 
     async def recount_queues(

@@ -268,13 +268,34 @@ ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NO
 RETURNING {{task_row}};
 
 -- name: task_ids_by_idempotency_key
-SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
+-- The first task of each key, in tasks or, moved there by the sweep, in task_history: one
+-- statement, so one snapshot sees a row that moves meanwhile in exactly one of the two.
+SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[])
+UNION ALL
+SELECT idempotency_key, id FROM task_history
+WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
 
 -- name: tasks_by_idempotency_key
-SELECT {{task_row}} FROM tasks t WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[]);
+-- As task_ids_by_idempotency_key, the whole rows.
+SELECT {{task_row}} FROM tasks t WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[])
+UNION ALL
+SELECT {{task_row}} FROM task_history t
+WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[]);
+
+-- name: retired_by_idempotency_key
+-- The keys of $2 whose first task is in task_history: a keyed submit asks it after its insert,
+-- in a later statement of the insert's transaction (a fresh snapshot), and a hit among the keys
+-- it inserted means the sweep moved the key's first task meanwhile (task_inserts).
+SELECT {{task_row}} FROM task_history t
+WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[]);
 
 -- name: get_task
-SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2;
+-- In tasks, else in task_history: one statement (one snapshot) finds a row the sweep moves
+-- meanwhile in exactly one of the two; the history is read only when tasks has no row.
+(SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2)
+UNION ALL
+(SELECT {{task_row}} FROM task_history t WHERE t.id = $1 AND t.namespace = $2)
+LIMIT 1;
 
 -- name: take_fences_local
 -- Single-node ownership: bump every partition's token by one, so any older holder is fenced.
@@ -989,19 +1010,37 @@ WHERE b.page_bytes <= $6 OR b.page_row = 1
 ORDER BY b.id
 
 -- name: list_tasks_in_state
+-- Finished states are read from tasks and task_history, merged by id (one snapshot: a row
+-- the sweep moves meanwhile is listed once); the history of a live state is an empty probe.
 WITH candidates AS (
-    SELECT {{task_row}} FROM tasks t
-    WHERE namespace = $1 AND state = $2 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+    (SELECT {{task_row}} FROM tasks t
+     WHERE namespace = $1 AND state = $2 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+     ORDER BY id
+     LIMIT $5)
+    UNION ALL
+    (SELECT {{task_row}} FROM task_history t
+     WHERE namespace = $1 AND state = $2 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+     ORDER BY id
+     LIMIT $5)
     ORDER BY id
     LIMIT $5
 )
 {{bytes_bounded_page}};
 
 -- name: list_tasks
+-- Every state: tasks and task_history merged by id, as list_tasks_in_state.
 WITH candidates AS (
-    SELECT {{task_row}} FROM tasks t
-    WHERE namespace = $1 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
-      AND $2::smallint IS NULL
+    (SELECT {{task_row}} FROM tasks t
+     WHERE namespace = $1 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+       AND $2::smallint IS NULL
+     ORDER BY id
+     LIMIT $5)
+    UNION ALL
+    (SELECT {{task_row}} FROM task_history t
+     WHERE namespace = $1 AND ($3::text IS NULL OR queue = $3) AND id > $4::uuid
+       AND $2::smallint IS NULL
+     ORDER BY id
+     LIMIT $5)
     ORDER BY id
     LIMIT $5
 )
@@ -1181,6 +1220,58 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
     ORDER BY finished_at
     LIMIT $4
 )) AND (SELECT chronoq_hold($1::smallint[], {{map_version}}));
+
+-- fragment: history_columns
+-- Every column of tasks, in tasks' order: what a row carries into task_history (migration
+-- 0022, which adds retire_at after them). tests/integration/test_task_history.py checks the
+-- list against the catalog, so a column added to tasks cannot be left behind.
+id, namespace, queue, partition, bucket, run_at, state, priority, payload, idempotency_key,
+attempt, max_attempts, retry_base, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
+misfire_policy, misfire_grace_ms, lease_until, worker_id, last_error, created_at, fired_at,
+finished_at, fired_by, fire_token, content_type, trace_context, concurrency_key, unique_key,
+unique_until, debounce_key, debounce_until, labels, unique_closed
+
+-- name: retire_finished
+-- The sweep: up to $4 SUCCEEDED, CANCELLED or SKIPPED tasks of some partitions ($1) that
+-- finished before $2 leave tasks for task_history, in one statement (a reader sees each row in
+-- exactly one of the two). retire_at, the moment a row may go, is the later of its finish and
+-- its unique window's end, plus the retention $3 (NULL: kept forever, 'infinity'); a row
+-- already past it at $5 is deleted only. A row holding an open unique_for window stays, as in
+-- purge_finished (the window's unique index is on tasks). The pick walks tasks_retiring in
+-- its order, so it stops after $4 rows whatever else the partitions hold. DEAD letters stay.
+WITH moved AS (
+    DELETE FROM tasks t WHERE t.id = ANY(ARRAY(
+        SELECT r.id FROM tasks r
+        WHERE r.partition = ANY($1::smallint[]) AND r.state IN (3, 5, 6) AND r.finished_at < $2
+          AND (r.unique_until IS NULL OR r.unique_closed OR r.unique_until < $2)
+        ORDER BY r.partition, r.finished_at
+        LIMIT $4
+    )) AND t.state + 0 IN (3, 5, 6)
+      AND (SELECT chronoq_hold($1::smallint[], {{map_version}}))
+    RETURNING {{history_columns}},
+        coalesce(greatest(t.finished_at, t.unique_until) + $3::interval, 'infinity') AS retire_at
+),
+kept AS (
+    INSERT INTO task_history ({{history_columns}}, retire_at)
+    SELECT {{history_columns}}, retire_at FROM moved WHERE retire_at > $5::timestamptz
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) AS gone, (SELECT count(*) FROM kept) AS kept;
+
+-- name: history_slices
+-- The time slices of task_history by their bounds (epoch seconds), whatever their names:
+-- the bounds as PostgreSQL prints them, cast back in the same session. The forever slice
+-- (FROM infinity TO MAXVALUE) and any bound not finite are left out.
+SELECT c.relname AS name,
+       extract(epoch FROM b.lo)::bigint AS lo, extract(epoch FROM b.hi)::bigint AS hi
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+CROSS JOIN LATERAL regexp_match(
+    pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS m
+CROSS JOIN LATERAL (SELECT m[1]::timestamptz AS lo, m[2]::timestamptz AS hi) b
+WHERE i.inhparent = 'task_history'::regclass AND m IS NOT NULL
+  AND isfinite(b.lo) AND isfinite(b.hi)
+ORDER BY lo;
 
 -- name: set_queue_limit
 -- A new queue's limit only while the namespace has fewer than $6 (counted by this statement);
@@ -1516,7 +1607,10 @@ walked AS MATERIALIZED (
         SELECT r.id, r.hit, r.n
         FROM (
             SELECT t.id, {{filter_hit}} AS hit, row_number() OVER (ORDER BY t.id) AS n
-            FROM tasks t
+            FROM (SELECT id, namespace, state, partition, queue, labels, run_at FROM tasks
+                  UNION ALL
+                  SELECT id, namespace, state, partition, queue, labels, run_at
+                  FROM task_history) t
             WHERE t.namespace = $1 AND t.state = s.state AND t.id > $3::uuid
               AND NOT t.partition = ANY((SELECT copies FROM held)::smallint[])
             ORDER BY t.id
@@ -1556,6 +1650,10 @@ WITH {{filter_walk}},
 sized AS (
     SELECT {{task_row}}, {{task_bytes}} + $11::integer AS row_bytes
     FROM tasks t
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pick))
+    UNION ALL
+    SELECT {{task_row}}, {{task_bytes}} + $11::integer AS row_bytes
+    FROM task_history t
     WHERE t.id = ANY(ARRAY(SELECT id FROM pick))
 ),
 paged AS (

@@ -55,6 +55,7 @@ from __future__ import annotations
 from chronoq.store.shard_bulk import ShardBulk
 from chronoq.store.shard_claims import SOLE_ENTRIES, ShardClaims
 from chronoq.store.shard_health import ShardHealth
+from chronoq.store.shard_history import ShardHistory
 from chronoq.store.shard_listings import ShardListings
 from chronoq.store.shard_partitions import ByPartition
 from chronoq.store.shard_placement import Placement
@@ -75,7 +76,14 @@ __all__ = [
 
 
 class ShardedStore(
-    Placement, ShardClaims, ShardQueues, ShardListings, ShardBulk, ByPartition, ShardHealth
+    Placement,
+    ShardClaims,
+    ShardQueues,
+    ShardListings,
+    ShardBulk,
+    ByPartition,
+    ShardHealth,
+    ShardHistory,
 ):
     """The task store as shards (one ``Store`` per shard), routed by ``current_map()``.
 
@@ -87,6 +95,7 @@ class ShardedStore(
     (claims, queue limits), ``shard_queues`` (queue settings, on every shard),
     ``shard_partitions`` (owner statements, reads, retention),
     ``shard_listings`` (listings, counts, fences, requeue), ``shard_bulk`` (bulk operations
-    by filter) and ``shard_health`` (notices, probes, clocks); ``sharded_schedules``
+    by filter), ``shard_health`` (notices, probes, clocks) and ``shard_history`` (the sweep
+    into the task history, its slices); ``sharded_schedules``
     holds ``ShardedSchedules``.
     """

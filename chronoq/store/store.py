@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from chronoq.store.bulk import BulkStatements
 from chronoq.store.connection import IDLE_IN_TRANSACTION_TIMEOUT_MS, Listener, _translated
+from chronoq.store.history import HistoryStatements
 from chronoq.store.operator import OperatorStatements
 from chronoq.store.owner import OwnerStatements
 from chronoq.store.queue_counts import QueueCountStatements
@@ -39,6 +40,7 @@ class Store(
     QueueCountStatements,
     QueueStatements,
     BulkStatements,
+    HistoryStatements,
 ):
     """The task store on one PostgreSQL database (a pool of connections).
 
@@ -46,5 +48,6 @@ class Store(
     ``tasks`` (client and worker statements), ``owner`` (fenced owner statements) and
     ``operator`` (requeue, limits, retention, counts), ``queue_counts`` (the counts the
     owners keep), ``queues`` (pause, resume, per-key limits), ``bulk`` (bulk operations by
-    filter); ``rows`` maps what they read.
+    filter), ``history`` (the sweep of finished tasks into their history, its time slices);
+    ``rows`` maps what they read.
     """

@@ -29,6 +29,7 @@ from chronoq.routing import new_task_id_bytes, spec_routes, submit_partitions
 from chronoq.saturating import ms_of, shifted
 from chronoq.store.connection import Connected
 from chronoq.store.keyed import submit_keyed
+from chronoq.store.retired_keys import check_fresh, guarded, has_idempotency_keys
 from chronoq.store.rows import Accepted, task_of
 from chronoq.store.sql import q
 from chronoq.timeslice import Timeslice, converted
@@ -108,7 +109,9 @@ def _control_columns(specs: Sequence[TaskSpec], now: datetime) -> list[list[Any]
     debounce windows (from ``run_at`` and from the submit), labels as JSON (NULL: none).
     A batch without any (most) gets its NULL columns in one pass over the specs, not six."""
     if all(
-        s.concurrency_key is None and s.unique_key is None and s.debounce_key is None
+        s.concurrency_key is None
+        and s.unique_key is None
+        and s.debounce_key is None
         and not s.labels
         for s in specs
     ):
@@ -262,14 +265,30 @@ class TaskInserts(Connected):
             return []
         if any(submit_keys.keyed(s) for s in specs):
             return await self._submit_keyed(specs, now, partitions)
-        ids, cols = await self._insert_columns_sliced(specs, now, partitions)
-        async with self.connection() as conn:
-            matched = await self._inserted_rows(conn, ids, specs, cols, now)
+        if has_idempotency_keys(specs):  # checked against the history (retired_keys)
+            matched = await guarded(
+                specs, partitions, lambda some, parts: self._rows_checked(some, now, parts), _row
+            )
+        else:
+            ids, cols = await self._insert_columns_sliced(specs, now, partitions)
+            async with self.connection() as conn:
+                matched = await self._inserted_rows(conn, ids, specs, cols, now)
         tasks = await converted([row for row, _created in matched], task_of)
         return [
             SubmitOutcome(task, created)
             for task, (_row, created) in zip(tasks, matched, strict=True)
         ]
+
+    async def _rows_checked(
+        self, specs: list[TaskSpec], now: datetime, partitions: list[int] | None
+    ) -> list[tuple[Any, bool]]:
+        """``_inserted_rows`` in a transaction that ends by checking the keys it created
+        against the history (``retired_keys.check_fresh``)."""
+        ids, cols = await self._insert_columns_sliced(specs, now, partitions)
+        async with self.connection() as conn, conn.transaction():
+            matched = await self._inserted_rows(conn, ids, specs, cols, now)
+            await check_fresh(conn, specs, [created for _row, created in matched])
+        return matched
 
     async def _inserted_rows(
         self,
@@ -296,6 +315,19 @@ class TaskInserts(Connected):
         """``submit`` of a batch holding unique or debounce keys, in one transaction: its
         plain specs in one insert, then its keyed ones, each decided by its key's indexes
         (``chronoq.store.keyed``)."""
+        if has_idempotency_keys(specs):  # checked against the history (retired_keys)
+            made = await guarded(
+                specs, partitions, lambda some, parts: self._keyed_once(some, now, parts), _row
+            )
+        else:
+            made = await self._keyed_once(list(specs), now, partitions)
+        tasks = await converted([row for row, _created in made], task_of)
+        return [SubmitOutcome(task, made[i][1]) for i, task in enumerate(tasks)]
+
+    async def _keyed_once(
+        self, specs: list[TaskSpec], now: datetime, partitions: Sequence[int] | None
+    ) -> list[tuple[Any, bool]]:
+        """``_submit_keyed`` in one transaction: per spec its row and whether it is new."""
         parts = (
             list(partitions)
             if partitions is not None
@@ -322,8 +354,10 @@ class TaskInserts(Connected):
                 self.bucket_seconds,
             )
             made.update((i, (d.row, d.created)) for i, d in zip(mine, decided, strict=True))
-        tasks = await converted([made[i][0] for i in range(len(specs))], task_of)
-        return [SubmitOutcome(task, made[i][1]) for i, task in enumerate(tasks)]
+            answer = [made[i] for i in range(len(specs))]
+            if has_idempotency_keys(specs):
+                await check_fresh(conn, specs, [created for _row, created in answer])
+        return answer
 
     async def submit_ids(
         self, specs: Sequence[TaskSpec], now: datetime, *, partitions: Sequence[int] | None = None
@@ -334,6 +368,11 @@ class TaskInserts(Connected):
         if any(submit_keys.keyed(s) for s in specs):
             outcomes = await self._submit_keyed(specs, now, partitions)
             return Accepted([(o.task.id, o.created) for o in outcomes], of_submits(outcomes))
+        if has_idempotency_keys(specs):  # checked against the history (retired_keys)
+            answered = await guarded(
+                specs, partitions, lambda some, parts: self._ids_checked(some, now, parts), _id
+            )
+            return Accepted.of(specs, [(str(i), created) for i, created in answered], now)
         ids, cols = await self._insert_columns_sliced(specs, now, partitions)
         async with self.connection() as conn:
             count = await _insert_counted(conn, self._q("insert_tasks_counted"), cols, now)
@@ -353,6 +392,36 @@ class TaskInserts(Connected):
                 answer.append((str(winner), winner == task_id))
         return Accepted.of(specs, answer, now)
 
+    async def _ids_checked(
+        self, specs: list[TaskSpec], now: datetime, partitions: list[int] | None
+    ) -> list[tuple[uuid.UUID, bool]]:
+        """The counted insert of a batch with idempotency keys, in a transaction that ends
+        by checking the keys it created against the history: per spec (task id, created)."""
+        ids, cols = await self._insert_columns_sliced(specs, now, partitions)
+        async with self.connection() as conn, conn.transaction():
+            count = await _insert_counted(conn, self._q("insert_tasks_counted"), cols, now)
+            if count == len(specs):
+                answer = [(i, True) for i in ids]
+            else:  # some keys were taken (by this batch or before it): each key's first task
+                ours = set(ids)
+                first: dict[tuple[str, str], uuid.UUID] = {}
+                for ns, keys in _keys_by_namespace(specs).items():
+                    for r in await conn.fetch(q("task_ids_by_idempotency_key"), ns, keys):
+                        key = (ns, r["idempotency_key"])
+                        if r["id"] in ours or key not in first:  # ours, when it is there
+                            first[key] = r["id"]
+                answer = [
+                    (task_id, True)
+                    if s.idempotency_key is None
+                    else (
+                        first[(s.namespace, s.idempotency_key)],
+                        first[(s.namespace, s.idempotency_key)] == task_id,
+                    )
+                    for task_id, s in zip(ids, specs, strict=True)
+                ]
+            await check_fresh(conn, specs, [created for _id, created in answer])
+        return answer
+
     async def submit_leased(
         self, spec: TaskSpec, now: datetime, worker_id: str, *, partition: int | None = None
     ) -> SubmitOutcome:
@@ -367,6 +436,14 @@ class TaskInserts(Connected):
                 [spec], now, None if partition is None else [partition]
             )
             return outcome
+        if spec.idempotency_key is not None:  # checked against the history (retired_keys)
+            ((row, created),) = await guarded(
+                [spec],
+                None if partition is None else [partition],
+                lambda some, parts: self._leased_checked(some[0], now, worker_id, parts),
+                _row,
+            )
+            return SubmitOutcome(task_of(row), created)
         ids, cols = self._insert_columns([spec], now, None if partition is None else [partition])
         async with self.connection() as conn:
             row = await conn.fetchrow(
@@ -378,3 +455,32 @@ class TaskInserts(Connected):
                     q("tasks_by_idempotency_key"), spec.namespace, [spec.idempotency_key]
                 )
         return SubmitOutcome(task_of(row), ids[0] == row["id"])
+
+    async def _leased_checked(
+        self, spec: TaskSpec, now: datetime, worker_id: str, partitions: list[int] | None
+    ) -> list[tuple[Any, bool]]:
+        """The leased insert of a spec with an idempotency key, in a transaction that ends
+        by checking its key against the history when it created the task."""
+        ids, cols = self._insert_columns([spec], now, partitions)
+        async with self.connection() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                self._q("insert_task_leased"), *cols, now, worker_id, *self.lease_bounds_ms
+            )
+            if row is None:  # a repeated key: its first task, in tasks or in the history
+                row = await conn.fetchrow(
+                    q("tasks_by_idempotency_key"), spec.namespace, [spec.idempotency_key]
+                )
+            created = ids[0] == row["id"]
+            await check_fresh(conn, [spec], [created])
+        return [(row, created)]
+
+
+def _row(row: Any) -> Any:
+    """A history row as a submit answers it (the row itself)."""
+    return row
+
+
+def _id(row: Any) -> uuid.UUID:
+    """A history row as ``submit_ids`` answers it (its id)."""
+    task_id: uuid.UUID = row["id"]
+    return task_id

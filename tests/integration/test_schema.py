@@ -94,6 +94,7 @@ QUERY_STATES = {
     "release": {S.RUNNING, S.READY},
     "requeue_dead": {S.DEAD, S.READY},
     "retry_running": {S.RUNNING, S.READY, S.DEAD},
+    "retire_finished": {S.SUCCEEDED, S.CANCELLED, S.SKIPPED},
     "bulk_cancel": {S.CANCELLED},
     "bulk_requeue": {S.SCHEDULED, S.READY, S.RUNNING},
     "bulk_run_now": {S.READY},

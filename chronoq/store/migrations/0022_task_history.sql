@@ -7,7 +7,10 @@
 -- window (tasks_unique_window decides those). Rows here are never updated. The columns are
 -- tasks' own, in tasks' order, then retire_at; a migration that adds a column to tasks adds it
 -- here too (tests/integration/test_task_history.py compares the two).
-CREATE TABLE task_history (LIKE tasks INCLUDING DEFAULTS, retire_at timestamptz NOT NULL)
+-- INCLUDING STORAGE: trace_context and labels stay uncompressed, as in tasks (0015, 0016), so a
+-- listing's byte budget (task_bytes) reads their full size here too.
+CREATE TABLE task_history (LIKE tasks INCLUDING DEFAULTS INCLUDING STORAGE,
+                           retire_at timestamptz NOT NULL)
     PARTITION BY RANGE (retire_at);
 
 -- Kept forever (no retention): never dropped. Time slices are made by the node as needed.
@@ -21,3 +24,8 @@ CREATE INDEX task_history_idempotency ON task_history (namespace, idempotency_ke
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX task_history_listing ON task_history (namespace, state, id);
 CREATE INDEX task_history_partition ON task_history (partition, id);
+
+-- The sweep's pick (retire_finished): the finished rows that move, per partition by finish,
+-- without the DEAD letters, which stay in tasks and would otherwise be walked past on every
+-- batch (tasks_finished holds both).
+CREATE INDEX tasks_retiring ON tasks (partition, finished_at) WHERE state IN (3, 5, 6);

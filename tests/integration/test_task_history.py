@@ -1,0 +1,162 @@
+"""The task history on a real PostgreSQL: its columns follow tasks', and keyed submits that
+race the sweep moving their key's first task still make one task per key."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from chronoq.models import TaskSpec
+from chronoq.store import Store
+from chronoq.store.history import Retired
+from chronoq.store.sql import queries
+
+pytestmark = pytest.mark.timeout(120)
+
+NOW = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
+RETENTION = timedelta(hours=1)
+WIDTH = timedelta(minutes=10)
+P = 16
+
+_COLUMNS = """
+SELECT attname, format_type(atttypid, atttypmod) AS type, attstorage::text
+FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped
+ORDER BY attnum
+"""
+
+
+@pytest.fixture
+async def big(dsn: str) -> AsyncIterator[Store]:
+    """A store with room for the concurrent submits and the sweep beside them."""
+    s = await Store.connect(dsn, partitions=P, min_size=2, max_size=12)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_the_history_has_the_columns_of_tasks_and_retire_at(store: Store) -> None:
+    await store.keep_history(NOW, retention=RETENTION, width=WIDTH)
+    (_name, first), *_ = await store.history_slices()
+    async with store.connection() as c:
+        tasks = [tuple(r) for r in await c.fetch(_COLUMNS, "tasks")]
+        history = [tuple(r) for r in await c.fetch(_COLUMNS, "task_history")]
+        a_slice = [tuple(r) for r in await c.fetch(_COLUMNS, first.name)]
+    assert history == [*tasks, ("retire_at", "timestamp with time zone", "p")]
+    assert a_slice == history  # a slice stores what its parent does (uncompressed labels)
+    # what the sweep moves: every column of tasks, in order
+    listed = [c.strip() for c in queries_fragment().split(",")]
+    assert listed == [name for name, _type, _storage in tasks]
+
+
+def queries_fragment() -> str:
+    """The history_columns fragment as the sweep expands it (from its INSERT's list)."""
+    sql = queries()["retire_finished"]
+    start = sql.index("INSERT INTO task_history (") + len("INSERT INTO task_history (")
+    return sql[start : sql.index(", retire_at)", start)]
+
+
+async def _finished_keys(store: Store, keys: list[str], now: datetime) -> dict[str, str]:
+    """One cancelled task per key: key -> its id."""
+    outs = await store.submit(
+        [TaskSpec(queue="q", run_at=now + timedelta(hours=1), idempotency_key=k) for k in keys],
+        now,
+    )
+    for o in outs:
+        await store.cancel(o.task.id, "default", now)
+    return {k: o.task.id for k, o in zip(keys, outs, strict=True)}
+
+
+async def _resubmit(store: Store, keys: list[str], now: datetime, how: int) -> list[str]:
+    """The keys submitted again by one of the submit paths; the ids they answered."""
+    specs = [TaskSpec(queue="q", run_at=now, idempotency_key=k) for k in keys]
+    if how == 0:
+        return [o.task.id for o in await store.submit(specs, now)]
+    if how == 1:
+        return [task_id for task_id, _created in await store.submit_ids(specs, now)]
+    if how == 2:
+        return [(await store.submit_leased(s, now, "w")).task.id for s in specs]
+    # with a unique key beside each (the keyed statements)
+    keyed = [
+        TaskSpec(queue="q", run_at=now, idempotency_key=k, unique_key=f"u-{k}") for k in keys
+    ]
+    return [o.task.id for o in await store.submit(keyed, now)]
+
+
+async def _one_task_per_key(store: Store, keys: list[str]) -> None:
+    async with store.connection() as c:
+        rows = await c.fetch(
+            "SELECT idempotency_key, count(*) AS n FROM tasks_with_history"
+            " WHERE idempotency_key = ANY($1::text[]) GROUP BY idempotency_key",
+            keys,
+        )
+    assert {r["idempotency_key"]: r["n"] for r in rows} == dict.fromkeys(keys, 1)
+
+
+async def test_keyed_submits_waiting_on_the_sweep_answer_the_first_task(big: Store) -> None:
+    """The race made certain: the sweep's statement holds its DELETE uncommitted while keyed
+    submits of the same keys run, so each insert waits for it; the sweep then commits the
+    rows into the history, and every submit must answer the first task, not make one."""
+    for how in range(4):
+        keys = [f"w{how}-{i}" for i in range(8)]
+        first = await _finished_keys(big, keys, NOW)
+        later = NOW + timedelta(seconds=1)
+        await big.keep_history(later, retention=RETENTION, width=WIDTH)
+        async with big.connection() as sweep:
+            tx = sweep.transaction()
+            await tx.start()
+            row = await sweep.fetchrow(
+                big._q("retire_finished"), list(range(P)), later, RETENTION, 1000, later
+            )
+            assert row["kept"] == len(keys)
+            submits = asyncio.ensure_future(_resubmit(big, keys, later, how))
+            await asyncio.sleep(0.3)
+            assert not submits.done()  # each insert waits on the uncommitted DELETE
+            await tx.commit()
+        answered = await asyncio.wait_for(submits, 30)
+        assert answered == [first[k] for k in keys], how
+        await _one_task_per_key(big, keys)
+
+
+async def test_keyed_submits_racing_the_sweep_make_one_task_per_key(big: Store) -> None:
+    """Many rounds of the sweep and keyed submits of the same keys at once, by every path."""
+    rng = random.Random(24)
+    all_keys: list[str] = []
+    for rnd in range(25):
+        keys = [f"r{rnd}-{i}" for i in range(12)]
+        all_keys += keys
+        first = await _finished_keys(big, keys, NOW)
+        later = NOW + timedelta(seconds=1)
+        await big.keep_history(later, retention=RETENTION, width=WIDTH)
+
+        async def sweep(later: datetime = later) -> Retired:
+            await asyncio.sleep(rng.random() * 0.01)
+            return await big.retire_finished(
+                list(range(P)), later, later, retention=RETENTION, width=WIDTH, batch=5
+            )
+
+        async def submit(part: list[str], how: int, later: datetime = later) -> list[str]:
+            await asyncio.sleep(rng.random() * 0.01)
+            return await _resubmit(big, part, later, how)
+
+        parts = [keys[i : i + 3] for i in range(0, len(keys), 3)]
+        answers = await asyncio.gather(
+            sweep(),
+            sweep(),
+            sweep(),
+            *(submit(part, rng.randrange(4)) for part in parts),
+            *(submit(part, rng.randrange(4)) for part in parts),
+        )
+        for part, got in zip(parts * 2, answers[3:], strict=True):
+            assert got == [first[k] for k in part], rnd
+        while (
+            await big.retire_finished(
+                list(range(P)), later, later, retention=RETENTION, width=WIDTH, batch=100
+            )
+        ).gone:
+            pass
+    await _one_task_per_key(big, all_keys)
