@@ -63,6 +63,15 @@ class SpecChecker:
         self._delays: dict[tuple[int, int], timedelta] = {}
         self._execution: dict[_ExecutionKey, _Execution] = {}
 
+    @property
+    def horizon_end(self) -> datetime | None:
+        """The latest run_at accepted (None: the clock is at the end of time)."""
+        return self._latest
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._limits.max_payload_bytes
+
     def _checked(self, pb: tasks_pb2.TaskSpec, execution: _ExecutionKey) -> TaskSpec:
         """The definition; the shared values of a spec it passes are remembered."""
         now = self._now
@@ -167,4 +176,3 @@ class SpecChecker:
             # The queue controls are left out: a spec here has none, and the class holds
             # their defaults (None, ()), which an instance without its own value reads.
         }
-

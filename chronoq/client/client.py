@@ -17,6 +17,7 @@ from chronoq.api import convert
 from chronoq.api.v1 import tasks_pb2, worker_pb2
 from chronoq.client.bulk import BulkCalls
 from chronoq.client.cluster import ClusterCalls
+from chronoq.client.columns import columnar
 from chronoq.client.counts import QueueCountCalls
 from chronoq.client.pool import NodePool, NodeStubs, open_channel
 from chronoq.client.queues import QueueSettingCalls
@@ -69,6 +70,9 @@ STORE_RETRY_PAUSE_S = (0.1, 1.0)  # first pause, and the cap of the doubling
 #: no more with four).
 SUBMIT_PART = 1000
 SUBMIT_IN_FLIGHT = 3
+#: What a node older than the columnar form of ``SubmitBatch`` answers it (it sees no
+#: tasks, so it inserted nothing): the client sends whole specs from then on.
+OLD_NODE_REFUSAL = "tasks: must hold at least one task"
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -116,6 +120,7 @@ class Client(QueueCountCalls, BulkCalls, QueueSettingCalls, ClusterCalls, Schedu
         self.namespace = namespace
         self.timeout = timeout
         self.failovers = 0  # calls retried on another node
+        self._columnar = True  # bulk submits in the columnar form, until a node refuses it
         self._metadata = bearer_metadata(token)
         if channel is not None:
             self._pool = NodePool([(target, channel)])
@@ -253,6 +258,19 @@ class Client(QueueCountCalls, BulkCalls, QueueSettingCalls, ClusterCalls, Schedu
         return await self._in_parts(tasks, self._submit_ids_part)
 
     async def _submit_ids_part(self, tasks: Sequence[NewTask]) -> builtins.list[tuple[str, bool]]:
+        columns = columnar(tasks, self.namespace) if self._columnar else None
+        if columns is not None:
+            req, ours = columns
+            try:
+                resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)
+            except errors.RemoteError as exc:
+                if OLD_NODE_REFUSAL not in str(exc):
+                    raise
+                self._columnar = False  # a node older than the columnar form: whole specs
+            else:
+                return [
+                    (i, c or mine) for i, c, mine in zip(resp.ids, resp.created, ours, strict=True)
+                ]
         keyed = self._keyed(tasks)
         req = tasks_pb2.SubmitBatchRequest(tasks=[spec for spec, _ in keyed], ids_only=True)
         resp = await self._call(lambda n: n.tasks.SubmitBatch, req, retry=True)

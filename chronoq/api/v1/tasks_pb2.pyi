@@ -202,12 +202,22 @@ class SubmitResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class SubmitBatchRequest(_message.Message):
-    __slots__ = ("tasks", "ids_only")
+    __slots__ = ("tasks", "ids_only", "shared", "count", "run_at_us", "payloads", "idempotency_keys")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     IDS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    RUN_AT_US_FIELD_NUMBER: _ClassVar[int]
+    PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEYS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskSpec]
     ids_only: bool
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskSpec, _Mapping]]] = ..., ids_only: _Optional[bool] = ...) -> None: ...
+    shared: TaskSpec
+    count: int
+    run_at_us: _containers.RepeatedScalarFieldContainer[int]
+    payloads: _containers.RepeatedScalarFieldContainer[bytes]
+    idempotency_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskSpec, _Mapping]]] = ..., ids_only: _Optional[bool] = ..., shared: _Optional[_Union[TaskSpec, _Mapping]] = ..., count: _Optional[int] = ..., run_at_us: _Optional[_Iterable[int]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., idempotency_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubmitBatchResponse(_message.Message):
     __slots__ = ("tasks", "created", "ids")

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from chronoq import tracing
-from chronoq.api import convert, filters
+from chronoq.api import convert, filters, spec_columns
 from chronoq.api.spec_batch import SpecChecker
 from chronoq.api.v1 import (
     tasks_pb2,
@@ -203,6 +203,8 @@ class TaskService(_Servicer, QueueRpcs, tasks_pb2_grpc.TaskServiceServicer):
     async def SubmitBatch(
         self, request: tasks_pb2.SubmitBatchRequest, context: Ctx
     ) -> tasks_pb2.SubmitBatchResponse:
+        if spec_columns.is_columnar(request):
+            return await self._submit_columns(request)
         if not request.tasks:
             raise InvalidArgument("tasks", "must hold at least one task")
         if len(request.tasks) > self._settings.max_batch:
@@ -215,17 +217,32 @@ class TaskService(_Servicer, QueueRpcs, tasks_pb2_grpc.TaskServiceServicer):
             check_full_answer(request.ByteSize(), len(request.tasks))
         if request.ids_only:
             now = self._clock.now()
-            specs = await self._checked(list(request.tasks), now)
-            accepted = await self._store.submit_ids(specs, now)
-            self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
-            self._dispatch.apply(accepted.effects, now)
-            return tasks_pb2.SubmitBatchResponse(
-                ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
-            )
+            return await self._submit_ids(await self._checked(list(request.tasks), now), now)
         outcomes = await self._submit(list(request.tasks))
         return tasks_pb2.SubmitBatchResponse(
             tasks=await converted(outcomes, lambda o: convert.task_to_pb(o.task)),
             created=[o.created for o in outcomes],
+        )
+
+    async def _submit_columns(
+        self, request: tasks_pb2.SubmitBatchRequest
+    ) -> tasks_pb2.SubmitBatchResponse:
+        """The columnar form (``chronoq.api.spec_columns``), answered with ids."""
+        count = spec_columns.check_shape(request, self._settings.max_batch)
+        now = self._clock.now()
+        check = SpecChecker(now, self._settings.defaults, self._settings.limits)
+        specs = spec_columns.column_specs(request, check, count)
+        self._charge(specs)
+        return await self._submit_ids(specs, now)
+
+    async def _submit_ids(
+        self, specs: list[TaskSpec], now: datetime
+    ) -> tasks_pb2.SubmitBatchResponse:
+        accepted = await self._store.submit_ids(specs, now)
+        self._metrics.submitted.inc(sum(1 for _i, created in accepted if created))
+        self._dispatch.apply(accepted.effects, now)
+        return tasks_pb2.SubmitBatchResponse(
+            ids=[i for i, _c in accepted], created=[c for _i, c in accepted]
         )
 
     @translated

@@ -313,6 +313,22 @@ export interface SubmitBatchRequest {
   tasks: TaskSpec[];
   /** answer with ids instead of whole tasks (faster bulk loads) */
   idsOnly: boolean;
+  /**
+   * The columnar form, for a batch whose tasks differ only in run_at, payload and
+   * idempotency key (with ids_only, and tasks empty): `count` tasks, each `shared` with its
+   * own value from every column that is not empty. A column holds `count` values or none;
+   * shared leaves the fields of the columns given unset. Checked as the same tasks sent
+   * whole would be; accepted or refused together, as they would be.
+   */
+  shared:
+    | TaskSpec
+    | undefined;
+  /** 1..the node's max batch */
+  count: number;
+  /** microseconds since the Unix epoch */
+  runAtUs: number[];
+  payloads: Buffer[];
+  idempotencyKeys: string[];
 }
 
 export interface SubmitBatchResponse {
@@ -2473,7 +2489,7 @@ export const SubmitResponse: MessageFns<SubmitResponse> = {
 };
 
 function createBaseSubmitBatchRequest(): SubmitBatchRequest {
-  return { tasks: [], idsOnly: false };
+  return { tasks: [], idsOnly: false, shared: undefined, count: 0, runAtUs: [], payloads: [], idempotencyKeys: [] };
 }
 
 export const SubmitBatchRequest: MessageFns<SubmitBatchRequest> = {
@@ -2483,6 +2499,25 @@ export const SubmitBatchRequest: MessageFns<SubmitBatchRequest> = {
     }
     if (message.idsOnly !== false) {
       writer.uint32(16).bool(message.idsOnly);
+    }
+    if (message.shared !== undefined) {
+      TaskSpec.encode(message.shared, writer.uint32(26).fork()).join();
+    }
+    if (message.count !== 0) {
+      writer.uint32(32).uint32(message.count);
+    }
+    if (message.runAtUs.length !== 0) {
+      writer.uint32(42).fork();
+      for (const v of message.runAtUs) {
+        writer.sint64(v);
+      }
+      writer.join();
+    }
+    for (const v of message.payloads) {
+      writer.uint32(50).bytes(v!);
+    }
+    for (const v of message.idempotencyKeys) {
+      writer.uint32(58).string(v!);
     }
     return writer;
   },
@@ -2516,6 +2551,56 @@ export const SubmitBatchRequest: MessageFns<SubmitBatchRequest> = {
             message.idsOnly = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.shared = TaskSpec.decode(reader, reader.uint32());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.count = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag === 40) {
+              message.runAtUs.push(longToNumber(reader.sint64()));
+
+              continue;
+            }
+
+            if (tag === 42) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.runAtUs.push(longToNumber(reader.sint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.payloads.push(Buffer.from(reader.bytes()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.idempotencyKeys.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2536,6 +2621,21 @@ export const SubmitBatchRequest: MessageFns<SubmitBatchRequest> = {
         : isSet(object.ids_only)
         ? globalThis.Boolean(object.ids_only)
         : false,
+      shared: isSet(object.shared) ? TaskSpec.fromJSON(object.shared) : undefined,
+      count: isSet(object.count) ? globalThis.Number(object.count) : 0,
+      runAtUs: globalThis.Array.isArray(object?.runAtUs)
+        ? object.runAtUs.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.run_at_us)
+        ? object.run_at_us.map((e: any) => globalThis.Number(e))
+        : [],
+      payloads: globalThis.Array.isArray(object?.payloads)
+        ? object.payloads.map((e: any) => Buffer.from(bytesFromBase64(e)))
+        : [],
+      idempotencyKeys: globalThis.Array.isArray(object?.idempotencyKeys)
+        ? object.idempotencyKeys.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.idempotency_keys)
+        ? object.idempotency_keys.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -2547,6 +2647,21 @@ export const SubmitBatchRequest: MessageFns<SubmitBatchRequest> = {
     if (message.idsOnly !== false) {
       obj.idsOnly = message.idsOnly;
     }
+    if (message.shared !== undefined) {
+      obj.shared = TaskSpec.toJSON(message.shared);
+    }
+    if (message.count !== 0) {
+      obj.count = Math.round(message.count);
+    }
+    if (message.runAtUs?.length) {
+      obj.runAtUs = message.runAtUs.map((e) => Math.round(e));
+    }
+    if (message.payloads?.length) {
+      obj.payloads = message.payloads.map((e) => base64FromBytes(e));
+    }
+    if (message.idempotencyKeys?.length) {
+      obj.idempotencyKeys = message.idempotencyKeys;
+    }
     return obj;
   },
 
@@ -2557,6 +2672,13 @@ export const SubmitBatchRequest: MessageFns<SubmitBatchRequest> = {
     const message = createBaseSubmitBatchRequest();
     message.tasks = object.tasks?.map((e) => TaskSpec.fromPartial(e)) || [];
     message.idsOnly = object.idsOnly ?? false;
+    message.shared = (object.shared !== undefined && object.shared !== null)
+      ? TaskSpec.fromPartial(object.shared)
+      : undefined;
+    message.count = object.count ?? 0;
+    message.runAtUs = object.runAtUs?.map((e) => e) || [];
+    message.payloads = object.payloads?.map((e) => e) || [];
+    message.idempotencyKeys = object.idempotencyKeys?.map((e) => e) || [];
     return message;
   },
 };
