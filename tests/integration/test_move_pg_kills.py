@@ -46,6 +46,7 @@ MAP = even(P, 3)
 TARGET = "shard-2"
 QUEUE = "kills"
 LOADED = 1500  # tasks in the moved partitions before the move: a copy of several chunks
+RETIRED = 100  # of them finished and in the history when the move starts
 
 
 @dataclass
@@ -331,21 +332,44 @@ async def live_on_both(setup: Setup) -> set[str]:
 
 
 async def where(dsns: dict[str, str], ids: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
-    """Each id's rows on every shard: (shard, state)."""
+    """Each id's rows on every shard, live or in the history: (shard, state)."""
     found: dict[str, list[tuple[str, int]]] = {i: [] for i in ids}
     for shard, url in dsns.items():
         for r in await fetch(
-            url, "SELECT id, state FROM tasks WHERE id = ANY($1::uuid[])", list(ids)
+            url, "SELECT id, state FROM tasks_with_history WHERE id = ANY($1::uuid[])", list(ids)
         ):
             found[str(r["id"])].append((shard, r["state"]))
     return found
 
 
-async def moved_rows(url: str, moved: Sequence[int]) -> int:
+async def moved_rows(url: str, moved: Sequence[int], table: str = "tasks") -> int:
     rows = await fetch(
-        url, "SELECT count(*) AS n FROM tasks WHERE partition = ANY($1::smallint[])", list(moved)
+        url, f"SELECT count(*) AS n FROM {table} WHERE partition = ANY($1::smallint[])", list(moved)
     )
     return int(rows[0]["n"])
+
+
+async def retire(url: str, ids: Sequence[str]) -> None:
+    """Finished tasks into the history (one DELETE feeding one INSERT, as the sweep does),
+    half in a time slice a day long, half in the forever one."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        lo = await conn.fetchval("SELECT date_trunc('hour', now())")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS task_history_kills PARTITION OF task_history FOR VALUES"
+            f" FROM ('{lo.isoformat()}') TO ('{(lo + timedelta(days=1)).isoformat()}')"
+        )
+        status = await conn.execute(
+            "WITH moved AS (DELETE FROM tasks WHERE id = ANY($1::uuid[]) AND state = 5"
+            " RETURNING *) INSERT INTO task_history SELECT moved.*, CASE WHEN"
+            " get_byte(uuid_send(id), 15) % 2 = 0 THEN 'infinity' ELSE $2::timestamptz END"
+            " FROM moved",
+            list(ids),
+            lo + timedelta(hours=12),
+        )
+    finally:
+        await conn.close()
+    assert status == f"INSERT 0 {len(ids)}"
 
 
 async def holding_states(url: str, moved: Sequence[int]) -> dict[int, int]:
@@ -397,8 +421,13 @@ async def test_a_move_survives_a_postgres_kill_on_either_side(moving: Setup, end
             [NewTask(queue=QUEUE, run_at=later, idempotency_key=k) for k in loaded[lo : lo + 500]]
         )
         ids.update({k: o.task.id for k, o in zip(loaded[lo : lo + 500], out, strict=True)})
+    # Some of them finished and retired into the history, as the sweep does: the move carries
+    # them (into a time slice the target is given, and the forever one).
+    for key in loaded[:RETIRED]:
+        await client.cancel(ids[key])
+    await retire(dsns[source], [ids[k] for k in loaded[:RETIRED]])
     before = await moved_rows(dsns[source], moved)
-    assert before == LOADED
+    assert before == LOADED - RETIRED
 
     stop = asyncio.Event()
     writing = asyncio.create_task(write_moving(client, moved, later, stop))
@@ -468,7 +497,11 @@ async def test_a_move_survives_a_postgres_kill_on_either_side(moving: Setup, end
         assert src == dict.fromkeys(moved, 0)  # live again
         assert all(s == 3 for s in dst.values()), dst  # gone (or never marked)
         assert await moved_rows(dsns[TARGET], moved) == 0
+        assert await moved_rows(dsns[TARGET], moved, "task_history") == 0
+        assert await moved_rows(dsns[source], moved, "task_history") == RETIRED
     else:
         assert all(placement[p] == TARGET for p in moved)
         assert src == dict.fromkeys(moved, 3) and dst == dict.fromkeys(moved, 0)
         assert await moved_rows(dsns[source], moved) == 0
+        assert await moved_rows(dsns[source], moved, "task_history") == 0
+        assert await moved_rows(dsns[TARGET], moved, "task_history") == RETIRED
