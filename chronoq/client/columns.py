@@ -41,27 +41,12 @@ def columnar(
     shared = _shared_of(first)
     if any(_shared_of(t) != shared for t in tasks):
         return None
-    timed = first.run_at is not None
-    if timed and first.delay is not None:
-        return None  # refused whole, with its reason
-    run_ats = [t.run_at for t in tasks]
-    if timed:
-        try:
-            run_at_us = [(r - _EPOCH) // _US for r in run_ats]  # type: ignore[operator]
-        except TypeError:  # a naive time (UTC, as a whole spec reads it) or a missing one
-            if any(r is None for r in run_ats):
-                return None
-            run_at_us = [(_aware(r) - _EPOCH) // _US for r in run_ats]  # type: ignore[arg-type]
-    elif any(r is not None for r in run_ats):
+    times = _times(tasks)
+    bodies = _payloads(tasks)
+    if times is None or bodies is None:
         return None
-    payloads: list[bytes] = []
-    content_type = None
-    for t in tasks:  # each as a whole spec encodes it (all share first.content_type)
-        payload, kind = encode_payload(t.payload, t.content_type)
-        if kind != (content_type or kind):
-            return None  # bytes beside JSON values: two content types
-        content_type = kind
-        payloads.append(payload)
+    run_at_us, timed = times
+    payloads, content_type = bodies
     minted = iter(new_keys(sum(1 for t in tasks if not t.idempotency_key)))
     keys = [t.idempotency_key or next(minted) for t in tasks]
     ours = [not t.idempotency_key for t in tasks]
@@ -70,16 +55,48 @@ def columnar(
     )
     if timed:
         spec.ClearField("when")
-    spec.content_type = "" if content_type in (None, OCTET_STREAM) else content_type
+    spec.content_type = "" if content_type == OCTET_STREAM else content_type
     request = tasks_pb2.SubmitBatchRequest(
         ids_only=True,
         shared=spec,
         count=len(tasks),
-        run_at_us=run_at_us if timed else (),
+        run_at_us=run_at_us,
         payloads=payloads,
         idempotency_keys=keys,
     )
     return request, ours
+
+
+def _times(tasks: Sequence[NewTask]) -> tuple[list[int], bool] | None:
+    """The run_at column (microseconds since the epoch) and whether there is one (else
+    every task has the first's delay, or none: due now); None when the tasks mix the two."""
+    first = tasks[0]
+    run_ats = [t.run_at for t in tasks]
+    if first.run_at is None:
+        return None if any(r is not None for r in run_ats) else ([], False)
+    if first.delay is not None:
+        return None  # refused whole, with its reason
+    try:
+        return [(r - _EPOCH) // _US for r in run_ats], True  # type: ignore[operator]
+    except TypeError:  # a naive time (UTC, as a whole spec reads it) or a missing one
+        if any(r is None for r in run_ats):
+            return None
+        return [(_aware(r) - _EPOCH) // _US for r in run_ats], True  # type: ignore[arg-type]
+
+
+def _payloads(tasks: Sequence[NewTask]) -> tuple[list[bytes], str] | None:
+    """Each task's payload as a whole spec encodes it, and their one content type; None when
+    they have two (bytes beside JSON values)."""
+    payloads = [t.payload for t in tasks]
+    if tasks[0].content_type is None and all(type(p) is bytes for p in payloads):
+        return payloads, OCTET_STREAM  # raw bytes, as they are (most bulk loads)
+    content_type = ""
+    for i, t in enumerate(tasks):
+        payloads[i], kind = encode_payload(t.payload, t.content_type)
+        if kind != (content_type or kind):
+            return None
+        content_type = kind
+    return payloads, content_type
 
 
 def _aware(when: datetime) -> datetime:
