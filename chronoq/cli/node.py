@@ -37,6 +37,8 @@ from chronoq.cli.common import (
     run,
     text_opt,
 )
+from chronoq.config import MAX_HISTORY_AFTER
+from chronoq.history_slices import MAX_SLICES, MAX_WIDTH
 from chronoq.models import DEFAULT_NAMESPACE
 from chronoq.redact import MASK, mask_dsn
 from chronoq.signals import stop_event
@@ -344,6 +346,26 @@ def node(
             "--dead-retention-days",
             "DEAD_RETENTION_DAYS",
             "Keep DEAD tasks (the DLQ) this long (0: forever).",
+        ),
+    ] = None,
+    history_after_s: Annotated[
+        float | None,
+        _num_opt(
+            "--history-after-s",
+            "HISTORY_AFTER_S",
+            "Move finished tasks from the live table into the task history this long after "
+            "they finish (0: at the next retention pass; default 60).",
+            max=MAX_HISTORY_AFTER.total_seconds(),
+        ),
+    ] = None,
+    history_slice_hours: Annotated[
+        float | None,
+        _num_opt(
+            "--history-slice-hours",
+            "HISTORY_SLICE_HOURS",
+            "Drop the task history in whole time slices this wide (0: a day, or wider when "
+            f"the retention would need more than {MAX_SLICES} slices).",
+            max=MAX_WIDTH / timedelta(hours=1),
         ),
     ] = None,
     submit_quota: Annotated[

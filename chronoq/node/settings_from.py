@@ -21,6 +21,7 @@ from chronoq.limits import Limits
 
 _MS = timedelta(milliseconds=1)
 _DAY = timedelta(days=1)
+_HOUR = timedelta(hours=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +65,8 @@ class NodeOptions:
     metrics_queues: int | None = None
     retention_days: float | None = None  # 0: forever
     dead_retention_days: float | None = None  # 0: forever
+    history_after_s: float | None = None  # 0: at the next retention pass
+    history_slice_hours: float | None = None  # 0: a day, or wider when the retention needs it
     submit_quota: float | None = None  # 0: unlimited
     submit_quota_burst: float | None = None
     long_polls_per_namespace: int | None = None
@@ -158,6 +161,10 @@ def _durations(o: NodeOptions) -> dict[str, timedelta | None]:
         out["retention"] = o.retention_days * _DAY or None
     if o.dead_retention_days is not None:
         out["dead_retention"] = o.dead_retention_days * _DAY or None
+    if o.history_after_s is not None:
+        out["history_after"] = timedelta(seconds=o.history_after_s)
+    if o.history_slice_hours is not None:
+        out["history_slice"] = timedelta(hours=o.history_slice_hours) or None
     if o.max_clock_offset_ms is not None:
         out["max_clock_offset"] = o.max_clock_offset_ms * _MS or None
     return out
@@ -205,6 +212,8 @@ def shown_defaults() -> dict[str, object]:
         catch_all_ms=node.catch_all // _MS,
         retention_days=node.retention / _DAY if node.retention else 0,
         dead_retention_days=node.dead_retention / _DAY if node.dead_retention else 0,
+        history_after_s=node.history_after.total_seconds(),
+        history_slice_hours=node.history_slice / _HOUR if node.history_slice else 0,
         max_clock_offset_ms=node.max_clock_offset // _MS if node.max_clock_offset else 0,
         submit_quota=node.submit_quota,
         max_payload_bytes=node.limits.max_payload_bytes,

@@ -187,3 +187,25 @@ async def test_a_row_holding_an_open_unique_window_stays(
     (again,) = await store_shape.submit([spec], now + timedelta(minutes=5))
     assert not again.created and again.task.id == out.task.id  # the window still holds
     assert await sweep(store_shape, now + timedelta(minutes=11)) == 1
+
+
+async def test_a_filtered_listing_finds_moved_tasks_beside_live_ones(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    moved = await cancelled(store_shape, now, 6, labels=(("team", "a"),))
+    await cancelled(store_shape, now, 4, labels=(("team", "b"),))
+    later = now + timedelta(seconds=1)
+    assert await sweep(store_shape, later) == 10
+    (live,) = await store_shape.submit(
+        [TaskSpec(queue="q", run_at=later, namespace="h", labels=(("team", "a"),))], later
+    )
+    found: list[str] = []
+    token = ""
+    for _ in range(100):
+        page = await store_shape.list_tasks(
+            "h", labels=(("team", "a"),), page_size=4, page_token=token
+        )
+        found += [t.id for t in page.tasks]
+        if not (token := page.next_token):
+            break
+    assert sorted(found) == sorted([*moved, live.task.id])

@@ -4,16 +4,19 @@ race the sweep moving their key's first task still make one task per key."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from chronoq.models import TaskSpec
 from chronoq.store import Store
 from chronoq.store.history import Retired
-from chronoq.store.sql import queries
+from chronoq.store.sql import q, queries
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,3 +163,59 @@ async def test_keyed_submits_racing_the_sweep_make_one_task_per_key(big: Store) 
         ).gone:
             pass
     await _one_task_per_key(big, all_keys)
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [plan]
+    for child in plan.get("Plans", []):
+        out += _nodes(child)
+    return out
+
+
+async def _plan(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
+    """The executed plan of ``sql`` with ``args`` (rolled back), flattened."""
+    async with store.connection() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            (doc,) = await conn.fetchrow("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args)
+        finally:
+            await tx.rollback()
+    return _nodes(json.loads(doc)[0]["Plan"])
+
+
+async def test_the_sweep_reads_its_batch_only_whatever_else_the_table_holds(big: Store) -> None:
+    """Many DEAD letters and a large backlog of finished rows: one batch of the sweep reads
+    that batch through tasks_retiring, not every finished row; a read by id of a live task
+    never reaches the history, and of a retired one reads the history by id."""
+    specs = [TaskSpec(queue="q", run_at=NOW, max_attempts=1) for _ in range(3000)]
+    await big.submit(specs, NOW)
+    async with big.connection() as c:
+        await c.execute(
+            "UPDATE tasks SET state = CASE WHEN random() < 0.4 THEN 4 ELSE 5 END,"
+            " finished_at = $1::timestamptz - random() * interval '1 minute'",
+            NOW,
+        )
+        await c.execute("ANALYZE tasks")
+    later = NOW + timedelta(seconds=1)
+    await big.keep_history(later, retention=RETENTION, width=WIDTH)
+    nodes = await _plan(
+        big, big._q("retire_finished"), list(range(P)), later, RETENTION, 100, later
+    )
+    picks = [n for n in nodes if n.get("Index Name") == "tasks_retiring"]
+    assert picks and all(n["Actual Rows"] <= 100 for n in picks), nodes
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"]
+    await big.retire_finished(
+        list(range(P)), later, later, retention=RETENTION, width=WIDTH, batch=100
+    )
+    live = await big.submit([TaskSpec(queue="q", run_at=later)], later)
+    async with big.connection() as c:
+        retired = await c.fetchval("SELECT id FROM task_history LIMIT 1")
+    on_live = await _plan(big, q("get_task"), uuid.UUID(live[0].task.id), "default")
+    history_reads = [
+        n for n in on_live if str(n.get("Relation Name", "")).startswith("task_history")
+    ]
+    assert all(n.get("Actual Loops", 0) == 0 for n in history_reads), on_live
+    on_retired = await _plan(big, q("get_task"), retired, "default")
+    assert {n.get("Index Name") for n in on_retired} >= {"tasks_pkey"}
+    assert not [n for n in on_retired if n["Node Type"] == "Seq Scan"], on_retired
