@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
-from chronoq.models import TaskSpec
+from chronoq.client import Client, NewTask
+from chronoq.clock import ManualClock
+from chronoq.errors import NotFound
+from chronoq.models import Lease, TaskSpec, TaskState
+from chronoq.node import Node
 from chronoq.store import Store
 from chronoq.store.history import Retired
 from chronoq.store.sql import q, queries
+from tests.integration.conftest import NodeFactory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,9 +89,7 @@ async def _resubmit(store: Store, keys: list[str], now: datetime, how: int) -> l
     if how == 2:
         return [(await store.submit_leased(s, now, "w")).task.id for s in specs]
     # with a unique key beside each (the keyed statements)
-    keyed = [
-        TaskSpec(queue="q", run_at=now, idempotency_key=k, unique_key=f"u-{k}") for k in keys
-    ]
+    keyed = [TaskSpec(queue="q", run_at=now, idempotency_key=k, unique_key=f"u-{k}") for k in keys]
     return [o.task.id for o in await store.submit(keyed, now)]
 
 
@@ -219,3 +222,50 @@ async def test_the_sweep_reads_its_batch_only_whatever_else_the_table_holds(big:
     on_retired = await _plan(big, q("get_task"), retired, "default")
     assert {n.get("Index Name") for n in on_retired} >= {"tasks_pkey"}
     assert not [n for n in on_retired if n["Node Type"] == "Seq Scan"], on_retired
+
+
+async def test_a_node_moves_finished_tasks_into_the_history_and_drops_them_later(
+    make_node: NodeFactory, clock: ManualClock
+) -> None:
+    """Through a node's API: a completed task is still read and listed once retention moved
+    it, a keyed submit of it answers it, and it is gone once its slice has passed."""
+    node = await make_node(
+        clock=clock,
+        retention=RETENTION,
+        history_after=timedelta(seconds=30),
+        history_slice=WIDTH,
+        retention_batch=3,
+    )
+    client = Client(node.address)
+    try:
+        done = await client.submit_many(
+            [NewTask(queue="h", idempotency_key=f"n{i}") for i in range(7)]
+        )
+        for t in await client.claim(["h"], max_tasks=7):
+            await client.complete(Lease(t.id, t.attempt))
+        assert node.retention is not None
+        assert await node.retention.purge() == 0  # finished just now: not yet
+        clock.advance(timedelta(seconds=31))
+        assert await node.retention.purge() == 7  # in batches of 3
+        assert node.retention.retired == 7
+        assert _counter(node, "chronoq_tasks_retired_total") == 7
+        first = done[0].task.id
+        assert (await client.get(first)).state is TaskState.SUCCEEDED
+        again = await client.submit("h", idempotency_key="n0")
+        assert again.task.id == first and not again.created
+        listed = await client.list(state=TaskState.SUCCEEDED)
+        assert sorted(t.id for t in listed.tasks) == sorted(t.task.id for t in done)
+        clock.advance(RETENTION + WIDTH)
+        await node.retention.purge()
+        assert node.retention.slices_dropped >= 1
+        assert _counter(node, "chronoq_history_slices_dropped_total") >= 1
+        with pytest.raises(NotFound):
+            await client.get(first)
+    finally:
+        await client.close()
+
+
+def _counter(node: Node, name: str) -> float:
+    value = node.metrics.registry.get_sample_value(name)
+    assert value is not None, name
+    return value
