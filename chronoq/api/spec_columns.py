@@ -129,24 +129,23 @@ def column_specs(
             if not _own_sound(request, i, low, high, max_payload):
                 _checked_whole(checker, request, i)  # raises
         raise AssertionError("a column out of bounds, but no task of it")  # pragma: no cover
-    count_rest = range(1, count)
-    own: dict[str, list[object]] = {}
-    if run_ats:
-        epoch, us = _EPOCH, timedelta
-        own["run_at"] = [epoch + us(microseconds=u) for u in run_ats[1:]]
-    if payloads:
-        own["payload"] = list(payloads[1:])
-    if keys:
-        own["idempotency_key"] = [k or None for k in keys[1:]]
+    rest = count - 1
+    epoch, us = _EPOCH, timedelta
+    own_run_ats = [epoch + us(microseconds=u) for u in run_ats[1:]] or [first.run_at] * rest
+    own_payloads = payloads[1:] or [first.payload] * rest
+    own_keys = [k or None for k in keys[1:]] or [first.idempotency_key] * rest
     base = dict(first.__dict__)
-    names = list(own)
     out = [first]
-    new = object.__new__
-    for values in zip(*own.values(), strict=True) if own else ((),) * len(count_rest):
+    new, put = object.__new__, object.__setattr__
+    # A copy of the first's fields with its own three: a dict copy and three stores a task
+    # (a frozen dataclass would set each field through its __setattr__).
+    for run_at, payload, key in zip(own_run_ats, own_payloads, own_keys, strict=True):
+        fields = base.copy()
+        fields["run_at"] = run_at
+        fields["payload"] = payload
+        fields["idempotency_key"] = key
         spec = new(TaskSpec)
-        fields = spec.__dict__
-        fields.update(base)
-        fields.update(zip(names, values, strict=True))
+        put(spec, "__dict__", fields)
         out.append(spec)
     return out
 
