@@ -8,10 +8,15 @@ the move runs, a writer submits ``--rate`` tasks/s into the moving partitions th
 source store, as a node would, until the cut-over refuses it. Printed: rows/s of the copy and
 of each catch-up round, the frozen time of each cut-over group (sized from the last round to
 fit the freeze budget, as the driver does; ``--whole``: one group), the clean-up, and the
-writer's accepted and refused submits. A report, not a pass/fail test::
+writer's accepted and refused submits. ``--history`` adds that many finished tasks per moving
+partition in the history (``task_history``, where the retention sweep retires them), which
+the move copies too; the raw ceiling of copying them (one COPY out of the source into one
+COPY into the target, no move) is measured in the same run and printed beside the copy. A
+report, not a pass/fail test::
 
     python benchmarks/move_partitions.py                              # 64 x 20,000 tasks
     python benchmarks/move_partitions.py --per-partition 200000       # 64 x 200,000 (long)
+    python benchmarks/move_partitions.py --per-partition 0 --history 1600   # 102,400 history rows
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from chronoq.models import TASK_DEFAULTS, TaskSpec, TaskState
 from chronoq.moves import cut_over_groups
 from chronoq.routing import new_task_ids
 from chronoq.store import Store
+from chronoq.store.move_history import cover, slices
+from chronoq.store.move_layout import _columns, _list
+from chronoq.store.move_pipe import _both, _Pipe
 from chronoq.store.mover import PartitionMove
 
 PARTITIONS = 256
@@ -82,6 +90,68 @@ async def load(store: Store, partitions: list[int], per_partition: int) -> float
     return time.monotonic() - started
 
 
+async def load_history(store: Store, partitions: list[int], per_partition: int) -> float:
+    """``per_partition`` finished tasks in each of ``partitions``, retired into the history as
+    the sweep does (one DELETE feeding one INSERT), into a slice of three days."""
+    started = time.monotonic()
+    await load(store, partitions, per_partition)
+    async with store.connection() as conn:
+        lo = await conn.fetchval("SELECT date_trunc('day', now())")
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS task_history_bench PARTITION OF task_history FOR VALUES"
+            f" FROM ('{lo.isoformat()}') TO ('{(lo + timedelta(days=3)).isoformat()}')"
+        )
+        await conn.execute(
+            "UPDATE tasks SET state = 3, fired_at = now(), finished_at = now(), attempt = 1"
+            " WHERE partition = ANY($1::smallint[])",
+            partitions,
+        )
+        await conn.execute(
+            "WITH moved AS (DELETE FROM tasks WHERE partition = ANY($1::smallint[]) RETURNING *)"
+            " INSERT INTO task_history SELECT moved.*, now() + interval '1 day' FROM moved",
+            partitions,
+        )
+        await conn.execute("VACUUM ANALYZE tasks")
+        await conn.execute("ANALYZE task_history")
+    return time.monotonic() - started
+
+
+class _Undo(Exception):
+    """Rolls the raw copy back."""
+
+
+async def raw_history_copy(
+    source: Store, target: Store, partitions: list[int]
+) -> tuple[int, float]:
+    """The ceiling: the partitions' history rows in one COPY out of the source and one COPY
+    into the target's history (streamed, binary), rolled back; rows and seconds."""
+    async with source.connection() as s, target.connection() as t:
+        await cover(t, await slices(s, live_only=True))
+        cols = [name for name, _ in await _columns(s, "task_history")]
+        pipe = _Pipe(8 << 20)
+
+        async def produce() -> None:
+            await s.copy_from_query(
+                f"SELECT {_list(cols)} FROM task_history WHERE partition = ANY($1::smallint[])",
+                partitions,
+                output=pipe.put,
+                format="binary",
+            )
+            await pipe.close()
+
+        started = time.monotonic()
+        status = ""
+        with contextlib.suppress(_Undo):
+            async with t.transaction():
+                _, status = await _both(
+                    produce(),
+                    t.copy_to_table("task_history", source=pipe, columns=cols, format="binary"),
+                )
+                seconds = time.monotonic() - started
+                raise _Undo
+    return int(status.split()[-1]), seconds
+
+
 class Writer:
     """Submits into the moving partitions at ``rate`` tasks/s through the source store."""
 
@@ -119,12 +189,20 @@ async def run(
     per_partition: int,
     rps: float,
     whole: bool = False,
+    history: int = 0,
 ) -> None:
     source = await Store.connect(source_dsn, partitions=PARTITIONS, holds=None)
     target = await Store.connect(target_dsn, partitions=PARTITIONS, holds=())
     try:
         parts = list(range(moving))
         others = list(range(PARTITIONS - moving, PARTITIONS))
+        if history:  # first: it finishes every task of these partitions
+            took = await load_history(source, parts + others, history)
+            print(
+                f"loaded {2 * moving * history:,} finished tasks into the history in {took:.1f} s"
+            )
+            rows, seconds = await raw_history_copy(source, target, parts)
+            print(f"raw ceiling, history of the moving partitions: {rate(rows, seconds)}")
         took = await load(source, parts + others, per_partition)
         print(f"loaded {2 * moving * per_partition:,} tasks in {took:.1f} s")
         move = PartitionMove(source, target, parts, "m" + uuid.uuid4().hex[:12], 1)
@@ -185,12 +263,16 @@ def main() -> None:
     parser.add_argument("--per-partition", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=200, help="submits/s during the move")
     parser.add_argument(
+        "--history", type=int, default=0,
+        help="finished tasks per moving partition in the history, copied by the move too",
+    )  # fmt: skip
+    parser.add_argument(
         "--whole", action="store_true",
         help="cut every partition over at once (default: in groups sized to the freeze budget,"
         " as the move driver does)",
     )  # fmt: skip
     args = parser.parse_args()
-    sizes = (args.moving, args.per_partition, args.rate, args.whole)
+    sizes = (args.moving, args.per_partition, args.rate, args.whole, args.history)
     if args.source_dsn and args.target_dsn:
         asyncio.run(run(args.source_dsn, args.target_dsn, *sizes))
         return
