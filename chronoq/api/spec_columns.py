@@ -11,8 +11,9 @@ checked by ``SpecChecker``), which refuses it with the words it would use for a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from chronoq.api.spec_batch import SpecChecker
 from chronoq.api.v1 import tasks_pb2
@@ -24,6 +25,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 #: The columns of a request: each task's own run_at, payload and idempotency key.
 COLUMNS = ("run_at_us", "payloads", "idempotency_keys")
+#: Specs built between two looks at the event loop (about a millisecond).
+SLICE = 500
 
 
 def is_columnar(request: tasks_pb2.SubmitBatchRequest) -> bool:
@@ -101,13 +104,19 @@ def _checked_whole(checker: SpecChecker, request: tasks_pb2.SubmitBatchRequest, 
 
 def column_specs(
     request: tasks_pb2.SubmitBatchRequest, checker: SpecChecker, count: int
-) -> list[TaskSpec]:
+) -> Iterator[list[TaskSpec]]:
     """The checked specs of a columnar ``request`` of ``count`` tasks (``check_shape``), in
-    order: the first the long way, the others copies of it with their own values once these
+    order and in parts of at most ``SLICE`` (the caller yields to the event loop between
+    them): the first the long way, the others copies of it with their own values once these
     pass the bounds the long way would check (else the long way, which refuses them)."""
     first = _checked_whole(checker, request, 0)
+    yield [first]
     if count == 1 or not _usable(checker, first):
-        return [first, *(_checked_whole(checker, request, i) for i in range(1, count))]
+        for start in range(1, count, SLICE):
+            yield [
+                _checked_whole(checker, request, i) for i in range(start, min(count, start + SLICE))
+            ]
+        return
     latest = checker.horizon_end
     assert latest is not None
     low = (EARLIEST - _EPOCH) // _US
@@ -118,7 +127,7 @@ def column_specs(
     payloads: Sequence[bytes] = list(request.payloads)
     keys: Sequence[str] = list(request.idempotency_keys)
     # Every column's bounds at once (a pass in C each); a column that fails one is looked at
-    # task by task below, and the first task out of bounds is refused the long way.
+    # task by task, and the first task out of bounds is refused the long way.
     sound = (
         (not run_ats or (low <= min(run_ats) and max(run_ats) <= high))
         and (not payloads or max(map(len, payloads)) <= max_payload)
@@ -129,16 +138,28 @@ def column_specs(
             if not _own_sound(request, i, low, high, max_payload):
                 _checked_whole(checker, request, i)  # raises
         raise AssertionError("a column out of bounds, but no task of it")  # pragma: no cover
-    rest = count - 1
-    epoch, us = _EPOCH, timedelta
-    own_run_ats = [epoch + us(microseconds=u) for u in run_ats[1:]] or [first.run_at] * rest
-    own_payloads = payloads[1:] or [first.payload] * rest
-    own_keys = [k or None for k in keys[1:]] or [first.idempotency_key] * rest
     base = dict(first.__dict__)
-    out = [first]
+    for start in range(1, count, SLICE):
+        end = min(count, start + SLICE)
+        yield _copies(base, run_ats[start:end], payloads[start:end], keys[start:end], end - start)
+
+
+def _copies(
+    base: dict[str, Any],
+    run_ats: Sequence[int],
+    payloads: Sequence[bytes],
+    keys: Sequence[str],
+    count: int,
+) -> list[TaskSpec]:
+    """``count`` specs of the fields ``base`` with their own columns (an empty column: the
+    base's value): a dict copy and three stores a task (a frozen dataclass would set each
+    field through its ``__setattr__``)."""
+    epoch, us = _EPOCH, timedelta
+    own_run_ats = [epoch + us(microseconds=u) for u in run_ats] or [base["run_at"]] * count
+    own_payloads = payloads or [base["payload"]] * count
+    own_keys = [k or None for k in keys] or [base["idempotency_key"]] * count
+    out = []
     new, put = object.__new__, object.__setattr__
-    # A copy of the first's fields with its own three: a dict copy and three stores a task
-    # (a frozen dataclass would set each field through its __setattr__).
     for run_at, payload, key in zip(own_run_ats, own_payloads, own_keys, strict=True):
         fields = base.copy()
         fields["run_at"] = run_at

@@ -54,7 +54,8 @@ def whole(request: tasks_pb2.SubmitBatchRequest) -> list[TaskSpec] | str:
 def columns(request: tasks_pb2.SubmitBatchRequest) -> list[TaskSpec] | str:
     try:
         count = spec_columns.check_shape(request, 100)
-        return spec_columns.column_specs(request, SpecChecker(NOW, DEFAULTS, LIMITS), count)
+        check = SpecChecker(NOW, DEFAULTS, LIMITS)
+        return [s for part in spec_columns.column_specs(request, check, count) for s in part]
     except InvalidArgument as exc:
         return exc.message
 
@@ -160,3 +161,17 @@ def test_the_sdks_columnar_request_reads_as_its_tasks(tasks: list[NewTask]) -> N
         spec = task.to_pb("default", idempotency_key=key)
         expected.append(check(spec))
     assert columns(request) == expected
+
+
+def test_a_large_columnar_batch_comes_in_parts_between_which_the_node_yields() -> None:
+    n = 2 * spec_columns.SLICE + 201
+    request = tasks_pb2.SubmitBatchRequest(
+        ids_only=True,
+        shared=tasks_pb2.TaskSpec(queue="q"),
+        count=n,
+        run_at_us=[NOW_US + i for i in range(n)],
+        idempotency_keys=[f"k{i}" for i in range(n)],
+    )
+    parts = list(spec_columns.column_specs(request, SpecChecker(NOW, DEFAULTS, LIMITS), n))
+    assert [len(p) for p in parts] == [1, spec_columns.SLICE, spec_columns.SLICE, 200]
+    assert [s for p in parts for s in p] == whole(request)

@@ -231,7 +231,11 @@ class TaskService(_Servicer, QueueRpcs, tasks_pb2_grpc.TaskServiceServicer):
         count = spec_columns.check_shape(request, self._settings.max_batch)
         now = self._clock.now()
         check = SpecChecker(now, self._settings.defaults, self._settings.limits)
-        specs = spec_columns.column_specs(request, check, count)
+        specs: list[TaskSpec] = []
+        timeslice = Timeslice()
+        for part in spec_columns.column_specs(request, check, count):
+            specs += part
+            await timeslice.pause_if_due()
         self._charge(specs)
         return await self._submit_ids(specs, now)
 
