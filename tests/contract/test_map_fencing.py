@@ -37,7 +37,9 @@ def spec(now: datetime = START, **kw: object) -> TaskSpec:
     return TaskSpec(queue="w", run_at=now, lease_timeout=LEASE, **kw)  # type: ignore[arg-type]
 
 
-async def submit_to(store: TaskStore, partition: int, n: int = 1, now: datetime = START) -> list[str]:
+async def submit_to(
+    store: TaskStore, partition: int, n: int = 1, now: datetime = START
+) -> list[str]:
     out = await store.submit([spec(now) for _ in range(n)], now, partitions=[partition] * n)
     return [o.task.id for o in out]
 
@@ -126,6 +128,10 @@ async def test_owner_statements_of_a_frozen_partition_fire_and_reap_nothing(shar
         await store.reap_expired(owned, later)
     with pytest.raises(PartitionMoved):
         await store.purge_finished([FROZEN], [TaskState.SUCCEEDED], later, 10)
+    with pytest.raises(PartitionMoved):  # nor is a frozen partition's history swept
+        await store.retire_finished(
+            [FROZEN], later, later, retention=timedelta(days=7), width=timedelta(days=1), batch=10
+        )
     # Without the frozen partition the owner fires the rest.
     fired = await store.fire_due({p: t for p, t in owned.items() if p != FROZEN}, later)
     assert fired.fired == 1

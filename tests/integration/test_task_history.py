@@ -269,3 +269,22 @@ def _counter(node: Node, name: str) -> float:
     value = node.metrics.registry.get_sample_value(name)
     assert value is not None, name
     return value
+
+
+async def test_slice_upkeep_gives_up_quickly_behind_a_long_reader(big: Store) -> None:
+    """A reader that holds the history (a long listing) makes the upkeep's DDL give up within
+    its lock timeout instead of queueing every later reader behind its exclusive lock; the
+    next pass, once the reader is done, drops and makes the slices."""
+    await big.keep_history(NOW, retention=RETENTION, width=WIDTH)
+    async with big.connection() as reader:
+        tx = reader.transaction()
+        await tx.start()
+        await reader.fetchval("SELECT count(*) FROM task_history")
+        started = asyncio.get_running_loop().time()
+        busy = await big.keep_history(NOW + 2 * RETENTION, retention=RETENTION, width=WIDTH)
+        waited = asyncio.get_running_loop().time() - started
+        await tx.rollback()
+    assert busy.busy and (busy.created, busy.dropped) == (0, 0)
+    assert waited < 3
+    done = await big.keep_history(NOW + 2 * RETENTION, retention=RETENTION, width=WIDTH)
+    assert not done.busy and done.dropped >= 1 and done.created >= 1
