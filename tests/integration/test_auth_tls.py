@@ -164,11 +164,13 @@ async def test_wrong_scheme_is_unauthenticated(
 async def test_a_token_of_team_a_is_refused_in_team_b(connect: Any) -> None:
     owner = connect(TEAM_A, "team-a")
     task = (await owner.submit("emails", delay=timedelta(hours=1))).task
+    assert [c for _i, c in await owner.submit_ids([NewTask(queue="bulk")] * 3)] == [True] * 3
     intruder = connect(TEAM_A, "team-b")  # team-a's token, asking for team-b
     lease = Lease(task.id, 1)
     calls = {
         "submit": intruder.submit("emails"),
         "submit_many": intruder.submit_many([NewTask(queue="q")]),
+        "submit_ids": intruder.submit_ids([NewTask(queue="q")] * 3),  # the columnar form
         "get": intruder.get(task.id),
         "list": intruder.list(),
         "dead": intruder.list(dead=True),

@@ -174,6 +174,15 @@ def test_request_namespaces() -> None:
     )
     assert request_namespaces(batch) == {"a", "default"}
     assert request_namespaces(tasks_pb2.SubmitBatchRequest()) == set()
+    columns = tasks_pb2.SubmitBatchRequest(shared=tasks_pb2.TaskSpec(namespace="b"), count=3)
+    assert request_namespaces(columns) == {"b"}  # the columnar form: its shared spec's
+    whole = tasks_pb2.SubmitBatchRequest(tasks=[tasks_pb2.TaskSpec(namespace="a")])
+    assert request_namespaces(whole) == {"a"}  # no shared spec: it names nothing
+    both = tasks_pb2.SubmitBatchRequest(
+        shared=tasks_pb2.TaskSpec(), tasks=[tasks_pb2.TaskSpec(namespace="a")]
+    )
+    assert request_namespaces(both) == {"a", "default"}
+    assert request_namespaces(tasks_pb2.SubmitRequest()) == {"default"}
     assert request_namespaces(schedules_pb2.ScheduleRef(namespace="s")) == {"s"}
     assert request_namespaces(schedules_pb2.ScheduleSpec()) == {"default"}
     assert request_namespaces(cluster_pb2.StatusRequest()) is None

@@ -56,13 +56,20 @@ def request_namespaces(request: Message) -> set[str] | None:
     fields = request.DESCRIPTOR.fields_by_name
     if "namespace" in fields:
         return {getattr(request, "namespace") or DEFAULT_NAMESPACE}  # noqa: B009
+    carriers = [
+        f
+        for f in request.DESCRIPTOR.fields
+        if f.message_type is not None and "namespace" in f.message_type.fields_by_name
+    ]
     found: set[str] | None = None
-    for field in request.DESCRIPTOR.fields:
-        inner = field.message_type
-        if inner is None or "namespace" not in inner.fields_by_name:
-            continue
+    for field in carriers:
         value = getattr(request, field.name)
-        items = list(value) if field.is_repeated else [value]
+        if field.is_repeated:
+            items = list(value)
+        elif len(carriers) == 1 or request.HasField(field.name):
+            items = [value]  # left out, the only one: the request's namespace is the default
+        else:
+            items = []  # left out beside another (a batch's whole tasks or its shared spec)
         found = (found or set()) | {item.namespace or DEFAULT_NAMESPACE for item in items}
     return found
 
