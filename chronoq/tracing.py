@@ -180,17 +180,20 @@ def node_submit(method: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coro
     async def traced(*args: P.args, **kwargs: P.kwargs) -> R:
         if not ENABLED:
             return await method(*args, **kwargs)
-        request = args[1]
-        specs: Sequence[Any] = (
-            request.tasks if hasattr(request, "tasks") else [request.task]  # type: ignore[attr-defined]
-        )
+        request: Any = args[1]
+        if not hasattr(request, "tasks"):
+            specs: Sequence[Any] = [request.task]
+        elif request.tasks or not request.HasField("shared"):
+            specs = request.tasks
+        else:  # the columnar form: its tasks' context is the shared spec's
+            specs = [request.shared]
         # Not through the cache: this carrier is not checked yet (the servicer checks it).
         parent = _propagator.extract(dict(specs[0].trace_context)) if specs else None
         with _tracer.start_as_current_span(
             SPAN_SUBMIT,
             context=parent,
             kind=_kinds.SERVER,
-            attributes={"chronoq.tasks": len(specs)},
+            attributes={"chronoq.tasks": getattr(request, "count", 0) or len(specs)},
         ):
             for spec in specs:
                 if not spec.trace_context:

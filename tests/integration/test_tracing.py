@@ -151,6 +151,25 @@ async def test_a_tracing_node_gives_untraced_submits_its_own_context(
     assert f"{node_span.context.trace_id:032x}" in stored["traceparent"]
 
 
+async def test_a_tracing_node_gives_an_untraced_columnar_batch_its_own_context(
+    spans: InMemorySpanExporter, live: tuple[Node, Client]
+) -> None:
+    node, client = live
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = tasks_pb2_grpc.TaskServiceStub(channel)
+        shared = tasks_pb2.TaskSpec(queue="rawcols")
+        shared.delay.FromTimedelta(timedelta(seconds=60))
+        request = tasks_pb2.SubmitBatchRequest(
+            ids_only=True, shared=shared, count=3, idempotency_keys=["a", "b", "c"]
+        )
+        resp = await stub.SubmitBatch(request)
+    [node_span] = _named(spans.get_finished_spans(), tracing.SPAN_SUBMIT, SpanKind.SERVER)
+    assert node_span.attributes is not None and node_span.attributes["chronoq.tasks"] == 3
+    for task_id in resp.ids:
+        stored = dict((await client.get(task_id)).trace_context)
+        assert f"{node_span.context.trace_id:032x}" in stored["traceparent"]
+
+
 async def test_a_bad_trace_context_is_refused_with_invalid_argument(
     live: tuple[Node, Client],
 ) -> None:
