@@ -6,91 +6,78 @@ the target routes each row to the slice that holds its ``retire_at`` and refuses
 slice holds. So before rows go, the target is given what covers the source's slices that
 are not expired yet (their upper bound after the source's ``now()``). Expired rows are not
 copied: their slice is dropped on the source, and on the target they would only wait for
-their own drop.
+their own drop. The slices are read and made as the retention's upkeep does
+(``chronoq.store.history``: the same query, advisory lock, lock timeout and names), so the
+two never make overlapping slices on one shard.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from chronoq.errors import StoreUnavailable
+from chronoq.history_slices import Slice
 from chronoq.slice_cover import Range, uncovered
+from chronoq.store.history import DDL_LOCK_TIMEOUT_MS, SLICE_LOCK
+from chronoq.store.sql import q
 
 #: The history rows a move copies: those whose slice is not dropped yet.
 LIVE_HISTORY = "retire_at > now()"
-#: A slice's DDL waits at most this long for its lock (a long query on the history must not
-#: make the move, or the statements queued behind the DDL, wait with it).
-DDL_LOCK_TIMEOUT = "1s"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: Tries to cover the target when another node makes slices at the same moment.
-COVER_TRIES = 5
-
-# The time slices' bounds, read back from their partition bounds (the forever slice, FROM
-# ('infinity') TO (MAXVALUE), has no quoted upper bound and is left out: every shard has it).
-_SLICES = (
-    "SELECT b[1]::timestamptz AS lo, b[2]::timestamptz AS hi FROM ("
-    " SELECT regexp_match(pg_get_expr(c.relpartbound, c.oid),"
-    " 'FROM \\(''([^'']*)''\\) TO \\(''([^'']*)''\\)') AS b"
-    " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-    " WHERE i.inhparent = to_regclass('task_history')) x"
-    " WHERE b IS NOT NULL"
-)
+#: Tries to cover the target while the retention's upkeep holds the slice lock, or a reader
+#: holds the history past the DDL's lock timeout.
+COVER_TRIES = 10
 
 
 async def slices(conn: Any, *, live_only: bool = False) -> list[Range]:
     """The time slices of ``conn``'s history (inside a transaction: as of its snapshot);
-    ``live_only``: those whose upper bound is after the server's ``now()``."""
-    sql = f"SELECT lo, hi FROM ({_SLICES}) s" + (" WHERE hi > now()" if live_only else "")
-    return [(r["lo"], r["hi"]) for r in await conn.fetch(sql)]
-
-
-def slice_name(lo: datetime, hi: datetime) -> str:
-    """A slice made for a move is named by both its bounds in microseconds since the epoch
-    (no other slice has them), quoted."""
-    return f'"task_history_{_epoch(lo)}_{_epoch(hi)}"'
+    ``live_only``: those whose upper bound is after the server's ``now()`` (in a
+    transaction: its start, the ``now()`` of ``LIVE_HISTORY`` in the same transaction)."""
+    rows = await conn.fetch(q("history_slices"))
+    now = await conn.fetchval("SELECT now()") if live_only else None
+    out = []
+    for r in rows:
+        lo, hi = _instant(r["lo"]), _instant(r["hi"])
+        if lo < hi and (now is None or hi > now):
+            out.append((lo, hi))
+    return out
 
 
 async def cover(conn: Any, wanted: Sequence[Range]) -> int:
     """Create on ``conn`` (not in a transaction) the slices that cover ``wanted`` where its
-    history has none; returns how many were made. Another node may make slices at the same
-    moment (an overlap is refused): the target's slices are read again and the rest made."""
+    history has none; returns how many were made. Under the slice lock of the retention's
+    upkeep (tried; while another holds it, tried again a moment later)."""
     if not wanted:
         return 0
-    made = 0
     for attempt in range(COVER_TRIES):
-        missing = uncovered(wanted, await slices(conn))
-        if not missing:
-            return made
         try:
-            for lo, hi in missing:
-                async with conn.transaction():
-                    await conn.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
-                    await conn.execute(
-                        f"CREATE TABLE IF NOT EXISTS {slice_name(lo, hi)} PARTITION OF"
-                        f" task_history FOR VALUES FROM ('{_literal(lo)}') TO ('{_literal(hi)}')"
-                    )
-                made += 1
-        except (
-            asyncpg.exceptions.LockNotAvailableError,
-            asyncpg.exceptions.InvalidObjectDefinitionError,  # overlaps a slice made meanwhile
-            asyncpg.exceptions.DuplicateTableError,
-        ):
-            await asyncio.sleep(0.05 * (attempt + 1))
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = {DDL_LOCK_TIMEOUT_MS}")
+                if await conn.fetchval("SELECT pg_try_advisory_xact_lock($1, $2)", *SLICE_LOCK):
+                    missing = uncovered(wanted, await slices(conn))
+                    for lo, hi in missing:
+                        piece = Slice(_seconds(lo), _seconds(hi))
+                        await conn.execute(
+                            f'CREATE TABLE IF NOT EXISTS "{piece.name}" PARTITION OF task_history'
+                            f" FOR VALUES FROM ('{lo.isoformat()}') TO ('{hi.isoformat()}')"
+                        )
+                    return len(missing)
+        except asyncpg.exceptions.LockNotAvailableError:
+            pass
+        await asyncio.sleep(0.05 * (attempt + 1))
     raise StoreUnavailable(
-        f"could not make the history slices a move needs on the target after {COVER_TRIES}"
-        " tries (their DDL kept waiting for locks); the phase can be run again"
+        f"could not make the history slices a move needs on the target in {COVER_TRIES}"
+        " tries (the slice lock or the history's lock stayed taken); the phase can be run again"
     )
 
 
-def _epoch(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(microseconds=1)
+def _instant(epoch_seconds: int) -> datetime:
+    return datetime.fromtimestamp(epoch_seconds, UTC)
 
 
-def _literal(t: datetime) -> str:
-    """A bound as a timestamptz literal (read from the server: exact, in UTC)."""
-    return t.astimezone(UTC).isoformat()
+def _seconds(at: datetime) -> int:
+    return int(at.timestamp())
