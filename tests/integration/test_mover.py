@@ -270,6 +270,31 @@ class Writer:
             await asyncio.sleep(0.005)
 
 
+class Sweeper:
+    """The store's own sweep into the history, over the moving partitions, as an owner runs
+    it (fenced: refused once the cut-over freezes them)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.moved = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                done = await self.store.retire_finished(
+                    MOVING,
+                    NOW + timedelta(hours=1),
+                    NOW,
+                    retention=timedelta(days=7),
+                    width=timedelta(days=1),
+                    batch=50,
+                )
+                self.moved += done.kept
+            except StoreUnavailable:
+                pass
+            await asyncio.sleep(0.01)
+
+
 async def test_a_move_under_writes_leaves_every_row_once_on_the_target(
     shards: tuple[Store, Store],
 ) -> None:
@@ -278,7 +303,10 @@ async def test_a_move_under_writes_leaves_every_row_once_on_the_target(
     others = await rows(source, "tasks", f"NOT ({MOVED})")
     move = mover(source, target)
     writer = Writer(source)
+    await source.keep_history(NOW, retention=timedelta(days=7), width=timedelta(days=1))
+    sweeper = Sweeper(source)
     writing = asyncio.create_task(writer.run())
+    sweeping = asyncio.create_task(sweeper.run())
     try:
         await move.prepare()
         copied = await move.copy()
@@ -291,20 +319,22 @@ async def test_a_move_under_writes_leaves_every_row_once_on_the_target(
             writing.cancel()
         cut = await move.cut_over(2)
     finally:
-        writing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writing
+        for running in (writing, sweeping):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
     assert writer.rounds > 3 and writer.accepted
+    assert sweeper.moved > 0  # the store's sweep moved finished tasks into the history meanwhile
     assert cut.frozen_seconds < 30
     n = await same_on_both(source, target)
     assert n > 700
-    target_ids = {r["id"] for r in await rows(target, "tasks")}
+    target_ids = {r["id"] for r in await rows(target, "tasks_with_history")}
     import uuid
 
     assert {uuid.UUID(i) for i in writer.accepted} <= target_ids  # no accepted write lost
     await never_live_on_both(source, target)
     # Every state made it, and the queue controls with their rows.
-    states = {r["state"] for r in await rows(target, "tasks")}
+    states = {r["state"] for r in await rows(target, "tasks_with_history")}
     assert states >= {0, 1, 2, 3, 4, 5}, states
     controlled = await rows(target, "tasks", "labels IS NOT NULL")
     assert controlled and all(
