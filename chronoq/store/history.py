@@ -100,12 +100,6 @@ class HistoryStatements(Connected):
             await self.keep_history(now, retention=retention, width=width)
         raise AssertionError("unreachable")
 
-    async def history_slices(self) -> list[tuple[str, Slice]]:
-        """The history's time slices (name, bounds), by lower bound; not the forever one."""
-        async with self.connection() as conn:
-            rows = await conn.fetch(q("history_slices"))
-        return [(r["name"], Slice(r["lo"], r["hi"])) for r in rows if r["lo"] < r["hi"]]
-
     async def keep_history(
         self, now: datetime, *, retention: timedelta | None, width: timedelta
     ) -> SliceUpkeep:
@@ -138,6 +132,14 @@ class HistoryStatements(Connected):
             # one tries again (the sweep makes a missing slice itself meanwhile).
             return SliceUpkeep(busy=True)
         return SliceUpkeep(created=len(made), dropped=len(gone))
+
+
+async def history_slices(store: Connected) -> list[tuple[str, Slice]]:
+    """The time slices (name, bounds) of one database's history, by lower bound; not the
+    forever one (for scripts and tests: the node needs none of it)."""
+    async with store.connection() as conn:
+        rows = await conn.fetch(q("history_slices"))
+    return [(r["name"], Slice(r["lo"], r["hi"])) for r in rows if r["lo"] < r["hi"]]
 
 
 def _ident(name: str) -> str:
