@@ -209,3 +209,23 @@ async def test_a_filtered_listing_finds_moved_tasks_beside_live_ones(
         if not (token := page.next_token):
             break
     assert sorted(found) == sorted([*moved, live.task.id])
+
+
+async def test_without_retention_moved_tasks_are_kept_forever(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    (kept,) = await cancelled(store_shape, now, 1, idempotency_key="f")
+    later = now + timedelta(seconds=1)
+    upkeep = await store_shape.keep_history(later, retention=None, width=WIDTH)
+    assert upkeep.created == 0
+    done = await store_shape.retire_finished(
+        ALL, later, later, retention=None, width=WIDTH, batch=10
+    )
+    assert (done.gone, done.kept) == (1, 1)
+    far = now + timedelta(days=3650)
+    assert (await store_shape.keep_history(far, retention=None, width=WIDTH)).dropped == 0
+    assert (await store_shape.get(kept, "h")).state is TaskState.CANCELLED
+    (again,) = await store_shape.submit(
+        [TaskSpec(queue="q", run_at=far, namespace="h", idempotency_key="f")], far
+    )
+    assert again.task.id == kept and not again.created
