@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
 from chronoq.errors import StoreUnavailable
-from chronoq.store import fanout
+from chronoq.store import fanout, legacy
 from chronoq.store.history import Retired, SliceUpkeep
 from chronoq.store.shard_routing import ShardRouting
 from chronoq.store.store import Store
@@ -32,7 +32,10 @@ class ShardHistory(ShardRouting):
         width: timedelta,
         batch: int,
     ) -> Retired:
-        """Shard after shard, so that one call moves at most ``batch`` rows in all."""
+        """Shard after shard, so that one call moves at most ``batch`` rows in all; the
+        routes to tasks made before routing whose task is gone are dropped on the way, as by
+        ``purge_finished`` (``chronoq.store.legacy``)."""
+        await legacy.sweep(self._stores, self._routing().shard_of, partitions, self._route_sweeps)
         if (solo := self._fast()) is not None:
             return await solo.retire_finished(
                 partitions, before, now, retention=retention, width=width, batch=batch

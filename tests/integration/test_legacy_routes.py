@@ -286,3 +286,25 @@ async def test_routes_of_purged_tasks_go_and_their_key_makes_a_new_task(
     async with target.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM legacy_routes") == 0
     assert len(await keyed_everywhere((source, target), gone_key)) == 1
+
+
+async def test_a_route_whose_task_moved_into_the_history_stays_and_answers(
+    shards: tuple[Store, Store],
+) -> None:
+    """The history's sweep moves an old finished task on its row's shard: its route stays
+    (the task is still there), and a resubmit of its key answers it, not a new task."""
+    source, target = shards
+    done_id = old_id(7)
+    done_key = key_elsewhere(partition_of(done_id.bytes, P), "kept")
+    moving = key_partition(NS, done_key, P)
+    await old_task(source, done_id, done_key, TaskState.SUCCEEDED)
+    sharded = routed(source, target, await move(source, target, moving))
+    keep, width = timedelta(days=60), timedelta(days=2)
+    await sharded.keep_history(NOW, retention=keep, width=width)
+    done = await sharded.retire_finished(range(P), NOW, NOW, retention=keep, width=width, batch=100)
+    assert (done.gone, done.kept) == (1, 1)
+    await sharded.retire_finished(range(P), NOW, NOW, retention=keep, width=width, batch=100)
+    async with target.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM legacy_routes") == 1
+    (again,) = await sharded.submit(resubmit(done_key), NOW)
+    assert not again.created and again.task.id == str(done_id)
