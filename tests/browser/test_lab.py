@@ -157,7 +157,7 @@ def drive(url: str, page: Any, postgres: EmbeddedPostgres, database: str) -> Non
         return int(el(selector).get_attribute(attribute) or -1)
 
     def store_count(where: str) -> int:
-        return int(sql(postgres, database, f"SELECT count(*) FROM tasks WHERE {where}")[0][0])
+        return int(sql(postgres, database, f"SELECT count(*) FROM tasks_with_history WHERE {where}")[0][0])
 
     page.get(url)
     until("the page's first render", lambda: el("body").get_attribute("data-ready") == "true")
@@ -232,7 +232,7 @@ def drive(url: str, page: Any, postgres: EmbeddedPostgres, database: str) -> Non
             SELECT fire_token, max(fire_token) OVER (
                 PARTITION BY partition ORDER BY fired_at, fire_token
                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_max
-            FROM tasks WHERE fire_token IS NOT NULL) f
+            FROM tasks_with_history WHERE fire_token IS NOT NULL) f
         WHERE fire_token < before_max""")
     assert regressions == [["0"]]
     until("the double-firing counter", lambda: number("#double-firings") == 0

@@ -76,7 +76,8 @@ async def fired_rows(store: Store) -> list[Any]:
     async with store.pool.acquire() as conn:
         return list(
             await conn.fetch(
-                "SELECT id, partition, state, fired_at, fired_by, fire_token FROM tasks ORDER BY fired_at"
+                "SELECT id, partition, state, fired_at, fired_by, fire_token FROM tasks_with_history"
+                " ORDER BY fired_at"
             )
         )
 

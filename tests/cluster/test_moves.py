@@ -197,7 +197,9 @@ async def check_every_task_once(
     ids = [uuid.UUID(i) for i, _ in workload.submitted.values()]
     found: dict[uuid.UUID, list[tuple[str, int]]] = {i: [] for i in ids}
     for name, dsn in shards.items():
-        for r in await fetch(dsn, "SELECT id, state FROM tasks WHERE id = ANY($1::uuid[])", ids):
+        for r in await fetch(
+            dsn, "SELECT id, state FROM tasks_with_history WHERE id = ANY($1::uuid[])", ids
+        ):
             found[r["id"]].append((name, r["state"]))
     twice = {str(i): where for i, where in found.items() if len(where) > 1}
     lost = [str(i) for i, where in found.items() if not where]
@@ -396,17 +398,23 @@ async def check_rolled_back(source: str, target: str, moved: Sequence[int], ids:
     )
     assert all(r["state"] == 3 for r in dst), dst  # gone (or never marked)
     left = await fetch(
-        target, "SELECT count(*) AS n FROM tasks WHERE partition = ANY($1::smallint[])", parts
+        target,
+        "SELECT count(*) AS n FROM tasks_with_history WHERE partition = ANY($1::smallint[])",
+        parts,
     )
     assert left[0]["n"] == 0
-    there = await fetch(source, "SELECT count(*) AS n FROM tasks WHERE id = ANY($1::uuid[])", ids)
+    there = await fetch(
+        source, "SELECT count(*) AS n FROM tasks_with_history WHERE id = ANY($1::uuid[])", ids
+    )
     assert there[0]["n"] == len(ids)
 
 
 async def check_ids_once(shards: dict[str, str], ids: list[str]) -> None:
     seen: dict[str, int] = {}
     for dsn in shards.values():
-        for r in await fetch(dsn, "SELECT id FROM tasks WHERE id = ANY($1::uuid[])", ids):
+        for r in await fetch(
+            dsn, "SELECT id FROM tasks_with_history WHERE id = ANY($1::uuid[])", ids
+        ):
             seen[str(r["id"])] = seen.get(str(r["id"]), 0) + 1
     assert len(seen) == len(ids) and set(seen.values()) == {1}
 

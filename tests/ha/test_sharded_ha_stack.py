@@ -134,8 +134,8 @@ async def _rows(dsn: str, ids: Sequence[str]) -> dict[str, tuple[int, float | No
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
         rows = await conn.fetch(
-            "SELECT id::text, state, extract(epoch FROM fired_at)::float8 AS fired FROM tasks"
-            " WHERE id = ANY($1::uuid[])",
+            "SELECT id::text, state, extract(epoch FROM fired_at)::float8 AS fired"
+            " FROM tasks_with_history WHERE id = ANY($1::uuid[])",
             list(ids),
         )
     finally:

@@ -81,7 +81,7 @@ async def _submit_until(client: Client, stop: float, acked: list[str]) -> None:
 async def _missing_and_unfired(store: Store, ids: list[str]) -> tuple[int, int]:
     async with store.connection() as conn:
         found, unfired = await conn.fetchrow(
-            "SELECT count(*), count(*) FILTER (WHERE state = $2) FROM tasks"
+            "SELECT count(*), count(*) FILTER (WHERE state = $2) FROM tasks_with_history"
             " WHERE id = ANY($1::uuid[])",
             ids,
             int(TaskState.SCHEDULED),

@@ -60,7 +60,8 @@ def _quantiles(late: list[float]) -> str:
 async def _states(store: Store, namespace: str) -> dict[int, int]:
     async with store.connection() as conn:
         rows = await conn.fetch(
-            "SELECT state, count(*) AS n FROM tasks WHERE namespace = $1 GROUP BY state",
+            "SELECT state, count(*) AS n FROM tasks_with_history WHERE namespace = $1"
+            " GROUP BY state",
             namespace,
         )
     return {r["state"]: r["n"] for r in rows}

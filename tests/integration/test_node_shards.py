@@ -58,7 +58,7 @@ async def until(check: Any, timeout: float = 30, what: str = "condition") -> Non
 async def count_rows(dsn: str) -> dict[str, int]:
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
-        rows = await conn.fetch("SELECT state, count(*) AS n FROM tasks GROUP BY state")
+        rows = await conn.fetch("SELECT state, count(*) AS n FROM tasks_with_history GROUP BY state")
     finally:
         await conn.close()
     return {str(r["state"]): r["n"] for r in rows}
