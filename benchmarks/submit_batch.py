@@ -14,8 +14,9 @@ Each run measures, in turn and each on a fresh database of one durable embedded 
   one statement per batch, without and with dedupe keys (``benchmarks/peers``).
 
 Printed per run: tasks/s and CPU per task of this process (the client), the node and the
-PostgreSQL server; then the medians. Runs alternate, so a slow minute of a shared machine
-lands on every figure alike. A report, not a pass/fail test::
+PostgreSQL server; then the medians, and the median of each run's own ratio of chronoq to
+every other figure. Runs alternate, so a slow minute of a shared machine lands on every
+figure of its run alike. A report, not a pass/fail test::
 
     python benchmarks/submit_batch.py --runs 3
     python -m venv /tmp/pgq && /tmp/pgq/bin/pip install pgqueuer asyncpg
@@ -115,8 +116,17 @@ class Bench:
 
         async def job(dsn: str) -> tuple[float, Cpu, Cpu]:
             bare, password = split_password(dsn)
-            cmd = [python, str(PEER), "--dsn", bare, "--tasks", str(self.args.tasks),
-                   "--batch", str(self.args.batch), *(["--keyed"] if keyed else [])]
+            cmd = [
+                python,
+                str(PEER),
+                "--dsn",
+                bare,
+                "--tasks",
+                str(self.args.tasks),
+                "--batch",
+                str(self.args.batch),
+                *(["--keyed"] if keyed else []),
+            ]
             env = {**os.environ, **({"PGPASSWORD": password} if password else {})}
             before = self.cpu([])
             done = await asyncio.to_thread(
@@ -151,15 +161,21 @@ class Bench:
     def summary(self) -> dict[str, Any]:
         print(f"medians of {self.args.runs} run(s), batches of {self.args.batch:,}:")
         out: dict[str, Any] = {}
-        chronoq = statistics.median(r["per_s"] for r in self.results[CHRONOQ])
-        whole = statistics.median(r["per_s"] for r in self.results[CHRONOQ_WHOLE])
         for name, rows in self.results.items():
             med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-            out[name] = {"median": med, "runs": rows}
+            # Each run's own ratio, then their median: a slow minute of a shared machine
+            # moves a run's figures together, so its ratios are steadier than its rates.
+            per_call, whole = (
+                statistics.median(
+                    c["per_s"] / r["per_s"] for c, r in zip(self.results[mine], rows, strict=True)
+                )
+                for mine in (CHRONOQ, CHRONOQ_WHOLE)
+            )
+            out[name] = {"median": med, "runs": rows, "ratios": [per_call, whole]}
             print(
                 f"  {name:<34} {med['per_s']:>9,.0f} tasks/s   chronoq (per call, 1 call) / "
-                f"this {chronoq / med['per_s']:5.0%} {whole / med['per_s']:5.0%}   "
-                f"PostgreSQL CPU per task {med['pg_us']:5.1f} µs"
+                f"this {per_call:5.0%} {whole:5.0%}   CPU per task: client {med['client_us']:5.1f}"
+                f", node {med['other_us']:5.1f}, PostgreSQL {med['pg_us']:5.1f} µs"
             )
         return out
 
