@@ -20,8 +20,8 @@ from typing import Any
 
 import asyncpg
 
-from chronoq.errors import StoreUnavailable
-from chronoq.history_slices import Slice
+from chronoq.errors import MoveRefused, StoreUnavailable
+from chronoq.history_slices import MAX_SLICES, Slice
 from chronoq.slice_cover import Range, uncovered
 from chronoq.store.history import DDL_LOCK_TIMEOUT_MS, SLICE_LOCK
 from chronoq.store.sql import q
@@ -31,6 +31,11 @@ LIVE_HISTORY = "retire_at > now()"
 #: Tries to cover the target while the retention's upkeep holds the slice lock, or a reader
 #: holds the history past the DDL's lock timeout.
 COVER_TRIES = 10
+#: The most slices a move makes on its target at once: the retention's own window needs at
+#: most ``MAX_SLICES`` on each shard, and the gaps between another width's slices at most as
+#: many again. More is a source whose history was sliced by hand; every slice costs each read
+#: of the history a lock and an index probe, so the move is refused instead.
+MAX_COVER = 2 * MAX_SLICES + 2
 
 
 async def slices(conn: Any, *, live_only: bool = False) -> list[Range]:
@@ -59,6 +64,12 @@ async def cover(conn: Any, wanted: Sequence[Range]) -> int:
                 await conn.execute(f"SET LOCAL lock_timeout = {DDL_LOCK_TIMEOUT_MS}")
                 if await conn.fetchval("SELECT pg_try_advisory_xact_lock($1, $2)", *SLICE_LOCK):
                     missing = uncovered(wanted, await slices(conn))
+                    if len(missing) > MAX_COVER:
+                        raise MoveRefused(
+                            f"the moved history needs {len(missing)} new slices on the target"
+                            f" (at most {MAX_COVER}): the source's task_history has more time"
+                            " slices than a retention window makes; drop or merge them first"
+                        )
                     for lo, hi in missing:
                         piece = Slice(_seconds(lo), _seconds(hi))
                         await conn.execute(

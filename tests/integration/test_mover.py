@@ -20,6 +20,7 @@ from chronoq.models import Lease, ScheduleSpec, TaskSpec
 from chronoq.recurrence import Cron
 from chronoq.routing import key_partition
 from chronoq.store import Store
+from chronoq.store.move_history import MAX_COVER
 from chronoq.store.mover import (
     FROZEN,
     GONE,
@@ -692,3 +693,32 @@ async def test_a_newer_driver_rolls_back_or_cleans_up_what_a_dead_one_left(
         (LIVE, 2, 12),
         (LIVE, 3, 12),
     ]
+
+
+async def test_a_move_whose_source_history_has_too_many_slices_makes_none_of_them(
+    shards: tuple[Store, Store],
+) -> None:
+    """The slices a move makes on its target are capped (each one costs every read of the
+    history there a lock): a source sliced finer than any retention window is refused with
+    what to do, before a slice or a row is written, and the move rolls back."""
+    source, target = shards
+    await load(source, 300)
+    async with source.connection() as c:
+        lo = await c.fetchval("SELECT date_trunc('hour', now()) + interval '1 day'")
+        for i in range(MAX_COVER + 1):
+            # Apart: touching slices are covered by one wider slice on the target.
+            a, b = lo + timedelta(minutes=2 * i), lo + timedelta(minutes=2 * i + 1)
+            await c.execute(
+                f"CREATE TABLE task_history_fine_{i} PARTITION OF task_history"
+                f" FOR VALUES FROM ('{a.isoformat()}') TO ('{b.isoformat()}')"
+            )
+    before = await history_slices(target)
+    move = mover(source, target)
+    await move.prepare()
+    with pytest.raises(MoveRefused, match="slices"):
+        await move.copy()
+    assert await history_slices(target) == before
+    assert await rows(target, "tasks") == []
+    await move.rollback()
+    held = await HOLDINGS.held(source)
+    assert all(held[p].state == LIVE for p in MOVING)
