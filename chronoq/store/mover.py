@@ -9,7 +9,8 @@ holds the partitions' fate (``shard_partitions``, ``chronoq.store.holdings``)::
                      move index (partition, id) over the moving partitions, built CONCURRENTLY
     copy()           one REPEATABLE READ snapshot of the source, COPY (binary) streamed into
                      the target through a byte-bounded pipe; the target records each row's
-                     source xmin (``move_rows``)
+                     source xmin (``move_rows``); the task history's rows too, but for the
+                     expired ones, into slices the target is given (``move_history``)
     catch_up()       one round: rows whose xmin changed, or new, are copied again, rows gone
                      are deleted; returns how many
     cut_over(v)      the source FROZEN (waits for writes in flight), a last round, the target
