@@ -270,31 +270,31 @@ RETURNING {{task_row}};
 -- name: task_ids_by_idempotency_key
 -- The first task of each key, in tasks or, moved there by the sweep, in task_history: one
 -- statement, so one snapshot sees a row that moves meanwhile in exactly one of the two.
+-- (chronoq_history_keys: the history's read with its one generic plan, migration 0024)
 SELECT idempotency_key, id FROM tasks WHERE namespace = $1 AND idempotency_key = ANY($2::text[])
 UNION ALL
-SELECT idempotency_key, id FROM task_history
-WHERE namespace = $1 AND idempotency_key = ANY($2::text[]);
+SELECT idempotency_key, id FROM chronoq_history_keys($1, $2::text[]);
 
 -- name: tasks_by_idempotency_key
 -- As task_ids_by_idempotency_key, the whole rows.
 SELECT {{task_row}} FROM tasks t WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[])
 UNION ALL
-SELECT {{task_row}} FROM task_history t
-WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[]);
+SELECT {{task_row}} FROM chronoq_history_keys($1, $2::text[]) t;
 
 -- name: retired_by_idempotency_key
 -- The keys of $2 whose first task is in task_history: a keyed submit asks it after its insert,
 -- in a later statement of the insert's transaction (a fresh snapshot), and a hit among the keys
 -- it inserted means the sweep moved the key's first task meanwhile (task_inserts).
-SELECT {{task_row}} FROM task_history t
-WHERE t.namespace = $1 AND t.idempotency_key = ANY($2::text[]);
+SELECT {{task_row}} FROM chronoq_history_keys($1, $2::text[]) t;
 
 -- name: get_task
 -- In tasks, else in task_history: one statement (one snapshot) finds a row the sweep moves
--- meanwhile in exactly one of the two; the history is read only when tasks has no row.
+-- meanwhile in exactly one of the two; the history is read only when tasks has no row, by
+-- chronoq_history_task (one generic plan, migration 0024: planning every slice each time
+-- cost ten times the read).
 (SELECT {{task_row}} FROM tasks t WHERE t.id = $1 AND t.namespace = $2)
 UNION ALL
-(SELECT {{task_row}} FROM task_history t WHERE t.id = $1 AND t.namespace = $2)
+(SELECT {{task_row}} FROM chronoq_history_task($1, $2) t)
 LIMIT 1;
 
 -- name: take_fences_local

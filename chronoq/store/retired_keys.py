@@ -11,14 +11,18 @@ the insert wait for that sweep to commit), then, in a later statement of the sam
 history (``check_fresh``). A hit means the key's first task is there: the transaction is
 rolled back whole (an insert may have had other effects: a debounce moved a task, a unique
 window closed) and the submit runs again without the keys found, which are answered by their
-first task (``guarded``). The cost is one statement per keyed batch; a batch without keys
-pays nothing.
+first task (``guarded``). Two submits of the same keys whose first tasks are in the history
+both insert them, and may wait for each other in crossed orders: the deadlock PostgreSQL
+ends is one more round, too. The cost is one statement per keyed batch; a batch without
+keys pays nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
+
+import asyncpg
 
 from chronoq.errors import ChronoqError, StoreUnavailable
 from chronoq.models import TaskSpec
@@ -40,6 +44,12 @@ class KeyRetired(ChronoqError):
     def __init__(self, found: dict[Key, Any]) -> None:
         super().__init__(f"{len(found)} keys found in the task history")
         self.found = found
+
+
+def _deadlock(exc: BaseException) -> bool:
+    return isinstance(exc, asyncpg.DeadlockDetectedError) or isinstance(
+        exc.__cause__, asyncpg.DeadlockDetectedError
+    )
 
 
 def has_idempotency_keys(specs: Sequence[TaskSpec]) -> bool:
@@ -87,6 +97,13 @@ async def guarded(
             )
         except KeyRetired as exc:
             answered.update((k, answer(row)) for k, row in exc.found.items())
+            continue
+        except (asyncpg.DeadlockDetectedError, StoreUnavailable) as exc:
+            if not _deadlock(exc):
+                raise
+            # Two submits of the same keys whose first tasks are in the history both insert
+            # them, in different orders (a keyed batch goes in lock order): PostgreSQL ended
+            # this one, rolled back whole. The next round finds the other's rows.
             continue
         out: dict[int, tuple[R, bool]] = dict(zip(todo, made, strict=True))
         for i, s in enumerate(specs):
