@@ -460,6 +460,11 @@ async def test_a_move_carries_the_history_of_its_partitions_but_for_expired_rows
         spec = TaskSpec(queue="q", run_at=NOW, idempotency_key=r["idempotency_key"])
         (out,) = await target.submit([spec], NOW, partitions=[r["partition"]])
         assert not out.created and out.task.id == str(r["id"])
+    # The target's own upkeep goes on beside the slices the move made (no overlap refused).
+    upkeep = await target.keep_history(
+        datetime.now(UTC), retention=timedelta(days=3), width=timedelta(days=1)
+    )
+    assert not upkeep.busy
     deleted = await move.clean_up()
     assert deleted >= len(live)
     assert await rows(source, "task_history", MOVED) == []  # expired ones too
