@@ -219,8 +219,13 @@ RETURNING {{task_row}};
 -- submit's hand-off. RUNNING at attempt 1, leased as claim leases (its lease timeout
 -- saturated into [$27, $28] ms); no claim follows. Unless a READY task of its queue would be
 -- claimed before it (a higher priority, or the same and not later): then it goes READY, as
--- insert_tasks makes it, and waits its turn. A repeated key inserts nothing, as in
--- insert_tasks (its first task is not leased). Every partition held live, as in insert_tasks.
+-- insert_tasks makes it, and waits its turn. A repeated key inserts nothing (its first task
+-- is not leased): one that this statement's snapshot finds in tasks or in task_history, and one
+-- that a concurrent insert takes first (ON CONFLICT). One snapshot sees a task that the sweep
+-- moves meanwhile in exactly one of the two tables (chronoq_key_retired, migration 0024, reads
+-- the history with this statement's snapshot), so this one statement, in no transaction of its
+-- own, needs no later check of the history (the batch inserts' check_fresh). Every partition
+-- held live, as in insert_tasks.
 INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
                    idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
                    lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
@@ -263,7 +268,11 @@ CROSS JOIN LATERAL (
           ORDER BY r.priority DESC, r.run_at
           LIMIT 1) h
 ) w
-WHERE u.run_at <= $25::timestamptz AND (SELECT chronoq_hold($4::smallint[], {{map_version}}))
+WHERE u.run_at <= $25::timestamptz
+  AND NOT EXISTS (SELECT 1 FROM tasks k
+                  WHERE k.namespace = u.namespace AND k.idempotency_key = u.idempotency_key)
+  AND NOT chronoq_key_retired(u.namespace, u.idempotency_key)
+  AND (SELECT chronoq_hold($4::smallint[], {{map_version}}))
 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {{task_row}};
 

@@ -16,6 +16,7 @@ from asyncpg.pgproto.pgproto import UUID as PgUUID
 from chronoq import submit_keys, tracecontext
 from chronoq.buckets import buckets_of
 from chronoq.effects import of_submits
+from chronoq.errors import StoreUnavailable
 from chronoq.limits import (
     default_debounce_max,
 )
@@ -29,7 +30,12 @@ from chronoq.routing import new_task_id_bytes, spec_routes, submit_partitions
 from chronoq.saturating import ms_of, shifted
 from chronoq.store.connection import Connected
 from chronoq.store.keyed import submit_keyed
-from chronoq.store.retired_keys import check_fresh, guarded, has_idempotency_keys
+from chronoq.store.retired_keys import (
+    HISTORY_TRIES,
+    check_fresh,
+    guarded,
+    has_idempotency_keys,
+)
 from chronoq.store.rows import Accepted, task_of
 from chronoq.store.sql import q
 from chronoq.timeslice import Timeslice, converted
@@ -436,43 +442,27 @@ class TaskInserts(Connected):
                 [spec], now, None if partition is None else [partition]
             )
             return outcome
-        if spec.idempotency_key is not None:  # checked against the history (retired_keys)
-            ((row, created),) = await guarded(
-                [spec],
-                None if partition is None else [partition],
-                lambda some, parts: self._leased_checked(some[0], now, worker_id, parts),
-                _row,
-            )
-            return SubmitOutcome(task_of(row), created)
-        ids, cols = self._insert_columns([spec], now, None if partition is None else [partition])
+        _ids, cols = self._insert_columns([spec], now, None if partition is None else [partition])
         async with self.connection() as conn:
-            row = await conn.fetchrow(
-                self._q("insert_task_leased"), *cols, now, worker_id, *self.lease_bounds_ms
-            )
-            if row is None:
+            for _ in range(HISTORY_TRIES):
+                # One statement, no transaction: it checks the key in tasks and in the history
+                # itself (see insert_task_leased), one round trip from the submit to the push.
+                row = await conn.fetchrow(
+                    self._q("insert_task_leased"), *cols, now, worker_id, *self.lease_bounds_ms
+                )
+                if row is not None:
+                    return SubmitOutcome(task_of(row), True)
                 assert spec.idempotency_key is not None  # only a repeated key inserts nothing
                 row = await conn.fetchrow(
                     q("tasks_by_idempotency_key"), spec.namespace, [spec.idempotency_key]
                 )
-        return SubmitOutcome(task_of(row), ids[0] == row["id"])
-
-    async def _leased_checked(
-        self, spec: TaskSpec, now: datetime, worker_id: str, partitions: list[int] | None
-    ) -> list[tuple[Any, bool]]:
-        """The leased insert of a spec with an idempotency key, in a transaction that ends
-        by checking its key against the history when it created the task."""
-        ids, cols = self._insert_columns([spec], now, partitions)
-        async with self.connection() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                self._q("insert_task_leased"), *cols, now, worker_id, *self.lease_bounds_ms
-            )
-            if row is None:  # a repeated key: its first task, in tasks or in the history
-                row = await conn.fetchrow(
-                    q("tasks_by_idempotency_key"), spec.namespace, [spec.idempotency_key]
-                )
-            created = ids[0] == row["id"]
-            await check_fresh(conn, [spec], [created])
-        return [(row, created)]
+                if row is not None:  # its first task, in tasks or in the history
+                    return SubmitOutcome(task_of(row), False)
+                # Its first task was deleted in between (its history slice dropped): free again.
+        raise StoreUnavailable(
+            f"the first task of idempotency key {spec.idempotency_key!r} came and went "
+            f"{HISTORY_TRIES} times during the submit; nothing was written; safe to retry"
+        )
 
 
 def _row(row: Any) -> Any:
