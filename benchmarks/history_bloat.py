@@ -1,20 +1,20 @@
 """What retention leaves behind: finished tasks deleted row by row, against finished tasks
 moved into the task history and dropped in whole time slices.
 
-A "day" compressed: tasks go through their whole life at ``--rate`` per second for
-``--seconds`` (submitted keyed and due at once, claimed, completed; one durable embedded
-PostgreSQL, a fresh migrated database per mode), with a retention of ``--retention`` seconds,
-several windows in all. Mode ``delete`` keeps finished tasks in ``tasks`` and deletes those
+A "day" compressed: tasks go through their whole life at ``--rate`` per second
+(submitted keyed and due at once, claimed, completed; one durable embedded
+PostgreSQL, a fresh migrated database per mode) for ``--windows`` retention windows, for each
+window of ``--retentions``. Mode ``delete`` keeps finished tasks in ``tasks`` and deletes those
 past the retention in batches (the store's ``purge_finished``, what retention did before the
 history); mode ``slices`` moves them into ``task_history`` after ``--after`` seconds
-(``retire_finished``) and drops the slices of ``--slice`` seconds whose time has passed
+(``retire_finished``) and drops the slices (``--slices`` per window) whose time has passed
 (``keep_history``). Both passes run every second beside the workload, as a node's retention
 loop would. Every 5 s it samples each table's size (heap, indexes, TOAST), its dead tuples
 and the WAL written, and prints the steady state (after the first retention window) and the
 arithmetic for a week's retention at 4,000 tasks/s. A report, not a test::
 
-    python benchmarks/history_bloat.py                            # 1,000/s, 240 s, 60 s kept
-    python benchmarks/history_bloat.py --rate 2000 --seconds 400 --retention 100 --slice 20
+    python benchmarks/history_bloat.py                   # 1,000/s; 60 s and 240 s kept
+    python benchmarks/history_bloat.py --rate 2000 --retentions 120 --runs 3
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class Sample:
     tasks_dead: int
     tasks_live: int
     history_bytes: int
+    history_dead: int
     history_live: int
     wal: int
     vacuums: int
@@ -144,6 +145,7 @@ async def sampler(
                 tasks["dead"],
                 tasks["live"],
                 history["bytes"],
+                history["dead"],
                 history["live"],
                 wal,
                 tasks["vacuums"] + history["vacuums"],
@@ -176,9 +178,8 @@ async def one_mode(db: Databases, mode: str, args: argparse.Namespace) -> Outcom
 
 
 def report(o: Outcome, args: argparse.Namespace) -> dict[str, float]:
-    steady = [s for s in o.samples if s.at >= args.retention + args.slice + SAMPLE_S] or o.samples[
-        -1:
-    ]
+    warm = args.retention + args.slice + SAMPLE_S
+    steady = [s for s in o.samples if s.at >= warm] or o.samples[-1:]
     last = o.samples[-1]
     rate = o.done / o.seconds
     kept = rate * args.retention  # finished tasks the retention window holds
@@ -191,61 +192,75 @@ def report(o: Outcome, args: argparse.Namespace) -> dict[str, float]:
         "total_mb_max": max(total) / 2**20,
         "bytes_per_kept": statistics.median(total) / kept if kept else 0.0,
         "dead_max": max(s.tasks_dead for s in steady),
+        "history_dead_max": max(s.history_dead for s in steady),
         "wal_per_task": last.wal / max(1, last.done),
         "retention_cpu_share": o.retention_s / o.seconds,
         "vacuums": last.vacuums,
     }
     print(
-        f"  {o.mode:7} {rate:8,.0f} tasks/s done   tasks table {figures['tasks_mb']:7.1f} MB"
-        f" (max {figures['tasks_mb_max']:.1f})   history {figures['history_mb']:7.1f} MB"
-        f"   together max {figures['total_mb_max']:7.1f} MB"
-        f" = {figures['bytes_per_kept']:6.0f} B per task kept"
-        f"   dead tuples max {figures['dead_max']:>9,}   WAL {figures['wal_per_task']:6.0f}"
-        f" B/task   retention {figures['retention_cpu_share']:.1%} of the time"
-        f"   vacuums {figures['vacuums']}",
+        f"  {o.mode:7} {rate:6,.0f}/s  tasks table {figures['tasks_mb']:6.1f} MB"
+        f" (max {figures['tasks_mb_max']:6.1f}), dead tuples max {figures['dead_max']:>8,}"
+        f"  | history {figures['history_mb']:6.1f} MB, dead max {figures['history_dead_max']:>6,}"
+        f"  | together max {figures['total_mb_max']:6.1f} MB"
+        f" = {figures['bytes_per_kept']:5.0f} B per task kept"
+        f"  | WAL {figures['wal_per_task']:5.0f} B/task"
+        f"  | retention passes {figures['retention_cpu_share']:.1%} of the time,"
+        f" vacuums {figures['vacuums']}",
         flush=True,
     )
     return figures
 
 
 async def run(dsn: str, args: argparse.Namespace) -> None:
-    print({k: v for k, v in (await server_settings(dsn)).items()})
-    print(
-        f"{args.rate:,.0f} tasks/s asked for {args.seconds:.0f} s,"
-        f" retention {args.retention:.0f} s,"
-        f" slices of {args.slice:.0f} s, moved {args.after:.0f} s after their finish;"
-        f" samples every {SAMPLE_S:.0f} s, steady state after the first window"
-    )
+    print(dict(await server_settings(dsn)))
     db = Databases(dsn, prefix="history_bloat")
-    results: dict[str, list[dict[str, float]]] = {"delete": [], "slices": []}
-    for run_no in range(args.runs):
-        print(f"run {run_no + 1}/{args.runs}", flush=True)
-        for mode in ("delete", "slices") if run_no % 2 == 0 else ("slices", "delete"):
-            results[mode].append(report(await one_mode(db, mode, args), args))
-    week = 4000 * 7 * 86400
-    print(f"\nmedians of {args.runs} run(s); a week's retention at 4,000 tasks/s ({week:,} tasks):")
-    for mode, figs in results.items():
-        per = statistics.median(f["bytes_per_kept"] for f in figs)
-        dead = statistics.median(f["dead_max"] for f in figs)
-        wal = statistics.median(f["wal_per_task"] for f in figs)
+    windows = [float(w) for w in args.retentions.split(",")]
+    results: dict[tuple[float, str], list[dict[str, float]]] = {}
+    for window in windows:
+        one = argparse.Namespace(**vars(args))
+        one.retention = window
+        one.slice = window / args.slices
+        one.seconds = window * args.windows
         print(
-            f"  {mode:7} {per:6.0f} B per task kept -> {per * week / 2**30:8,.0f} GiB;"
-            f" dead tuples max here {dead:>9,.0f}; WAL {wal:6.0f} B/task"
+            f"\nretention {window:.0f} s (slices of {one.slice:.0f} s), {args.rate:,.0f} tasks/s"
+            f" asked for {one.seconds:.0f} s, moved {args.after:.0f} s after their finish;"
+            f" samples every {SAMPLE_S:.0f} s, steady state after the first window",
+            flush=True,
         )
+        for run_no in range(args.runs):
+            for mode in ("delete", "slices") if run_no % 2 == 0 else ("slices", "delete"):
+                fig = report(await one_mode(db, mode, one), one)
+                results.setdefault((window, mode), []).append(fig)
+    print(f"\nmedians of {args.runs} run(s) per window:")
+    for (window, mode), figs in results.items():
+        print(
+            f"  {window:6.0f} s kept  {mode:7}"
+            f" tasks table {statistics.median(f['tasks_mb'] for f in figs):7.1f} MB,"
+            f" its dead tuples max {statistics.median(f['dead_max'] for f in figs):>9,.0f};"
+            f" history {statistics.median(f['history_mb'] for f in figs):7.1f} MB,"
+            f" its dead tuples max {statistics.median(f['history_dead_max'] for f in figs):>7,.0f};"
+            f" {statistics.median(f['bytes_per_kept'] for f in figs):5.0f} B per task kept;"
+            f" WAL {statistics.median(f['wal_per_task'] for f in figs):5.0f} B/task"
+        )
+    week = 4000 * 7 * 86400
     # autovacuum wakes for a table after 50 + 0.2 x its live rows dead ones (the defaults).
     print(
-        f"  autovacuum's default trigger on a table of a week's finished tasks: "
-        f"{50 + 0.2 * week:,.0f} dead tuples before it runs (delete mode: every purged row"
-        " is one); the history leaves none: it drops its slices whole"
+        f"  a week kept at 4,000 tasks/s is {week:,} finished tasks: deleted row by row from"
+        f" tasks, autovacuum's default trigger lets {50 + 0.2 * week:,.0f} dead tuples pile up"
+        " there before it runs; retired into the history, tasks holds only what is live (its"
+        " dead tuples follow the churn between two autovacuum runs, whatever the retention)"
+        " and the history none (its slices are dropped whole)"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=1000.0, help="tasks per second")
-    parser.add_argument("--seconds", type=float, default=240.0)
-    parser.add_argument("--retention", type=float, default=60.0, help="seconds kept")
-    parser.add_argument("--slice", type=float, default=10.0, help="history slice, seconds")
+    parser.add_argument(
+        "--retentions", default="60,240", help="retention windows to run, seconds, comma-separated"
+    )
+    parser.add_argument("--windows", type=float, default=2.5, help="each run lasts this many")
+    parser.add_argument("--slices", type=int, default=6, help="history slices per window")
     parser.add_argument(
         "--after",
         type=float,
