@@ -120,7 +120,8 @@ class OwnerObserver:
         self.keys = Keys(etcd.cluster)
         self.partitions = partitions
         self.client = connect(etcd)
-        self.view = PrefixView(self.client, self.keys.owners, self._changed)
+        # Checked against etcd when quiet: a silent stream would leave the record incomplete.
+        self.view = PrefixView(self.client, self.keys.owners, self._changed, verify_interval=1.0)
         self.events: list[OwnerEvent] = []
         self._seen: dict[int, tuple[str, int]] = {}
 

@@ -47,6 +47,8 @@ from chronoq.supervision import Loop, Supervisor
 log = logging.getLogger("chronoq.coordinator")
 
 RECONCILE_RETRY = 0.2  # seconds after a failed reconcile pass
+#: Seconds of quiet after which a claim-deciding view reads its prefix to check its stream.
+VIEW_VERIFY_INTERVAL = 1.0
 #: The most of its time the leader spends counting the coming buckets' tasks for the loads
 #: (``paced_interval``): the count reads every one of them, so it grows with the submit rate.
 LOADS_SHARE = 0.02
@@ -109,9 +111,18 @@ class EtcdOwnership:
             supervisor=self.supervisor,
         )
         sup = self.supervisor
-        self.members = PrefixView(self.client, self.keys.members, self._changed, supervisor=sup)
-        self.owners = PrefixView(self.client, self.keys.owners, self._changed, supervisor=sup)
-        self.loads_view = PrefixView(self.client, self.keys.loads, self._changed, supervisor=sup)
+        # The views that decide claims check etcd when quiet: a stream swapped with another
+        # watch's would otherwise hide a freed partition for as long as that prefix is quiet.
+        every = VIEW_VERIFY_INTERVAL
+        self.members = PrefixView(
+            self.client, self.keys.members, self._changed, supervisor=sup, verify_interval=every
+        )
+        self.owners = PrefixView(
+            self.client, self.keys.owners, self._changed, supervisor=sup, verify_interval=every
+        )
+        self.loads_view = PrefixView(
+            self.client, self.keys.loads, self._changed, supervisor=sup, verify_interval=every
+        )
         # Member stats are for status pages only: a broken stats watch is not an outage.
         self.stats_view = PrefixView(self.client, self.keys.stats, supervisor=sup, critical=False)
         self.shard_map = shard_map or ShardMapView(

@@ -92,3 +92,38 @@ async def test_a_crossed_stream_is_dropped_and_the_prefix_read_again() -> None:
         assert loop.name == "watch-owners" and loop.failures == 1 and loop.failing == 0
     finally:
         await sup.stop()
+
+
+async def test_a_quiet_stream_that_misses_the_prefix_changes_is_dropped() -> None:
+    """Two views can swap streams: the one handed a quiet prefix's stream hears nothing and
+    sees no foreign key. It checks etcd after quiet intervals and reads its prefix again."""
+    owners = b"/chronoq/c/owners/"
+    quiet = FakeWatch([])  # another watch's stream, of a prefix where nothing happens
+    good = FakeWatch([])
+    client: Any = FakeClient([KV(owners + b"00001", b"n1")], [quiet, good])
+    sup = Supervisor(LoopPolicy(max_backoff=0.01))
+    view = PrefixView(client, owners, retry_delay=0.001, supervisor=sup, verify_interval=0.05)
+    try:
+        await view.start()
+        client.stored = [KV(owners + b"00003", b"n2", mod_revision=30)]  # 00001 deleted
+        deadline = time.monotonic() + 5
+        while set(view.items) != {owners + b"00003"}:
+            assert time.monotonic() < deadline, "the view sat on a stream that is not its own"
+            await asyncio.sleep(0.005)
+        assert view.missed == 1 and quiet.cancelled and view.rewatches == 2
+    finally:
+        await sup.stop()
+
+
+async def test_a_quiet_prefix_alone_is_no_reason_to_read_it_again() -> None:
+    owners = b"/chronoq/c/owners/"
+    client: Any = FakeClient([KV(owners + b"00001", b"n1")], [FakeWatch([])])
+    sup = Supervisor(LoopPolicy(max_backoff=0.01))
+    view = PrefixView(client, owners, retry_delay=0.001, supervisor=sup, verify_interval=0.02)
+    try:
+        await view.start()
+        await asyncio.sleep(0.3)  # many quiet intervals, etcd unchanged
+        assert view.missed == 0 and view.resyncs == 1 and view.rewatches == 1
+        assert client.reads > 3  # it did check
+    finally:
+        await sup.stop()
