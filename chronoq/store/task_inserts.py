@@ -33,6 +33,7 @@ from chronoq.store.keyed import submit_keyed
 from chronoq.store.retired_keys import (
     HISTORY_TRIES,
     check_fresh,
+    checked_in_statement,
     guarded,
     has_idempotency_keys,
 )
@@ -271,6 +272,8 @@ class TaskInserts(Connected):
             return []
         if any(submit_keys.keyed(s) for s in specs):
             return await self._submit_keyed(specs, now, partitions)
+        if len(specs) == 1 and specs[0].idempotency_key is not None:
+            return [await self._submit_one(specs[0], now, partitions)]
         if has_idempotency_keys(specs):  # checked against the history (retired_keys)
             matched = await guarded(
                 specs, partitions, lambda some, parts: self._rows_checked(some, now, parts), _row
@@ -284,6 +287,30 @@ class TaskInserts(Connected):
             SubmitOutcome(task, created)
             for task, (_row, created) in zip(tasks, matched, strict=True)
         ]
+
+    async def _submit_one(
+        self, spec: TaskSpec, now: datetime, partitions: Sequence[int] | None
+    ) -> SubmitOutcome:
+        """One spec with an idempotency key, in one statement and no transaction: it inserts
+        only when its snapshot finds the key in neither tasks nor the history
+        (``retired_keys.checked_in_statement``); when it inserts nothing, the key's first
+        task, read from both (gone meanwhile, its slice dropped: once more)."""
+        _ids, cols = self._insert_columns([spec], now, partitions)
+        statement = checked_in_statement(self._q("insert_tasks"))
+        async with self.connection() as conn:
+            for _ in range(HISTORY_TRIES):
+                row = await conn.fetchrow(statement, *cols, now)
+                if row is not None:
+                    return SubmitOutcome(task_of(row), True)
+                row = await conn.fetchrow(
+                    q("tasks_by_idempotency_key"), spec.namespace, [spec.idempotency_key]
+                )
+                if row is not None:
+                    return SubmitOutcome(task_of(row), False)
+        raise StoreUnavailable(
+            f"the first task of idempotency key {spec.idempotency_key!r} came and went "
+            f"{HISTORY_TRIES} times during the submit; nothing was written; safe to retry"
+        )
 
     async def _rows_checked(
         self, specs: list[TaskSpec], now: datetime, partitions: list[int] | None

@@ -88,6 +88,8 @@ async def _resubmit(store: Store, keys: list[str], now: datetime, how: int) -> l
         return [task_id for task_id, _created in await store.submit_ids(specs, now)]
     if how == 2:
         return [(await store.submit_leased(s, now, "w")).task.id for s in specs]
+    if how == 4:  # one at a time: the single statement that checks its key itself
+        return [(await store.submit([s], now))[0].task.id for s in specs]
     # with a unique key beside each (the keyed statements)
     keyed = [TaskSpec(queue="q", run_at=now, idempotency_key=k, unique_key=f"u-{k}") for k in keys]
     return [o.task.id for o in await store.submit(keyed, now)]
@@ -107,7 +109,7 @@ async def test_keyed_submits_waiting_on_the_sweep_answer_the_first_task(big: Sto
     """The race made certain: the sweep's statement holds its DELETE uncommitted while keyed
     submits of the same keys run, so each insert waits for it; the sweep then commits the
     rows into the history, and every submit must answer the first task, not make one."""
-    for how in range(4):
+    for how in range(5):
         keys = [f"w{how}-{i}" for i in range(8)]
         first = await _finished_keys(big, keys, NOW)
         later = NOW + timedelta(seconds=1)
@@ -121,9 +123,10 @@ async def test_keyed_submits_waiting_on_the_sweep_answer_the_first_task(big: Sto
             assert row["kept"] == len(keys)
             submits = asyncio.ensure_future(_resubmit(big, keys, later, how))
             await asyncio.sleep(0.3)
-            # Each insert waits on the uncommitted DELETE; the leased insert need not: its
-            # snapshot sees the first tasks still in tasks, and so does its lookup after.
-            assert how == 2 or not submits.done()
+            # Each insert waits on the uncommitted DELETE; the leased insert and the single
+            # submit need not: their snapshot sees the first tasks still in tasks, and so does
+            # their lookup after.
+            assert how in (2, 4) or not submits.done()
             await tx.commit()
         answered = await asyncio.wait_for(submits, 30)
         assert answered == [first[k] for k in keys], how
@@ -156,8 +159,8 @@ async def test_keyed_submits_racing_the_sweep_make_one_task_per_key(big: Store) 
             sweep(),
             sweep(),
             sweep(),
-            *(submit(part, rng.randrange(4)) for part in parts),
-            *(submit(part, rng.randrange(4)) for part in parts),
+            *(submit(part, rng.randrange(5)) for part in parts),
+            *(submit(part, rng.randrange(5)) for part in parts),
         )
         for part, got in zip(parts * 2, answers[3:], strict=True):
             assert got == [first[k] for k in part], rnd
