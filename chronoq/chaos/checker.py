@@ -23,7 +23,10 @@ write itself (the client log, the workers' ledger, etcd's owner keys, the fault 
 ``failover_gaps``
     After a node fault, tasks of the partitions the node owned fire within the lease TTL plus
     a tick (plus ``failover_slack_s``: etcd's expiry lag, the claim and the fence write on a
-    busy host). After a PostgreSQL or etcd fault, within the same bound from the heal.
+    busy host). After a PostgreSQL or etcd fault, within the same bound from the heal. A
+    fault stacked on such an outage (one that began before the task was late) counts, for
+    the partitions the outage stopped (a shard's, or every one), from its heal: nobody can
+    take them over before it.
 ``fencing``
     Per partition, in firing order, fencing tokens never go back; one node per token; the
     token is the one etcd issued to that node; none is above the store's final fence.

@@ -373,3 +373,43 @@ def test_nodes_that_check_their_clock_get_no_excuse_beyond_the_bound() -> None:
     verdict = check(h)
     assert verdict.ok, verdict.violations
     assert verdict.figures["early_under_clock_jump"] == 1
+
+
+def stacked_on_a_shard_outage(fired: float, *, shard: list[int]) -> History:
+    """node-0 (owner of partition 0) is killed at 4.9 s; t-a (partition 0, due at 5 s) cannot
+    be taken over while the shard holding ``shard`` is down from 5.5 s to 12 s."""
+    h = history()
+    h.faults = [
+        FaultRecord("kill-node", "node-0", at(4.9), at(10)),
+        FaultRecord("kill-shard-primary", "shard-1", at(5.5), at(12), {"partitions": shard}),
+    ]
+    h.tasks = [dataclasses.replace(r, fired_at_us=at(fired), fired_by="node-1", fire_token=12)
+               if r.id == "t-a" else r for r in h.tasks]
+    h.owners.append(OwnerEvent(at(7.0), 0, "node-1", 12))
+    h.fences[0] = 12
+    h.executions[0] = run("t-a", 1, fired + 0.05, 5)
+    return h
+
+
+def test_a_node_fault_stacked_on_a_shard_outage_counts_from_its_heal() -> None:
+    h = stacked_on_a_shard_outage(13.0, shard=[0])  # 8 s after its due time, 1 s after heal
+    verdict = check(h)
+    assert verdict.checks["failover_gaps"], verdict.violations
+    assert verdict.gaps[0].gap_s is not None and abs(verdict.gaps[0].gap_s - 1.0) < 1e-6
+
+
+def test_a_slow_failover_after_the_shard_heals_is_still_caught() -> None:
+    found = problems(stacked_on_a_shard_outage(16.0, shard=[0]))  # 4 s after the heal
+    assert [d.split(":")[0] for d in found["failover_gaps"]] == ["kill-node node-0"]
+    assert "fired 4.00 s late" in found["failover_gaps"][0]
+
+
+def test_an_outage_of_another_shard_excuses_nothing() -> None:
+    found = problems(stacked_on_a_shard_outage(13.0, shard=[1]))  # partition 0 was not on it
+    assert [d.split(":")[0] for d in found["failover_gaps"]] == ["kill-node node-0"]
+
+
+def test_an_outage_that_begins_after_the_task_was_late_excuses_nothing() -> None:
+    h = stacked_on_a_shard_outage(13.0, shard=[0])
+    h.faults[1] = dataclasses.replace(h.faults[1], start_us=at(8.5))  # t-a late since 8.05 s
+    assert [d.split(":")[0] for d in problems(h)["failover_gaps"]] == ["kill-node node-0"]

@@ -8,7 +8,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from chronoq.chaos.checks.causes import EXEC_GAP_BOUNDED, INFRA, NOT_OWNER, WORKER
+from chronoq.chaos.checks.causes import EXEC_GAP_BOUNDED, INFRA, NOT_OWNER, SHARD_OUTAGE, WORKER
 from chronoq.chaos.checks.clocks import (
     drift_excusable_ms,
     drift_of,
@@ -39,6 +39,37 @@ class Owners:
         return {p for p in range(partitions) if self.at(p, at_us) == node}
 
 
+def outages(history: History) -> list[tuple[int, int, frozenset[int] | None]]:
+    """(start, heal, partitions or None for all) of each fault that stops the store or etcd:
+    while one lasts nobody can fire (or take over) the partitions it stops."""
+    out = []
+    for f in history.faults:
+        if f.kind not in INFRA or f.error:
+            continue
+        shard = f.detail.get("partitions") if f.kind in SHARD_OUTAGE else None
+        out.append((f.start_us, f.end_us, None if shard is None else frozenset(shard)))
+    return sorted(out, key=lambda o: o[0])
+
+
+def fire_from(
+    partition: int,
+    due_us: int,
+    bound_us: int,
+    stops: Sequence[tuple[int, int, frozenset[int] | None]],
+) -> int:
+    """When a fault's bound starts to count for a task due at ``due_us``: at its due time,
+    or at the heal of a store or etcd outage of its partition that began before it was late
+    (chained: an outage that begins within the bound after a heal moves it again). A fault
+    stacked on an outage cannot hand the partition over before the outage heals."""
+    since = due_us
+    for start, heal, parts in stops:
+        if start > since + bound_us:
+            break
+        if heal > since and (parts is None or partition in parts):
+            since = heal
+    return since
+
+
 def check_gaps(history: History, v: Verdict) -> None:
     p = history.params
     owners = Owners(history.owners)
@@ -49,6 +80,7 @@ def check_gaps(history: History, v: Verdict) -> None:
     fires = [(r, real_fired_at(r, skew, drifts)) for r in history.tasks
              if r.fire_token is not None and r.fired_by not in NOT_OWNER]
     everything = set(range(p.partitions))
+    stops = outages(history)
     for i, f in enumerate(history.faults):
         if f.kind in WORKER or f.error:
             continue
@@ -64,8 +96,9 @@ def check_gaps(history: History, v: Verdict) -> None:
         if drift is not None and drift.peak_ms < 0:  # as far behind as it may fire
             behind = drift_excusable_ms(f, drift, checked) / 1000
         bound = p.lease_ttl_s + p.tick_s + p.failover_slack_s + behind
+        wait = round(bound * US)
         late = [
-            max(0, fired - max(r.run_at_us, since)) / US
+            max(0, fired - fire_from(r.partition, max(r.run_at_us, since), wait, stops)) / US
             for r, fired in fires
             if fired is not None and r.partition in parts
             and f.start_us - tick <= r.run_at_us <= f.end_us
