@@ -63,8 +63,6 @@ def running(spec: TaskSpec, worker_id: str) -> Task:
     )  # fmt: skip
 
 
-
-
 def test_the_bytes_of_a_spec_are_those_of_the_task_it_makes_less_the_worker() -> None:
     spec = TaskSpec(queue="q", run_at=NOW, payload=b"x" * 100, idempotency_key="key-1")
     assert spec_bytes(spec) + len(b"w-1") == task_bytes(running(spec, "w-1"))
@@ -175,3 +173,51 @@ async def test_an_insert_that_failed_frees_its_credit() -> None:
     a, submits = await _caller_leaves(fail=True)
     assert a.delivered == [] and a.held == 0 and a.room() == 1 << 20
     assert submits.handed_off == 0
+
+
+class PushingTaker(Taker):
+    """A stream that, as a worker stream does, pushes what it is given in a task of its own."""
+
+    def __init__(self, worker_id: str, credits: int, events: list[str]) -> None:
+        super().__init__(worker_id, credits)
+        self.events = events
+        self.pushes: set[asyncio.Task[None]] = set()
+
+    def deliver(self, tasks: list[Task], reserved: int, reserved_bytes: int) -> None:
+        super().deliver(tasks, reserved, reserved_bytes)
+
+        async def push() -> None:
+            self.events.append("push")
+
+        job = asyncio.get_running_loop().create_task(push())
+        self.pushes.add(job)
+        job.add_done_callback(self.pushes.discard)
+
+
+async def test_the_push_starts_before_the_submitter_answers() -> None:
+    """The task's push runs as the insert ends, before the submit's caller resumes (which
+    then makes and sends the answer): the handler does not wait for that answer."""
+    handoff = HandOff(lambda: set())
+    events: list[str] = []
+    a = PushingTaker("a", 2, events)
+    handoff.join(a, [KEY])
+    notifier = ReadyNotifier()
+    store = SlowStore()
+    submits = SubmitHandOff(store, handoff, notifier)
+    spec = TaskSpec(queue="q", run_at=NOW)
+
+    async def submitter() -> None:
+        outcome = await submits.submit(spec, NOW)
+        assert outcome is not None and outcome.created
+        events.append("answer")
+
+    with notifier.watch("default", ["q"]) as watch:
+        waiting = asyncio.ensure_future(watch.wait(10))
+        await asyncio.sleep(0)
+        call = asyncio.ensure_future(submitter())
+        await asyncio.sleep(0)
+        store.commit(spec, "a")
+        await call
+        await asyncio.sleep(0)
+        waiting.cancel()
+    assert events == ["push", "answer"] and submits.handed_off == 1

@@ -5,8 +5,8 @@ the insert (READY), a notice that wakes a waiting stream, and that stream's clai
 RUNNING). When a worker stream of this node waits on the task's queue with a free credit and
 room for the task, the insert itself leases the task to that stream's worker (RUNNING,
 attempt 1, leased as a claim leases: ``submit_leased``), and the node pushes it once the
-insert committed: one statement and one message from the submit to the handler, as the
-wheel's hand-off does for fired tasks (``chronoq.node.dispatch.handoff``).
+insert committed, before it answers the submit: one statement and one message from the submit
+to the handler, as the wheel's hand-off does for fired tasks (``chronoq.node.dispatch.handoff``).
 
 It obeys what a claim obeys:
 
@@ -85,7 +85,8 @@ class SubmitHandOff:
         #: Tasks leased by their submit's insert and handed to their stream (which pushes
         #: them, or gives them back when it cannot).
         self.handed_off = 0
-        self._late: set[asyncio.Future[SubmitOutcome]] = set()
+        #: Inserts in flight, held until they settle.
+        self._pending: set[asyncio.Future[SubmitOutcome]] = set()
 
     def stream_for(self, spec: TaskSpec, now: datetime) -> Single | None:
         """A stream for ``spec`` (its credit and bytes held), or None: not due at ``now``,
@@ -112,28 +113,23 @@ class SubmitHandOff:
         """Submit ``spec`` leased to the stream ``single`` holds (from ``stream_for``), then push
         it there, or give it back if that stream can no longer take it."""
         job = asyncio.ensure_future(self._store.submit_leased(spec, now, single.worker_id))
-        try:
-            # Shielded: what the insert leased must reach its stream or go back, even when the
-            # submitter goes away meanwhile.
-            outcome = await asyncio.shield(job)
-        except BaseException:
-            self._late.add(job)
-            job.add_done_callback(functools.partial(self._settle_late, single))
-            raise
-        self._settle(single, outcome)
-        return outcome
+        # Settled by the insert's own end, not by the submitter: what it leased reaches its
+        # stream or goes back even when the submitter goes away meanwhile (hence the shield),
+        # and its push starts before the submit's answer is made and sent (the callback runs
+        # before the submitter wakes up), so the handler does not wait for that answer.
+        self._pending.add(job)
+        job.add_done_callback(functools.partial(self._settled, single))
+        return await asyncio.shield(job)
 
-    def _settle(self, single: Single, outcome: SubmitOutcome) -> None:
+    def _settled(self, single: Single, job: asyncio.Future[SubmitOutcome]) -> None:
+        """The insert ended: push what it leased when it committed; free the credit when it
+        leased nothing or failed (see the module's docstring)."""
+        self._pending.discard(job)
+        if job.cancelled() or job.exception() is not None:
+            single.settle(None)
+            return
+        outcome = job.result()
         task = outcome.task
         leased = outcome.created and task.state is TaskState.RUNNING
         if single.settle(task if leased else None):
             self.handed_off += 1
-
-    def _settle_late(self, single: Single, job: asyncio.Future[SubmitOutcome]) -> None:
-        """The submit's caller went away, or the insert failed: push what it leased when it
-        committed; free the credit when it failed (see the module's docstring)."""
-        self._late.discard(job)
-        if job.cancelled() or job.exception() is not None:
-            single.settle(None)
-            return
-        self._settle(single, job.result())
