@@ -149,11 +149,15 @@ class ShardWatch:
     - nobody else reaches it either (``elsewhere(shard)`` false): its partitions are held
       out (``Ownership.hold_out``: keys kept, nothing fired), the rest fires;
     - other members reach it (``elsewhere(shard, after)``: one answered it later than
-      ``after``, this node's last answer plus a probe interval): the node suspends (hands
-      every partition off), since they can serve every shard and this node cannot. Answers
-      from before that only show the others had not noticed yet: when a shard goes down for
-      every node at once, each would otherwise read the others' last answers, still fresh,
-      and the whole cluster would step out, the other shards' partitions with it.
+      ``after``, the later of this node's last answer plus a probe interval and the start
+      of its first probe that failed): the node suspends (hands every partition off), since
+      they can serve every shard and this node cannot. Answers from before that only show
+      the others had not noticed yet: when a shard goes down for every node at once, each
+      would otherwise read the others' last answers, still fresh, and the whole cluster
+      would step out, the other shards' partitions with it. The first failure counts, not
+      only the last answer: on a busy host a late probe round is more than an interval
+      after the last answer, and the others' answers in between are from a live shard.
+      Each answer is stamped when it came, not when the round's slowest probe ended.
 
     A down shard that answers again is brought back (its partitions backfill); a node that
     stepped out rejoins once every shard answers (and ``may_resume``, the clock check).
@@ -183,6 +187,8 @@ class ShardWatch:
         self._monotonic = monotonic
         self._since = monotonic()
         self.ok_at: dict[str, float] = {}  # monotonic time of each shard's last answer
+        #: Monotonic start of the first failed probe of each shard since its last answer.
+        self.failed_at: dict[str, float] = {}
         #: Shards down now, each with why (for health and status).
         self.down: dict[str, str] = {}
         self.stepped_out = False  # this watch suspended the node (others reach the shard)
@@ -205,22 +211,26 @@ class ShardWatch:
     async def check(self) -> None:
         current = self._current()
         timeout = max(0.2, min(2.0, self._grace / 2))
-        answers = await asyncio.gather(*(self._probe(s, timeout) for s in current.shards))
+        started = self._monotonic()
+        answers = await asyncio.gather(*(self._answer(s, timeout) for s in current.shards))
         now = self._monotonic()
         cut_off: list[str] = []
-        for shard, ok in zip(current.shards, answers, strict=True):
+        for shard, (ok, answered) in zip(current.shards, answers, strict=True):
             if ok:
-                self.ok_at[shard] = now
+                self.ok_at[shard] = answered
+                self.failed_at.pop(shard, None)
                 if shard in self.down:
                     del self.down[shard]
                     log.warning("store %s answers again", shard)
                     self._ownership.bring_back(cause(shard))
                     await self._health(shard, True)
                 continue
+            failed = self.failed_at.setdefault(shard, started)
             if now - self.ok_at.get(shard, self._since) <= self._grace:
                 continue
             last = self.ok_epoch().get(shard, 0.0)
-            others = self._elsewhere(shard, last + self._interval if last else 0.0)
+            lost = time.time() - (now - failed)  # epoch of the first failed probe
+            others = self._elsewhere(shard, max(last + self._interval, lost) if last else 0.0)
             if others:
                 cut_off.append(shard)
             reason = "unreachable from this node" if others else "unreachable"
@@ -248,6 +258,10 @@ class ShardWatch:
         ):
             self.stepped_out = False
             await self._ownership.resume()
+
+    async def _answer(self, shard: str, timeout: float) -> tuple[bool, float]:
+        ok = await self._probe(shard, timeout)
+        return ok, self._monotonic()
 
     async def _health(self, shard: str, ok: bool) -> None:
         if self._on_health is not None:

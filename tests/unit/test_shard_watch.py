@@ -163,3 +163,62 @@ def test_store_shards_are_checked_and_their_passwords_never_shown() -> None:
     assert "h1" not in repr(
         NodeSettings(dsn=base, cluster=cluster, store_shards=("postgresql://a@h1/x",))
     )
+
+
+def test_a_late_probe_round_does_not_take_the_others_earlier_answers_for_a_cut_off() -> None:
+    """On a busy host this node's probe round comes 3 s after its last answer instead of 1 s.
+    Another node's answer from 2.5 s, before this node's first failed probe, is from a shard
+    that was still alive for everyone: this node holds the shard out and stays in. An
+    answer after that failed probe shows a shard the others reach: it steps out."""
+    up, clock = {"shard-0": True, "shard-1": True}, [0.0]
+    stats: dict[str, dict[str, float]] = {}
+
+    async def probe(shard: str, _timeout: float) -> bool:
+        return up[shard]
+
+    def epoch(mono: float) -> float:
+        return time.time() - (clock[0] - mono)
+
+    own = FakeOwnership()
+    w = ShardWatch(
+        probe,
+        lambda: even(16, 2),
+        own,  # type: ignore[arg-type]
+        grace=1.0,
+        interval=1.0,
+        elsewhere=lambda _s, after: reachable_elsewhere(
+            stats, "me", time.time(), fresh=10.0, after=after
+        ),
+        monotonic=lambda: clock[0],
+    )
+    asyncio.run(w.check())  # answered at 0.0
+    up["shard-1"] = False
+    clock[0] = 3.0  # the next round, late; the shard died at about 2.8 s for every node
+    stats["other"] = {"store_ok_at": epoch(2.5)}
+    asyncio.run(w.check())
+    assert own.held_out == {cause("shard-1"): frozenset(range(8, 16))}
+    assert not own.suspended
+    clock[0] = 4.0
+    stats["other"] = {"store_ok_at": epoch(3.5)}  # answered after this node's failed probe
+    asyncio.run(w.check())
+    assert own.suspended
+
+
+def test_an_answer_is_stamped_when_it_came_not_when_the_slowest_probe_ended() -> None:
+    clock = [0.0]
+
+    async def probe(shard: str, _timeout: float) -> bool:
+        if shard == "shard-0":
+            await asyncio.sleep(0)  # shard-1 answers meanwhile, at once
+            clock[0] += 2.0  # shard-0's answer is 2 s slow
+        return True
+
+    w = ShardWatch(
+        probe,
+        lambda: even(16, 2),
+        FakeOwnership(),  # type: ignore[arg-type]
+        grace=1.0,
+        monotonic=lambda: clock[0],
+    )
+    asyncio.run(w.check())
+    assert w.ok_at == {"shard-0": 2.0, "shard-1": 0.0}
