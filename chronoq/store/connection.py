@@ -233,11 +233,13 @@ class Connected:
         return store
 
     async def holds_no_rows(self) -> bool:
-        """Whether this database has no task and no schedule yet (a first shard map may
-        split only such a shard-0: an upgraded store keeps its partitions where its rows are)."""
+        """Whether this database has no task (live or in its history) and no schedule yet (a
+        first shard map may split only such a shard-0: an upgraded store keeps its partitions
+        where its rows are)."""
         async with self.connection() as conn:
             found: bool = await conn.fetchval(
                 "SELECT NOT EXISTS (SELECT 1 FROM tasks) AND NOT EXISTS (SELECT 1 FROM schedules)"
+                " AND NOT EXISTS (SELECT 1 FROM task_history)"
             )
         return found
 

@@ -295,3 +295,19 @@ async def test_slice_upkeep_gives_up_quickly_behind_a_long_reader(big: Store) ->
     assert waited < 3
     done = await big.keep_history(NOW + 2 * RETENTION, retention=RETENTION, width=WIDTH)
     assert not done.busy and done.dropped >= 1 and done.created >= 1
+
+
+async def test_a_store_whose_tasks_all_moved_into_the_history_still_holds_rows(
+    store: Store,
+) -> None:
+    """A first shard map splits only an empty shard-0: rows in the history count too, or
+    their partitions would move away from them."""
+    assert await store.holds_no_rows()
+    await _finished_keys(store, ["e"], NOW)
+    later = NOW + timedelta(seconds=1)
+    await store.keep_history(later, retention=RETENTION, width=WIDTH)
+    done = await store.retire_finished(
+        list(range(16)), later, later, retention=RETENTION, width=WIDTH, batch=10
+    )
+    assert done.kept == 1
+    assert not await store.holds_no_rows()
