@@ -196,8 +196,11 @@ class PrefixView:
                 "reading the prefix again"
             )
         self._suspect = None
-        with translated(f"read {self.prefix!r}"):
-            result = await self._client.get_prefix(self.prefix)
+        try:
+            with translated(f"read {self.prefix!r}"):
+                result = await self._client.get_prefix(self.prefix)
+        except CoordinatorUnavailable:
+            return  # a failed read says nothing of the stream: it goes on, checked next time
         if result.header.revision <= self.revision:
             return
         stored = {kv.key: kv.mod_revision for kv in result}

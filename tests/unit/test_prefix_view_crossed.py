@@ -127,3 +127,25 @@ async def test_a_quiet_prefix_alone_is_no_reason_to_read_it_again() -> None:
         assert client.reads > 3  # it did check
     finally:
         await sup.stop()
+
+
+async def test_a_failed_check_leaves_a_healthy_stream_alone() -> None:
+    owners = b"/chronoq/c/owners/"
+
+    class Failing(FakeClient):
+        async def get_prefix(self, prefix: bytes) -> Result:
+            if self.reads >= 1:
+                raise OSError("etcd unreachable")  # aetcd's errors arrive translated
+            return await super().get_prefix(prefix)
+
+    client: Any = Failing([KV(owners + b"00001", b"n1")], [FakeWatch([])])
+    sup = Supervisor(LoopPolicy(max_backoff=0.01))
+    view = PrefixView(client, owners, retry_delay=0.001, supervisor=sup, verify_interval=0.02)
+    try:
+        await view.start()
+        await asyncio.sleep(0.2)
+        assert view.rewatches == 1 and view.missed == 0
+        (loop,) = sup.loops
+        assert loop.failures == 0
+    finally:
+        await sup.stop()
