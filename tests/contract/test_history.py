@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from chronoq.errors import TaskNotFound
+from chronoq.errors import InvalidTransition, TaskNotFound
 from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.store.port import TaskStore
 from tests.contract.conftest import PARTITIONS
@@ -70,6 +70,8 @@ async def test_a_finished_task_is_read_and_listed_after_it_moved(
         assert task.state is TaskState.CANCELLED and task.finished_at == now
     with pytest.raises(TaskNotFound):
         await store_shape.get(ids[0], "other")  # still seen only in its namespace
+    with pytest.raises(InvalidTransition, match="CANCELLED"):  # never written again
+        await store_shape.cancel(ids[0], "h", later)
     assert sorted(await listed(store_shape, TaskState.CANCELLED)) == sorted(ids)
     everything = await listed(store_shape)
     assert sorted(everything) == sorted([*ids, live[0].task.id])
