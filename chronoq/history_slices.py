@@ -10,9 +10,10 @@ slice is clipped to the gaps that the existing ones leave.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from chronoq.errors import ConfigError
 
@@ -93,22 +94,44 @@ def aligned(at: int, width: int) -> Slice:
     return Slice(lo, lo + width)
 
 
-def _gaps(want: Slice, existing: Sequence[Slice]) -> list[Slice]:
-    """The parts of ``want`` that no slice of ``existing`` (sorted) covers."""
-    out: list[Slice] = []
-    start = want.lo
-    for s in existing:
-        if s.hi <= start:
-            continue
-        if s.lo >= want.hi:
-            break
-        if s.lo > start:
-            out.append(Slice(start, s.lo))
-        start = max(start, s.hi)
-        if start >= want.hi:
-            return out
-    if start < want.hi:
-        out.append(Slice(start, want.hi))
+#: A bound of a range: epoch seconds here, instants read off a shard's catalog by a move.
+B = TypeVar("B", int, datetime)
+
+
+def merged(ranges: Iterable[tuple[B, B]]) -> list[tuple[B, B]]:
+    """``ranges`` (half-open) sorted, with overlapping or touching ones joined; empty ones
+    dropped."""
+    out: list[tuple[B, B]] = []
+    for lo, hi in sorted(r for r in ranges if r[0] < r[1]):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def uncovered(wanted: Iterable[tuple[B, B]], existing: Iterable[tuple[B, B]]) -> list[tuple[B, B]]:
+    """The pieces of ``wanted`` that no range of ``existing`` covers, sorted and disjoint
+    from each other and from ``existing``: the slices to create so that every wanted
+    instant has one (a node's window ahead, or the rows a move copies to a shard whose
+    slices have other bounds), since PostgreSQL refuses overlapping partitions."""
+    have = merged(existing)
+    out: list[tuple[B, B]] = []
+    for lo, hi in merged(wanted):
+        at = lo
+        for h_lo, h_hi in have:
+            if h_hi <= at:
+                continue
+            if h_lo >= hi:
+                break
+            if h_lo > at:
+                out.append((at, h_lo))
+            at = max(at, h_hi)
+            if at >= hi:
+                break
+        if at < hi:
+            out.append((at, hi))
     return out
 
 
@@ -120,13 +143,13 @@ def to_create(existing: Iterable[Slice], first: int, last: int, width: int) -> l
     span is the retention window, checked by ``check_history_settings``)."""
     if width <= 0:
         raise ValueError("a slice has a positive width")
-    have = sorted(existing)
+    have = [(s.lo, s.hi) for s in existing]
     out: list[Slice] = []
     at = aligned(first, width).lo
     for _ in range(MAX_SLICES):
         if at > last:
             break
-        out += _gaps(Slice(at, at + width), have)
+        out += [Slice(lo, hi) for lo, hi in uncovered([(at, at + width)], have)]
         at += width
     return out
 

@@ -1,5 +1,5 @@
 """The history slices a move needs on its target: the source's live slices, and the pieces of
-them the target lacks, created there (``chronoq.slice_cover`` decides which).
+them the target lacks, created there (``chronoq.history_slices.uncovered`` decides which).
 
 A move copies a partition's ``task_history`` rows (migration 0022) with their ``retire_at``;
 the target routes each row to the slice that holds its ``retire_at`` and refuses one that no
@@ -21,10 +21,12 @@ from typing import Any
 import asyncpg
 
 from chronoq.errors import MoveRefused, StoreUnavailable
-from chronoq.history_slices import MAX_SLICES, Slice
-from chronoq.slice_cover import Range, uncovered
+from chronoq.history_slices import MAX_SLICES, Slice, uncovered
 from chronoq.store.history import DDL_LOCK_TIMEOUT_MS, SLICE_LOCK
 from chronoq.store.sql import q
+
+#: A slice's bounds as the catalog gives them: ``[lo, hi)``.
+Range = tuple[datetime, datetime]
 
 #: The history rows a move copies: those whose slice is not dropped yet.
 LIVE_HISTORY = "retire_at > now()"

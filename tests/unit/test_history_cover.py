@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoq.slice_cover import Range, merged, uncovered
+from chronoq.history_slices import merged, uncovered
+
+Range = tuple[datetime, datetime]
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
