@@ -16,7 +16,7 @@ from chronoq.buckets import DEFAULT_BUCKET_SECONDS, DEFAULT_PARTITIONS, MAX_PART
 from chronoq.cardinality import DEFAULT_METRICS_QUEUES, MAX_METRICS_QUEUES
 from chronoq.coordinator.settings import ClusterSettings
 from chronoq.errors import ConfigError
-from chronoq.history_slices import check_history_settings
+from chronoq.history_slices import MAX_HISTORY_AFTER, check_history_settings
 from chronoq.limits import Limits
 from chronoq.models import TaskDefaults
 from chronoq.redact import mask_dsn
@@ -26,8 +26,6 @@ from chronoq.shardmap import MAX_SHARDS, shard_name
 MAX_WHEEL_HORIZON = timedelta(seconds=60)
 #: The most tasks a timing wheel may hold (a few hundred megabytes at this bound).
 MAX_WHEEL_CAPACITY = 1_000_000
-#: The longest a finished task may wait in the live table before it moves to the history.
-MAX_HISTORY_AFTER = timedelta(days=7)
 
 #: Long-polling claims one namespace may hold open on a node at once (more: RESOURCE_EXHAUSTED).
 DEFAULT_LONG_POLLS_PER_NAMESPACE = 256

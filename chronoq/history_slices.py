@@ -22,6 +22,8 @@ from chronoq.errors import ConfigError
 #: four indexes: 64 slices keep that near 320 locks a statement, well inside PostgreSQL's
 #: shared lock table (max_locks_per_transaction x connections).
 MAX_SLICES = 64
+#: The longest a finished task may wait in the live table before it moves to the history.
+MAX_HISTORY_AFTER = timedelta(days=7)
 #: The narrowest slice allowed (tests use a few seconds; a deployment hours or a day).
 MIN_WIDTH = timedelta(seconds=1)
 #: The widest slice allowed (a year): bounds stay well inside PostgreSQL's timestamps.

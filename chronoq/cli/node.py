@@ -37,8 +37,7 @@ from chronoq.cli.common import (
     run,
     text_opt,
 )
-from chronoq.config import MAX_HISTORY_AFTER
-from chronoq.history_slices import MAX_SLICES, MAX_WIDTH
+from chronoq.history_slices import MAX_HISTORY_AFTER, MAX_SLICES, MAX_WIDTH
 from chronoq.models import DEFAULT_NAMESPACE
 from chronoq.redact import MASK, mask_dsn
 from chronoq.signals import stop_event
