@@ -127,3 +127,14 @@ def target_dsn(postgres: EmbeddedPostgres, template_db: str) -> Iterator[str]:
         yield url
     finally:
         postgres.drop_database(name)
+
+
+@pytest.fixture
+def two_dsns(dsn: str, postgres: object, template_db: str) -> Iterator[tuple[str, str]]:
+    """The test's database and a second fresh copy of the migrated template (dropped after)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    second = create_test_database(postgres, name, template_db)  # type: ignore[arg-type]
+    try:
+        yield dsn, second
+    finally:
+        postgres.drop_database(name)  # type: ignore[attr-defined]

@@ -5,8 +5,6 @@ partitions over two shards or one shard holds them all."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +14,6 @@ from chronoq.shardmap import ShardMap
 from chronoq.store import holdings
 from chronoq.store.sharded import ShardedStore
 from chronoq.store.store import Store
-from tests.conftest import create_test_database
 from tests.contract.conftest import PARTITIONS, TWO_SHARDS, connect_shard
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,16 +22,6 @@ NOW = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
 DUE = NOW + timedelta(minutes=1)
 LATER = NOW + timedelta(minutes=3)
 ALL_ON_0 = ShardMap(1, ("shard-0", "shard-1"), ("shard-0",) * PARTITIONS)
-
-
-@pytest.fixture
-def two_dsns(dsn: str, postgres: object, template_db: str) -> Iterator[tuple[str, str]]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    second = create_test_database(postgres, name, template_db)  # type: ignore[arg-type]
-    try:
-        yield dsn, second
-    finally:
-        postgres.drop_database(name)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("shard_map", [TWO_SHARDS, ALL_ON_0], ids=["split", "all-on-shard-0"])

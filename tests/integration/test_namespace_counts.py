@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -28,7 +27,6 @@ from chronoq.shardmap import ShardMap
 from chronoq.store.counts import STALE
 from chronoq.store.schedules import Schedules
 from chronoq.store.sharded import ShardedSchedules, ShardedStore
-from tests.conftest import create_test_database
 from tests.contract.conftest import PARTITIONS, TWO_SHARDS, connect_shard, open_two
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,16 +56,6 @@ def spread(n: int, prefix: str = "s") -> list[str]:
     """``n`` names alternating between the two shards."""
     zero, one = names_on("shard-0", n, prefix), names_on("shard-1", n, prefix)
     return [x for pair in zip(zero, one, strict=True) for x in pair][:n]
-
-
-@pytest.fixture
-def two_dsns(dsn: str, postgres: object, template_db: str) -> Iterator[tuple[str, str]]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    second = create_test_database(postgres, name, template_db)  # type: ignore[arg-type]
-    try:
-        yield dsn, second
-    finally:
-        postgres.drop_database(name)  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ can, a batch that reached one shard says what it accepted, and repeating it comp
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,22 +13,11 @@ import pytest
 from chronoq.errors import BatchPartlyAccepted, RequeuePartlyDone, ShardUnavailable
 from chronoq.models import Lease, TaskSpec, TaskState
 from chronoq.store.sharded import ShardedStore
-from tests.conftest import create_test_database
 from tests.contract.conftest import PARTITIONS, TWO_SHARDS, connect_shard, open_two
 
 pytestmark = pytest.mark.timeout(60)
 
 NOW = datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC)
-
-
-@pytest.fixture
-def two_dsns(dsn: str, postgres: object, template_db: str) -> Iterator[tuple[str, str]]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    second = create_test_database(postgres, name, template_db)  # type: ignore[arg-type]
-    try:
-        yield dsn, second
-    finally:
-        postgres.drop_database(name)  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -110,9 +98,7 @@ async def test_a_requeue_that_reached_one_shard_names_what_it_requeued(
 ) -> None:
     """Each shard's part of a requeue is all or none; a shard lost after the others
     committed leaves an answer naming the ids requeued, and those alone are READY."""
-    await sharded.submit(
-        [TaskSpec(queue="q", run_at=NOW, max_attempts=1) for _ in range(20)], NOW
-    )
+    await sharded.submit([TaskSpec(queue="q", run_at=NOW, max_attempts=1) for _ in range(20)], NOW)
     claimed = await sharded.claim("default", ["q"], "w", 20, NOW)
     for task in claimed:
         await sharded.fail("default", Lease(task.id, task.attempt), "boom", NOW)
