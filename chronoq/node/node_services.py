@@ -30,7 +30,8 @@ from chronoq.node.dispatch.submit_handoff import SubmitHandOff
 from chronoq.node.dispatch.work_stream import Openings
 from chronoq.node.edge.cluster_service import ClusterService
 from chronoq.node.edge.schedule_service import ScheduleService
-from chronoq.node.edge.service import TaskService, WorkerService
+from chronoq.node.edge.service import TaskService
+from chronoq.node.edge.worker_service import WorkerService
 from chronoq.node.housekeeping import (
     DepthPoller,
 )

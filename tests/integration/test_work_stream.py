@@ -19,7 +19,7 @@ from chronoq.clock import ManualClock
 from chronoq.limits import MAX_STREAM_CREDITS
 from chronoq.models import Lease, TaskState
 from chronoq.node import Node
-from chronoq.node.edge.service import WorkerService
+from chronoq.node.edge.worker_service import WorkerService
 from tests.integration.conftest import NodeFactory
 from tests.integration.test_cluster_inproc import cluster, settled
 from tests.integration.test_riding_claims import run_flow
