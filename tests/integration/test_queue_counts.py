@@ -41,6 +41,9 @@ def by_queue(snap: QueueSnapshot) -> dict[str, StateCounts]:
 
 
 async def test_counts_follow_submits_fires_claims_and_acks(make_node: NodeFactory) -> None:
+    """Each count is taken when no task is between states: READY and RUNNING are recounted
+    apart from the other states (``ready_as_of``), so a task that fires between the two
+    recounts is in both until the next full one (test_a_task_moved_between_the_recounts_...)."""
     node = await make_node(**FAST)
     client = Client(node.address, namespace="n", timeout=10)
     try:
@@ -48,35 +51,75 @@ async def test_counts_follow_submits_fires_claims_and_acks(make_node: NodeFactor
         await client.submit_many(
             [NewTask(queue="later", delay=timedelta(hours=1)) for _ in range(3)]
         )
-        soon = [NewTask(queue="soon", delay=timedelta(seconds=1)) for _ in range(2)]
-        await client.submit_many(soon)
         mark = datetime.now(UTC)
         snap = await counted_after(client, mark)
         assert snap.staleness is not None and snap.staleness < timedelta(seconds=30)
         assert snap.ready_as_of is not None and snap.ready_as_of > mark
         counts = by_queue(snap)
-        assert counts["mail"] == StateCounts(ready=5)
-        assert counts["later"] == StateCounts(scheduled=3)
-        assert snap.totals.total == 10 and snap.other == StateCounts() and not snap.truncated
+        assert counts == {"mail": StateCounts(ready=5), "later": StateCounts(scheduled=3)}
+        assert snap.totals.total == 8 and snap.other == StateCounts() and not snap.truncated
         oldest = snap.oldest_ready_age("mail")
         assert oldest is not None and oldest >= timedelta(0)
         assert snap.oldest_ready_age("later") is None  # nothing of it is READY
 
+        soon = await client.submit_many(
+            [NewTask(queue="soon", delay=timedelta(milliseconds=300)) for _ in range(2)]
+        )
         claimed = await client.claim(["mail"], max_tasks=2)
         await client.complete(Lease(claimed[0].id, claimed[0].attempt))
         (doomed,) = await client.claim(["mail"], max_tasks=1)
         await client.fail(Lease(doomed.id, doomed.attempt), "boom", fatal=True)
-        await asyncio.sleep(1.2)  # the "soon" tasks come due and fire
+        await fired(client, [s.task.id for s in soon])
         snap = await counted_after(client, datetime.now(UTC))
         counts = by_queue(snap)
         assert counts["mail"] == StateCounts(ready=2, running=1, dead=1)
         assert counts["soon"] == StateCounts(ready=2)
         assert counts["later"] == StateCounts(scheduled=3)
+        assert snap.totals.total == 9  # the one that succeeded is counted no more
         only = await counted_after(client, datetime.now(UTC), queues=["soon", "nothing"])
         assert by_queue(only) == {"soon": StateCounts(ready=2), "nothing": StateCounts()}
         assert only.totals == StateCounts(ready=2)
     finally:
         await client.close()
+
+
+async def fired(client: Client, ids: list[str]) -> None:
+    """Wait (bounded) until every task of ``ids`` has fired (READY)."""
+    for _ in range(400):
+        tasks = [await client.get(i) for i in ids]
+        if all(t.state is TaskState.READY for t in tasks):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not fired: {tasks}")
+
+
+async def test_a_task_moved_between_the_recounts_is_counted_as_of_each(store: Store) -> None:
+    """The frequent recount of READY and RUNNING leaves the other states as the last full
+    recount counted them: a task fired in between is in both (SCHEDULED as of ``as_of``,
+    READY as of ``ready_as_of``), one retried in neither, until the next full recount."""
+    now = datetime.now(UTC)
+    async with store.connection() as conn:
+        await conn.execute(
+            "INSERT INTO tasks (id, namespace, queue, partition, bucket, run_at, state,"
+            " max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,"
+            " misfire_grace_ms, created_at)"
+            " SELECT gen_random_uuid(), 'n', q, 3, 0, $1, s, 3, 1000, 60000, 30000, 0, $1"
+            " FROM unnest(ARRAY['fired', 'retried'], ARRAY[0, 2]::smallint[]) u(q, s)",
+            now,
+        )
+    await store.recount_queues([3], now, "test", max_queues=MAX_KEPT_QUEUES)
+    async with store.connection() as conn:  # the SCHEDULED one fires, the RUNNING one retries
+        await conn.execute("UPDATE tasks SET state = CASE state WHEN 0 THEN 1 ELSE 0 END")
+    later = now + timedelta(seconds=1)
+    live = (TaskState.READY, TaskState.RUNNING)
+    await store.recount_queues([3], later, "test", max_queues=MAX_KEPT_QUEUES, states=live)
+    kept = await store.kept_counts("n", None, max_queues=MAX_KEPT_QUEUES)
+    assert kept.rows == {("fired", TaskState.SCHEDULED): 1, ("fired", TaskState.READY): 1}
+    assert (kept.as_of, kept.live_as_of) == (now, later)
+    await store.recount_queues([3], later, "test", max_queues=MAX_KEPT_QUEUES)
+    kept = await store.kept_counts("n", None, max_queues=MAX_KEPT_QUEUES)
+    assert kept.rows == {("fired", TaskState.READY): 1, ("retried", TaskState.SCHEDULED): 1}
+    assert kept.totals == {TaskState.SCHEDULED: 1, TaskState.READY: 1}
 
 
 async def test_counts_are_the_callers_namespace_only(
