@@ -423,7 +423,16 @@ class Schedules:
         specs = [self._task_spec(row, at) for at in plan.create]
         if specs:
             _ids, cols = self.store._insert_columns(specs, now, [row["partition"]] * len(specs))
-            await conn.fetch(self._q("insert_task_ids"), *cols, now)
+            made = await conn.fetch(self._q("insert_task_ids"), *cols, now)
+            if made:
+                # The unique key covers tasks only: an occurrence that ran and moved into the
+                # history would be made and fired again by a position that went back over it.
+                await conn.execute(
+                    q("drop_retired_occurrences"),
+                    row["namespace"],
+                    [r["id"] for r in made],
+                    [spec.idempotency_key for spec in specs],
+                )
         await conn.execute(
             q("advance_schedule"),
             row["id"],

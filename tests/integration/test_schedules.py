@@ -322,3 +322,51 @@ async def test_a_namespace_out_of_quota_holds_no_place_of_another(
     clock.advance(timedelta(minutes=1))
     await node.pump.pump()
     assert len(await occurrences(store, "b")) >= 1
+
+
+async def test_an_occurrence_in_the_history_is_not_made_again(
+    store: Store, clock: ManualClock
+) -> None:
+    """An occurrence that ran and moved into the task history keeps its key: a schedule whose
+    position goes back over it (resumed by a node whose clock is behind the owner's, or a
+    replay as above) does not make and fire it a second time."""
+    from chronoq.models import Lease, ScheduleSpec
+    from chronoq.recurrence import Every
+
+    schedules = Schedules(store)
+    start = clock.now()
+    rule = Every(timedelta(seconds=10), start)
+    await schedules.create(
+        ScheduleSpec(name="h", queue="hist", rule=rule, catch_up=CatchUp.ALL), start
+    )
+    owner = LocalOwnership(store, "owner")
+    await owner.start()
+    assert (await schedules.materialize(owner.owned(), start)).created == 7  # 0..60 s
+    await store.fire_due(owner.owned(), start)
+    (task,) = await store.claim("default", ["hist"], "w", 5, start)  # the one at 0 s
+    (done,) = await store.complete("default", [Lease(task.id, task.attempt)], start)
+    assert done.ok
+    clock.advance(timedelta(minutes=2))
+    now = clock.now()
+    window = {"retention": timedelta(days=1), "width": timedelta(hours=1)}
+    await store.keep_history(now, **window)
+    retired = await store.retire_finished(
+        list(range(store.partitions)), now, now, batch=100, **window
+    )
+    assert retired.gone == 1
+    await schedules.pause("default", "h", now)
+    resumed = await schedules.resume("default", "h", start - timedelta(seconds=1))
+    assert resumed.next_fire_at == start  # the position went back over the retired one
+    await schedules.materialize(owner.owned(), now)
+    await store.fire_due(owner.owned(), now)
+    async with store.pool.acquire() as conn:
+        keys = await conn.fetch(
+            "SELECT idempotency_key, count(*) AS n FROM tasks_with_history"
+            " WHERE queue = 'hist' GROUP BY 1"
+        )
+        first = await conn.fetchval(
+            "SELECT count(*) FROM tasks_with_history WHERE queue = 'hist' AND run_at = $1",
+            start,
+        )
+    assert all(r["n"] == 1 for r in keys), [r for r in keys if r["n"] > 1]
+    assert first == 1  # the retired occurrence, and no second task of it
