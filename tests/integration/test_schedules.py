@@ -370,3 +370,51 @@ async def test_an_occurrence_in_the_history_is_not_made_again(
         )
     assert all(r["n"] == 1 for r in keys), [r for r in keys if r["n"] > 1]
     assert first == 1  # the retired occurrence, and no second task of it
+
+
+async def test_an_occurrence_moving_into_the_history_during_the_pass_is_not_made_again(
+    dsn: str, clock: ManualClock
+) -> None:
+    """The race made certain: the sweep holds its DELETE of the ran occurrence uncommitted
+    while a pass whose position went back inserts it again, so the insert waits for the sweep
+    and, once it commits, finds no conflict in tasks: the pass must still leave one task."""
+    from chronoq.models import Lease, ScheduleSpec
+    from chronoq.recurrence import Every
+
+    store = await Store.connect(dsn, partitions=16, min_size=2, max_size=6)
+    try:
+        schedules = Schedules(store)
+        start = clock.now()
+        rule = Every(timedelta(seconds=10), start)
+        await schedules.create(ScheduleSpec(name="r", queue="race", rule=rule), start)
+        owner = LocalOwnership(store, "owner")
+        await owner.start()
+        await schedules.materialize(owner.owned(), start)
+        await store.fire_due(owner.owned(), start)
+        (task,) = await store.claim("default", ["race"], "w", 5, start)
+        await store.complete("default", [Lease(task.id, task.attempt)], start)
+        async with store.pool.acquire() as conn:  # the position lost, as in the replay above
+            await conn.execute("UPDATE schedules SET next_fire_at = $1", start)
+        later = start + timedelta(seconds=1)
+        retention, width = timedelta(days=1), timedelta(hours=1)
+        await store.keep_history(later, retention=retention, width=width)
+        async with store.connection() as sweep:
+            tx = sweep.transaction()
+            await tx.start()
+            row = await sweep.fetchrow(
+                store._q("retire_finished"), list(range(16)), later, retention, 100, later
+            )
+            assert row["kept"] == 1
+            making = asyncio.ensure_future(schedules.materialize(owner.owned(), later))
+            await asyncio.sleep(0.3)
+            assert not making.done()  # its insert waits on the sweep's DELETE
+            await tx.commit()
+        await asyncio.wait_for(making, 30)
+        async with store.pool.acquire() as conn:
+            n = await conn.fetchval(
+                "SELECT count(*) FROM tasks_with_history WHERE queue = 'race' AND run_at = $1",
+                start,
+            )
+        assert n == 1
+    finally:
+        await store.close()
