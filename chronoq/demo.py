@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -181,6 +181,18 @@ async def _workers(addresses: list[str], opts: DemoOptions) -> AsyncIterator[lis
             await asyncio.gather(*runs, return_exceptions=True)
 
 
+def run_counts(in_tasks: Mapping[TaskState, int], submitted: int) -> dict[TaskState, int]:
+    """The run's tasks by state from the counts of ``tasks``, whose finished rows move into
+    the task history ``history_after`` after they finish: the run's database holds its own
+    ``submitted`` tasks only, and those end SUCCEEDED or DEAD (which stays in ``tasks``), so
+    the ones ``tasks`` no longer holds are SUCCEEDED. No read of the history."""
+    counts = dict(in_tasks)
+    moved = submitted - sum(counts.values())
+    if moved > 0:
+        counts[TaskState.SUCCEEDED] = counts.get(TaskState.SUCCEEDED, 0) + moved
+    return counts
+
+
 async def _watch(
     stack: DevStack,
     opts: DemoOptions,
@@ -190,7 +202,7 @@ async def _watch(
     """Report counts until every task is terminal (True), or the deadline or a stop (False)."""
     deadline = time.monotonic() + opts.deadline
     while True:
-        counts = await stack.count_by_state()
+        counts = run_counts(await stack.count_by_state(), opts.tasks)
         on_counts(counts)
         if sum(n for s, n in counts.items() if s.terminal) >= opts.tasks:
             return True
