@@ -168,7 +168,9 @@ class OperatorStatements(Connected):
         return {(r["namespace"], r["queue"]): (r["rate"], r["burst"]) for r in rows}
 
     async def count_by_state(self) -> dict[TaskState, int]:
-        """Exact counts per state: a full scan, for tests, demos and small tables only."""
+        """Exact counts per state of ``tasks``: a full scan, for tests, demos and small tables
+        only. SUCCEEDED, CANCELLED and SKIPPED are those of the last ``history_after`` (the
+        history, which grows with the retention window, is not counted)."""
         async with self.connection() as conn:
             rows = await conn.fetch(q("count_by_state"))
         counts: Counter[TaskState] = Counter()
