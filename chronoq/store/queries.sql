@@ -1199,14 +1199,13 @@ WHERE s.id = $3 AND s.partition = fence.partition
 RETURNING s.id;
 
 -- name: drop_retired_occurrences
--- Of the occurrences a pass just inserted ($2: their ids), those whose key (among $3) has its
--- first task in task_history, deleted again: a schedule whose position went back over an
--- occurrence that ran and moved into the history (resumed by a node whose clock is behind the
--- owner's, a replay) must not fire it twice. A later statement of the insert's transaction, so
--- its snapshot sees the rows of a sweep that the insert waited for (chronoq.store.retired_keys).
+-- Of the occurrences a pass just inserted ($1: their ids), those whose key has its first task
+-- in task_history, deleted again: a schedule whose position went back over an occurrence that
+-- ran and moved into the history (resumed by a node whose clock is behind the owner's, a
+-- replay) must not fire it twice. A later statement of the inserts' transaction, so its
+-- snapshot sees the rows of a sweep that an insert waited for (chronoq.store.retired_keys).
 DELETE FROM tasks t
-WHERE t.id = ANY($2::uuid[])
-  AND t.idempotency_key IN (SELECT h.idempotency_key FROM chronoq_history_keys($1, $3::text[]) h);
+WHERE t.id = ANY($1::uuid[]) AND chronoq_key_retired(t.namespace, t.idempotency_key);
 
 -- name: advance_schedule
 UPDATE schedules

@@ -155,6 +155,15 @@ def check_spec(spec: ScheduleSpec) -> None:
         raise InvalidArgument("max_attempts", "must be >= 1")
 
 
+async def _drop_retired(conn: Any, inserted: Sequence[Any]) -> None:
+    """Delete again the occurrences just inserted (``inserted``: their ids) whose key has
+    its first task in the history. The unique key covers ``tasks`` only, so a position that
+    went back over an occurrence that ran and moved there would make and fire it again. One
+    statement after a pass's inserts: its snapshot also sees a sweep they waited for."""
+    if inserted:
+        await conn.execute(q("drop_retired_occurrences"), list(inserted))
+
+
 class Schedules:
     """Schedules in the task store; ``lookahead``: how far ahead owners make occurrences."""
 
@@ -373,6 +382,7 @@ class Schedules:
 
             async def write(chunk: Sequence[tuple[Any, Any]]) -> None:
                 counts = Materialized()
+                inserted: list[Any] = []
                 async with conn.transaction():  # a savepoint: a failed try leaves nothing
                     for schedule_id, row in chunk:
                         if row is None:
@@ -384,11 +394,12 @@ class Schedules:
                             counts.unpaid.add(str(row["namespace"]))
                             continue
                         made = await self._materialize_one(
-                            conn, row, now, lookahead, allowed, counts
+                            conn, row, now, lookahead, allowed, counts, inserted
                         )
                         # Paid at once: a savepoint tried again after a bad row pays twice
                         # (more than the quota is never made).
                         shares.paid(row["namespace"], made)
+                    await _drop_retired(conn, inserted)
                 done.add(counts)
 
             async def poisoned(item: tuple[Any, Any], exc: BaseException) -> None:
@@ -409,9 +420,10 @@ class Schedules:
         lookahead: timedelta,
         per_schedule: int,
         counts: Materialized,
+        inserted: list[Any],
     ) -> int:
-        """Create one schedule's due occurrences and move it on (how many it made); raises
-        on a bad row."""
+        """Create one schedule's due occurrences and move it on (how many it made; the ids
+        of the tasks inserted go to ``inserted``); raises on a bad row."""
         plan = due(
             check(_rule(row)),
             row["next_fire_at"],
@@ -424,15 +436,7 @@ class Schedules:
         if specs:
             _ids, cols = self.store._insert_columns(specs, now, [row["partition"]] * len(specs))
             made = await conn.fetch(self._q("insert_task_ids"), *cols, now)
-            if made:
-                # The unique key covers tasks only: an occurrence that ran and moved into the
-                # history would be made and fired again by a position that went back over it.
-                await conn.execute(
-                    q("drop_retired_occurrences"),
-                    row["namespace"],
-                    [r["id"] for r in made],
-                    [spec.idempotency_key for spec in specs],
-                )
+            inserted.extend(r["id"] for r in made)
         await conn.execute(
             q("advance_schedule"),
             row["id"],
