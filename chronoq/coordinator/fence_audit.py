@@ -6,12 +6,16 @@ write would match nothing: the partition would not fire at all. Raising the fenc
 owner's token again is what ``take_fence`` does on a claim; it stays refused when a newer
 owner exists. A newer token than the owner's means the partition is lost: its writes are
 fenced, and etcd tells the owner to let go.
+
+Only what a store answered is judged: a partition on a shard that is down or slow (the read
+over several shards skips it) is audited on a later pass, not taken for one whose fence the
+store lost.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from chronoq.store.rows import Fence
@@ -22,7 +26,7 @@ log = logging.getLogger("chronoq.coordinator")
 class FenceStore(Protocol):
     """The store's fences, as the audit reads and takes them."""
 
-    async def fences(self) -> list[Fence]: ...
+    async def fences_of(self, partitions: Sequence[int]) -> dict[int, Fence | None]: ...
 
     async def take_fence(
         self, partition: int, token: int, cluster_id: str, owner: str
@@ -36,10 +40,12 @@ async def audit_fences(
     token of this cluster, or none; the partitions retaken (see the module docstring)."""
     if not owned:
         return set()
-    stored = {f.partition: f for f in await store.fences()}
+    stored = await store.fences_of(sorted(owned))
     retaken: set[int] = set()
     for partition, token in sorted(owned.items()):
-        fence = stored.get(partition)
+        if partition not in stored:
+            continue  # its shard did not answer: nothing is known of its fence
+        fence = stored[partition]
         if fence is not None and (fence.cluster_id != cluster_id or fence.token >= token):
             if fence.token > token and fence.cluster_id == cluster_id:
                 log.warning(

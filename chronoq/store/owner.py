@@ -58,6 +58,10 @@ class OwnerStatements(Connected):
             for r in rows
         ]
 
+    async def fences_of(self, partitions: Sequence[int]) -> dict[int, Fence | None]:
+        stored = {f.partition: f for f in await self.fences()}
+        return {p: stored.get(p) for p in partitions}
+
     async def fire_due(
         self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000, node_id: str = ""
     ) -> FireResult:

@@ -69,6 +69,11 @@ class ByPartition(Buckets, Protocol):
         """Record ``token`` for ``partition`` (None: the store holds a newer one)."""
         ...
 
+    async def fences_of(self, partitions: Sequence[int]) -> dict[int, Fence | None]:
+        """The stored fence of each given partition whose store answered (None: it holds
+        none); a partition whose shard is down is left out, never taken for one without."""
+        ...
+
     async def fire_due(
         self, owned: Mapping[int, int], now: datetime, *, batch: int = ..., node_id: str = ...
     ) -> FireResult:

@@ -42,6 +42,19 @@ class ByPartition(ShardRouting):
         )
         return fence
 
+    async def fences_of(self, partitions: Sequence[int]) -> dict[int, Fence | None]:
+        """Each partition's fence from the shard holding it; a shard that is down is
+        skipped, its partitions left out (the caller cannot tell absence from loss there)."""
+        if (solo := self._fast()) is not None:
+            return await solo.fences_of(partitions)
+        ps = list(partitions)
+        out: dict[int, Fence | None] = {}
+        for _pos, fences in await self._routed(
+            ps, int, lambda s, pos: s.fences_of([ps[i] for i in pos]), skip_down=True
+        ):
+            out.update(fences)
+        return out
+
     async def fire_due(
         self, owned: Mapping[int, int], now: datetime, *, batch: int = 1000, node_id: str = ""
     ) -> FireResult:
