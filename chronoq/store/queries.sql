@@ -214,67 +214,27 @@ RETURNING t.id;
 RETURNING {{task_row}};
 
 -- name: insert_task_leased
--- One task due now, from the column arrays of insert_tasks ($1..$24, one row, created at
--- $25), leased in the same write to the worker ($26) of a stream waiting on this node: the
--- submit's hand-off. RUNNING at attempt 1, leased as claim leases (its lease timeout
--- saturated into [$27, $28] ms); no claim follows. Unless a READY task of its queue would be
--- claimed before it (a higher priority, or the same and not later): then it goes READY, as
--- insert_tasks makes it, and waits its turn. A repeated key inserts nothing (its first task
--- is not leased): one that this statement's snapshot finds in tasks or in task_history, and one
--- that a concurrent insert takes first (ON CONFLICT). One snapshot sees a task that the sweep
--- moves meanwhile in exactly one of the two tables (chronoq_key_retired, migration 0024, reads
--- the history with this statement's snapshot), so this one statement, in no transaction of its
--- own, needs no later check of the history (the batch inserts' check_fresh). Every partition
--- held live, as in insert_tasks.
-INSERT INTO tasks AS t (id, namespace, queue, partition, bucket, run_at, state, priority, payload,
-                   idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms,
-                   lease_timeout_ms, misfire_policy, misfire_grace_ms, created_at, fired_at,
-                   fired_by, content_type, trace_context, concurrency_key, unique_key,
-                   unique_until, debounce_key, debounce_until, labels, attempt, worker_id,
-                   lease_until)
-SELECT u.id, u.namespace, u.queue, u.partition, u.bucket, u.run_at,
-       CASE WHEN w.waits THEN 1 ELSE 2 END, u.priority,
-       u.payload, u.idempotency_key, u.max_attempts, u.backoff_initial_ms, u.backoff_max_ms,
-       u.lease_timeout_ms, u.misfire_policy, u.misfire_grace_ms, $25::timestamptz,
-       $25::timestamptz, 'submit', u.content_type, u.trace_context, u.concurrency_key,
-       u.unique_key, u.unique_until, u.debounce_key, u.debounce_until, u.labels,
-       (NOT w.waits)::integer,
-       CASE WHEN NOT w.waits THEN $26::text END,
-       CASE WHEN NOT w.waits
-            THEN $25::timestamptz
-                 + least(greatest(u.lease_timeout_ms, $27::bigint), $28::bigint) * interval '1 ms'
-       END
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::bigint[],
-            $6::timestamptz[], $7::smallint[], $8::integer[], $9::bytea[], $10::text[],
-            $11::integer[], $12::bigint[], $13::bigint[], $14::bigint[], $15::smallint[],
-            $16::bigint[], $17::text[], $18::jsonb[], $19::text[], $20::text[],
-            $21::timestamptz[], $22::text[], $23::timestamptz[], $24::jsonb[])
-     AS u(id, namespace, queue, partition, bucket, run_at, state, priority, payload,
-          idempotency_key, max_attempts, backoff_initial_ms, backoff_max_ms, lease_timeout_ms,
-          misfire_policy, misfire_grace_ms, content_type, trace_context, concurrency_key,
-          unique_key, unique_until, debounce_key, debounce_until, labels)
-CROSS JOIN LATERAL (
-    -- the head of the queue in claim order, one probe of tasks_ready whatever the backlog
-    -- and a gated queue (paused, or limited per key) is never handed off, whatever the
-    -- node's gate said: the task goes READY for claims (one probe of the settings' key)
-    SELECT coalesce(bool_or(h.priority > u.priority
-                            OR (h.priority = u.priority AND h.run_at <= u.run_at)), false)
-           OR EXISTS (SELECT 1 FROM queue_settings s
-                      WHERE s.namespace = u.namespace AND s.queue = u.queue
-                        AND (s.paused OR s.max_running_per_key > 0 OR s.max_starts_per_key > 0))
-           AS waits
-    FROM (SELECT r.priority, r.run_at FROM tasks r
-          WHERE r.namespace = u.namespace AND r.queue = u.queue AND r.state = 1
-          ORDER BY r.priority DESC, r.run_at
-          LIMIT 1) h
-) w
-WHERE u.run_at <= $25::timestamptz
-  AND NOT EXISTS (SELECT 1 FROM tasks k
-                  WHERE k.namespace = u.namespace AND k.idempotency_key = u.idempotency_key)
-  AND NOT chronoq_key_retired(u.namespace, u.idempotency_key)
-  AND (SELECT chronoq_hold($4::smallint[], {{map_version}}))
-ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING {{task_row}};
+-- One task due now, its columns as insert_tasks takes them for one row but scalars and without
+-- the state ($1..$23: id .. labels), created at $24, leased in the same write to the worker
+-- ($25) of a stream waiting on this node: the submit's hand-off. RUNNING at attempt 1, leased
+-- as claim leases (its lease timeout saturated into [$26, $27] ms); no claim follows. Unless a
+-- READY task of its queue would be claimed before it (a higher priority, or the same and not
+-- later): then it goes READY, as insert_tasks makes it, and waits its turn. A repeated key
+-- inserts nothing (its first task is not leased): one that the insert's snapshot finds in tasks
+-- or in task_history, and one that a concurrent insert takes first (ON CONFLICT). One snapshot
+-- sees a task that the sweep moves meanwhile in exactly one of the two tables, so this one
+-- statement, in no transaction of its own, needs no later check of the history (the batch
+-- inserts' check_fresh). Its partition held live, as in insert_tasks. The insert itself is
+-- chronoq_insert_task_leased (migration 0025): one generic plan per session, where this
+-- statement as a whole plans at every call.
+SELECT {{task_row}}
+FROM chronoq_insert_task_leased($1::uuid, $2::text, $3::text, $4::smallint, $5::bigint,
+                                $6::timestamptz, $7::integer, $8::bytea, $9::text,
+                                $10::integer, $11::bigint, $12::bigint, $13::bigint,
+                                $14::smallint, $15::bigint, $16::text, $17::jsonb, $18::text,
+                                $19::text, $20::timestamptz, $21::text, $22::timestamptz,
+                                $23::jsonb, $24::timestamptz, $25::text, $26::bigint,
+                                $27::bigint, {{map_version}}) t;
 
 -- name: task_ids_by_idempotency_key
 -- The first task of each key, in tasks or, moved there by the sweep, in task_history: one

@@ -47,6 +47,8 @@ COLUMN_SLICE = 200
 #: transaction, so the driver's encoding of a statement (~10 µs a row) never holds the event
 #: loop for long (a single statement of 10,000 rows held it ~90 ms).
 INSERT_CHUNK = 1000
+#: The state's column in ``_insert_columns`` (the leased insert decides it itself).
+_STATE_COLUMN = 6
 
 R = TypeVar("R")
 
@@ -470,12 +472,14 @@ class TaskInserts(Connected):
             )
             return outcome
         _ids, cols = self._insert_columns([spec], now, None if partition is None else [partition])
+        # The one row's values, without the state (the statement decides it).
+        values = [col[0] for i, col in enumerate(cols) if i != _STATE_COLUMN]
         async with self.connection() as conn:
             for _ in range(HISTORY_TRIES):
                 # One statement, no transaction: it checks the key in tasks and in the history
                 # itself (see insert_task_leased), one round trip from the submit to the push.
                 row = await conn.fetchrow(
-                    self._q("insert_task_leased"), *cols, now, worker_id, *self.lease_bounds_ms
+                    self._q("insert_task_leased"), *values, now, worker_id, *self.lease_bounds_ms
                 )
                 if row is not None:
                     return SubmitOutcome(task_of(row), True)
