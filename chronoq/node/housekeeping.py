@@ -255,13 +255,52 @@ class HealthWatch:
         return now
 
 
+#: Share of the grace after which a store watch whose firing has not reached the store asks
+#: the store itself (a trivial query): a slow tick is not a store out of reach.
+PROBE_AFTER = 0.25
+#: Shortest deadline of that probe (a round trip or two on a slow link).
+MIN_PROBE_S = 0.1
+#: Pause before the probe is made again after a failure within its deadline.
+RETRY_PROBE_S = 0.02
+#: Probes of the store watch in flight at most (one may hang on a dying connection).
+MAX_PROBES = 2
+
+
+def probe_budget(firing_stale: float, reached_stale: float, grace: float) -> float | None:
+    """How long the store watch's own probe may take when firing last reached the store
+    ``firing_stale`` seconds ago and anything (firing or a probe) ``reached_stale`` seconds
+    ago (None: no probe, the firing's answers are fresh enough).
+
+    Pure. The probe starts at ``PROBE_AFTER`` of the grace and never runs past the grace
+    (but for ``MIN_PROBE_S``): a node cut off from the store still steps out at the grace and
+    a check interval, as without the probe; at most half the grace, so two tries fit."""
+    if firing_stale <= grace * PROBE_AFTER:
+        return None
+    return max(MIN_PROBE_S, min(grace / 2, grace - reached_stale))
+
+
+def store_reached(last_ok: float, answered: float) -> float:
+    """When (monotonic) this node last reached the store: by an owner statement or by the
+    watch's own probe, whichever came later. Slow is not down: a store that answers the
+    probe while a tick waits on a slow or reset link keeps the node in the ring."""
+    return max(last_ok, answered)
+
+
 class StoreWatch:
     """Hands the partitions to other nodes while this one cannot reach PostgreSQL.
 
     A node cut off from the store but not from etcd would otherwise keep renewing its lease
-    and hold partitions that nobody fires. When no firing tick has reached the store for
-    ``grace`` seconds and another member still reaches it (``reachable_elsewhere``), the
-    ownership is suspended (partitions released); once the store answers again, it resumes.
+    and hold partitions that nobody fires. When neither a firing tick nor the watch's own
+    probe has reached the store for ``grace`` seconds and another member still reaches it
+    (``reachable_elsewhere``), the ownership is suspended (partitions released); once the
+    store answers again, it resumes.
+
+    The probe (``probe_budget``): firing statements that wait on a slow link (latency, a
+    bandwidth cap, connections reset under them) leave the last tick's answer old although
+    the store answers; stepping out then and rejoining a second later hands every partition
+    off twice, on links equally slow for the members that take them. So past a quarter of
+    the grace the watch asks the store itself, within what is left of the grace; an answer
+    counts as reaching it (``store_reached``). A store out of reach answers no probe.
 
     When nobody reaches the store (it is down, or failing over to a standby), handing the
     partitions around helps no one and costs a rejoin once it is back: the node keeps them.
@@ -289,7 +328,12 @@ class StoreWatch:
         self._grace = grace
         self._interval = interval
         self._monotonic = monotonic
+        self.answered = 0.0  # monotonic time of the watch's own last answered probe
         self.suspensions = 0
+        self.probes = 0  # probes made because firing had not reached the store for a while
+        self.slow = 0  # of those, answered: the store was slow, not out of reach
+        #: Probes in flight, each with its deadline (monotonic).
+        self._probing: dict[asyncio.Task[float | None], float] = {}
 
     def start(self, supervisor: Supervisor) -> Loop:
         return supervisor.every(
@@ -299,8 +343,11 @@ class StoreWatch:
     async def check(self) -> None:
         if self._ownership.suspended:
             if self._may_resume() and await self._store.probe():
+                self.answered = self._monotonic()
                 await self._ownership.resume()
-        elif self._monotonic() - self._last_ok() > self._grace:
+            return
+        stale = self._monotonic() - store_reached(self._last_ok(), self.answered)
+        if stale > self._grace:
             if not self._reachable_elsewhere():
                 if not self.holding:
                     log.warning(
@@ -312,8 +359,56 @@ class StoreWatch:
             self.holding = False
             self.suspensions += 1
             await self._ownership.suspend()
-        else:
-            self.holding = False
+            return
+        self.holding = False
+        budget = probe_budget(self._monotonic() - self._last_ok(), stale, self._grace)
+        if budget is not None:
+            await self._probe(budget)
+
+    async def _probe(self, budget: float) -> None:
+        """Ask the store, waiting at most ``budget``. A probe still unanswered then is left
+        running and looked at by the next checks: over a cut link even the driver's cancel
+        of a timed-out query hangs, and the watch must not hang with it. One past its own
+        deadline (stuck on a connection the link is resetting) does not hold back a fresh
+        one on another connection; ``MAX_PROBES`` at most are in flight."""
+        now = self._monotonic()
+        if len(self._probing) < MAX_PROBES and all(due < now for due in self._probing.values()):
+            self.probes += 1
+            task = asyncio.create_task(self._ask(budget))
+            task.add_done_callback(_retrieved)
+            self._probing[task] = now + budget
+        done, _pending = await asyncio.wait(
+            set(self._probing), timeout=budget, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done:
+            del self._probing[task]
+            answered = None if task.cancelled() or task.exception() else task.result()
+            if answered is not None:
+                self.answered = max(self.answered, answered)
+                self.slow += 1
+
+    async def _ask(self, budget: float) -> float | None:
+        """When (monotonic) the store answered a probe, or None. A probe that failed at once
+        (its connection reset by a lossy link) is made again on a new connection while the
+        budget lasts: a reset link answers, a cut one stays silent."""
+        deadline = self._monotonic() + budget
+        while True:
+            if await self._store.probe(max(MIN_PROBE_S, deadline - self._monotonic())):
+                return self._monotonic()
+            if deadline - self._monotonic() < MIN_PROBE_S:
+                return None
+            await asyncio.sleep(RETRY_PROBE_S)
+
+    def close(self) -> None:
+        """Cancel the probes still in flight (the node stops)."""
+        for task in self._probing:
+            task.cancel()
+        self._probing.clear()
+
+
+def _retrieved(task: asyncio.Task[float | None]) -> None:
+    if not task.cancelled():
+        task.exception()  # a probe's failure is its answer: no answer
 
 
 def reachable_elsewhere(

@@ -420,6 +420,8 @@ class Node(NodeServices, NodeLoops):
         # Bounded: a loop that ignored its cancellation must not hold the stop forever.
         await self.supervisor.stop(self._loops)
         self._loops = []
+        if self.store_watch is not None:
+            self.store_watch.close()
         log.debug("node %s: firing stopped", self.settings.node_id)
         if self.ownership is not None:
             await self.ownership.stop()
