@@ -26,6 +26,11 @@ MAX_WAL_SIZE = "256MB"
 #: Longest a mount or unmount may take before it is given up on.
 MOUNT_TIMEOUT_S = 10.0
 BALLAST = "chaos-ballast"
+#: The most of the ballast one allocation asks for, and the least after halvings.
+FILL_STEP = 64 * 1024 * 1024
+LEAST_FILL_STEP = 64 * 1024
+#: Bound of the fill's allocations (steps to fill the disk plus halvings from ENOSPC).
+MAX_FILL_STEPS = 256
 
 
 class CappedDisk:
@@ -58,18 +63,26 @@ class CappedDisk:
         return why
 
     def fill(self) -> int:
-        """Take every free byte with the ballast file; returns its size in bytes."""
+        """Take every free byte with the ballast file; returns its size in bytes.
+
+        The space goes in steps of at most ``FILL_STEP`` bytes, halved after an ENOSPC: a
+        server writing meanwhile makes an allocation of all that was free fail whole (the
+        kernel undoes it), which left no ballast at all when it was asked for in one piece."""
         fd = os.open(self.ballast, os.O_CREAT | os.O_WRONLY, 0o600)
         try:
-            for _ in range(3):  # the server may free or take space meanwhile
+            step = FILL_STEP
+            for _ in range(MAX_FILL_STEPS):
                 free = shutil.disk_usage(self.path).free
                 if free <= 0:
                     break
-                size = os.fstat(fd).st_size
+                want = min(step, free)
                 try:
-                    os.posix_fallocate(fd, size, free)
-                except OSError as exc:  # ENOSPC: someone took it first; that is full too
+                    os.posix_fallocate(fd, os.fstat(fd).st_size, want)
+                except OSError as exc:  # ENOSPC: the server took some of it first
                     log.info("ballast: %s", exc)
+                    if want <= LEAST_FILL_STEP:
+                        break  # not a page left that the server does not race for: full
+                    step = max(want // 2, LEAST_FILL_STEP)
             return os.fstat(fd).st_size
         finally:
             os.close(fd)

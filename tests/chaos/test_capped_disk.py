@@ -3,8 +3,10 @@ and a mount that cannot be had degrades to a reason, never to a hang."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +37,39 @@ def test_a_capped_disk_fills_to_enospc_and_frees(tmp_path: Path) -> None:
     finally:
         d.unmount()
     assert not os.path.ismount(d.path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem needs root")
+def test_a_disk_written_meanwhile_still_fills(tmp_path: Path) -> None:
+    """A writer taking pages while the ballast is made (as the server does) makes one
+    allocation of all that was free fail whole; the fill still ends with the disk full."""
+    d = CappedDisk(tmp_path / "data", size_mb=32)
+    why = d.mount()
+    if why is not None:
+        pytest.skip(f"no tmpfs here: {why}")
+    stop = threading.Event()
+
+    def write(name: str) -> None:  # 64 KiB at a time, kept under 1 MiB, until stopped
+        with (d.path / name).open("wb", buffering=0) as f:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):  # full: as the server, try again
+                    f.write(b"x" * 65536)
+                    if f.tell() > 1024 * 1024:
+                        f.seek(0)
+                        f.truncate()
+
+    writers = [threading.Thread(target=write, args=(f"wal{i}",)) for i in range(4)]
+    try:
+        for w in writers:
+            w.start()
+        time.sleep(0.1)
+        filled = [d.fill() for _ in range(10) if not d.free()]
+        assert all(size >= 20 * 1024 * 1024 for size in filled), filled
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(timeout=10)
+        d.unmount()
 
 
 def test_without_root_the_fault_is_skipped_with_a_reason(
