@@ -14,6 +14,8 @@ import subprocess
 import warnings
 from pathlib import Path
 
+from chronoq.embedded.accounts import system_account
+
 with warnings.catch_warnings():
     # Importing the package runs platformdirs, which warns when XDG_RUNTIME_DIR is unset (CI).
     warnings.simplefilter("ignore")
@@ -33,17 +35,14 @@ class EmbeddedPostgresError(RuntimeError):
 
 def run_as() -> pwd.struct_passwd | None:
     """The account to run initdb and postgres as: ``SYSTEM_USER`` when root, else ourselves."""
-    if os.geteuid() != 0:
-        return None
+
+    def useradd(name: str) -> None:
+        # The package's useradd; a failure (no useradd) is told by the look-up after it.
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            ensure_user_exists(name)
+
     try:
-        return pwd.getpwnam(SYSTEM_USER)
-    except KeyError:
-        pass
-    # useradd; it fails if a parallel run created the user first, or is missing (then we fail).
-    with contextlib.suppress(subprocess.CalledProcessError, OSError):
-        ensure_user_exists(SYSTEM_USER)
-    try:
-        return pwd.getpwnam(SYSTEM_USER)
+        return system_account(SYSTEM_USER, useradd)
     except KeyError as exc:
         raise EmbeddedPostgresError(
             f"postgres cannot run as root and creating system user {SYSTEM_USER!r} with "

@@ -24,6 +24,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from chronoq.embedded.accounts import system_account
+
 with warnings.catch_warnings():
     # Importing the package runs platformdirs, which warns when XDG_RUNTIME_DIR is unset (CI).
     warnings.simplefilter("ignore")
@@ -62,21 +64,22 @@ def cache_dir() -> Path:
 def run_as() -> pwd.struct_passwd | None:
     """The account Patroni runs as: ``SYSTEM_USER`` (created when missing) as root, else None
     (ourselves)."""
-    if os.geteuid() != 0:
-        return None
-    with contextlib.suppress(KeyError):
-        return pwd.getpwnam(SYSTEM_USER)
-    useradd = shutil.which("useradd")
-    if useradd is None:
-        raise PatroniUnavailable(f"no useradd to create the account {SYSTEM_USER!r}")
-    cmd = [useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"]
-    cmd += ["--shell", "/usr/sbin/nologin", SYSTEM_USER]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
-    try:  # a parallel run may have created it first: then useradd failed, and that is fine
-        return pwd.getpwnam(SYSTEM_USER)
+    failed: list[str] = []
+
+    def useradd(name: str) -> None:
+        tool = shutil.which("useradd")
+        if tool is None:
+            raise PatroniUnavailable(f"no useradd to create the account {name!r}")
+        cmd = [tool, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"]
+        cmd += ["--shell", "/usr/sbin/nologin", name]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+        failed.append(result.stderr.strip())
+
+    try:
+        return system_account(SYSTEM_USER, useradd)
     except KeyError as exc:
         raise PatroniUnavailable(
-            f"creating the account {SYSTEM_USER!r} failed: {result.stderr.strip()}"
+            f"creating the account {SYSTEM_USER!r} failed: {' '.join(failed)}"
         ) from exc
 
 
