@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from chronoq.chaos.proxy import ProxyHub
 from chronoq.embedded.ha import PatroniCluster, PatroniUnavailable
 from chronoq.embedded.postgres import EmbeddedPostgres
 
@@ -175,3 +176,13 @@ def ha_template(ha: PatroniCluster) -> str:
 def cluster_name() -> str:
     """A fresh key prefix in etcd for one test."""
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def hub() -> Iterator[ProxyHub]:
+    """Shaped links (the chaos harness's proxies), closed after the test."""
+    h = ProxyHub()
+    try:
+        yield h
+    finally:
+        h.close()

@@ -9,7 +9,7 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -38,15 +38,6 @@ async def echo() -> AsyncIterator[str]:
         yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
-
-
-@pytest.fixture
-def hub() -> Iterator[ProxyHub]:
-    h = ProxyHub()
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 async def _round_trip(address: str, payload: bytes = b"ping") -> float:

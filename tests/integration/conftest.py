@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from chronoq.chaos.proxy import Blackhole
 from chronoq.client import Client
 from chronoq.clock import Clock, ManualClock
 from chronoq.config import NodeSettings
@@ -138,3 +140,9 @@ def two_dsns(dsn: str, postgres: object, template_db: str) -> Iterator[tuple[str
         yield dsn, second
     finally:
         postgres.drop_database(name)  # type: ignore[attr-defined]
+
+
+def through(tcp_dsn: str, link: Blackhole) -> str:
+    """``tcp_dsn`` going to the proxy ``link`` instead of the server."""
+    parts = urlsplit(tcp_dsn)
+    return urlunsplit(parts._replace(netloc=f"{parts.netloc.rpartition('@')[0]}@{link.address}"))

@@ -6,38 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
-from chronoq.chaos.proxy import Blackhole, ProxyHub
+from chronoq.chaos.proxy import ProxyHub
 from chronoq.chaos.shaping import LinkShape
 from chronoq.coordinator.fence_audit import audit_fences
 from chronoq.embedded.postgres import EmbeddedPostgres
+from chronoq.store.rows import Fence
 from tests.contract.conftest import PARTITIONS, TWO_SHARDS, open_two
+from tests.integration.conftest import through
 
 pytestmark = pytest.mark.timeout(60)
 
 TOKEN = 7
 #: Slow and lossy: every connection is reset within milliseconds of being opened.
 LOSSY = LinkShape(latency_s=0.03, jitter_s=0.02, mean_life_s=0.005)
-
-
-@pytest.fixture
-def hub() -> Iterator[ProxyHub]:
-    h = ProxyHub()
-    try:
-        yield h
-    finally:
-        h.close()
-
-
-def through(tcp_dsn: str, link: Blackhole) -> str:
-    """``tcp_dsn`` going to the proxy instead of the server."""
-    parts = urlsplit(tcp_dsn)
-    return urlunsplit(parts._replace(netloc=f"{parts.netloc.rpartition('@')[0]}@{link.address}"))
 
 
 async def test_the_audit_skips_a_slow_shard_instead_of_taking_its_fences_again(
@@ -79,7 +65,7 @@ async def test_the_audit_skips_a_slow_shard_instead_of_taking_its_fences_again(
         link.unshape()
         await asyncio.sleep(0.2)
 
-        async def answered() -> dict[int, object]:
+        async def answered() -> dict[int, Fence | None]:
             for _ in range(50):  # the pool replaces the connections the link reset
                 read = await sharded.fences_of(sorted(owned))
                 if len(read) == PARTITIONS:

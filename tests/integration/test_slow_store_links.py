@@ -6,10 +6,9 @@ still steps out. Real PostgreSQL, real etcd."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,7 +16,7 @@ from chronoq.chaos.proxy import Blackhole, ProxyHub
 from chronoq.chaos.shaping import LinkShape
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.node import Node
-from tests.integration.conftest import NodeFactory
+from tests.integration.conftest import NodeFactory, through
 from tests.integration.test_cluster_inproc import cluster, settled
 
 pytestmark = pytest.mark.timeout(90)
@@ -25,20 +24,6 @@ pytestmark = pytest.mark.timeout(90)
 #: The chaos fault's links (30 ± 20 ms each way, 512 KiB/s, a reset every 8 s on average).
 SLOW = LinkShape()
 HOLD_S = 12.0
-
-
-@pytest.fixture
-def hub() -> Iterator[ProxyHub]:
-    h = ProxyHub()
-    try:
-        yield h
-    finally:
-        h.close()
-
-
-def through(tcp_dsn: str, link: Blackhole) -> str:
-    parts = urlsplit(tcp_dsn)
-    return urlunsplit(parts._replace(netloc=f"{parts.netloc.rpartition('@')[0]}@{link.address}"))
 
 
 async def two_nodes(
