@@ -302,6 +302,13 @@ class StoreWatch:
     the grace the watch asks the store itself, within what is left of the grace; an answer
     counts as reaching it (``store_reached``). A store out of reach answers no probe.
 
+    Over shards, the watch's probe asks whether any shard answers (``probe_any``): a shard
+    that is down for everyone stops its own partitions (``chronoq.node.shards``), and a node
+    that still reaches another shard is not cut off from the store; taking the failing ticks
+    of one dead shard for that made nodes leave the ring and hand off the partitions of the
+    shards that were fine. A node that is out rejoins once every shard answers (``probe``),
+    as the shard watch wants of a node cut off from one shard.
+
     When nobody reaches the store (it is down, or failing over to a standby), handing the
     partitions around helps no one and costs a rejoin once it is back: the node keeps them.
     Its owner writes stay fenced, so keeping them is safe; firing resumes with the store.
@@ -393,7 +400,7 @@ class StoreWatch:
         budget lasts: a reset link answers, a cut one stays silent."""
         deadline = self._monotonic() + budget
         while True:
-            if await self._store.probe(max(MIN_PROBE_S, deadline - self._monotonic())):
+            if await self._store.probe_any(max(MIN_PROBE_S, deadline - self._monotonic())):
                 return self._monotonic()
             if deadline - self._monotonic() < MIN_PROBE_S:
                 return None

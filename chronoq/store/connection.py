@@ -325,6 +325,10 @@ class Connected:
             return False
         return True
 
+    async def probe_any(self, timeout: float = 2.0) -> bool:
+        """``probe``: one server is all of the store there is."""
+        return await self.probe(timeout)
+
     @contextlib.asynccontextmanager
     async def server_clock(self) -> AsyncIterator[Callable[[], Awaitable[datetime]]]:
         """A reader of the server's clock (``clock_timestamp()``), on one pooled connection

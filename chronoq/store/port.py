@@ -400,9 +400,12 @@ class Notices(Protocol):
 
 
 class Reachable(Protocol):
-    """Whether the store answers at all (the store watch)."""
+    """Whether the store answers: all of it (health, status), or any of it (the store watch:
+    one shard down is that shard's watch's business, not a node cut off from the store)."""
 
     async def probe(self, timeout: float = ...) -> bool: ...
+
+    async def probe_any(self, timeout: float = ...) -> bool: ...
 
 
 class ServerClock(Protocol):

@@ -67,6 +67,33 @@ class ShardHealth(ShardRouting):
         answers = await asyncio.gather(*(s.probe(timeout) for s in self._stores.values()))
         return all(answers)
 
+    async def probe_any(self, timeout: float = 2.0) -> bool:
+        """Whether any shard answers within ``timeout``: a node that reaches one is not cut
+        off from the store (a shard down, or out of this node's reach, is the shard watch's
+        to handle). The first answer decides; a probe still unanswered then (on a cut link
+        it may hang past its own timeout) is left to end and is waited on again by the next
+        call instead of a new one, so a dead shard holds one probe at most."""
+        if (solo := self._fast()) is not None:
+            return await solo.probe(timeout)
+        for name, store in self._stores.items():
+            running = self._any_probes.get(name)
+            if running is None or running.done():
+                task = asyncio.ensure_future(store.probe(timeout))
+                task.add_done_callback(_seen)
+                self._any_probes[name] = task
+        waiting: set[asyncio.Future[bool]] = set(self._any_probes.values())
+        deadline = asyncio.get_running_loop().time() + timeout
+        while waiting:
+            left = deadline - asyncio.get_running_loop().time()
+            done, waiting = await asyncio.wait(
+                waiting, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                return False
+            if any(not t.cancelled() and t.exception() is None and t.result() for t in done):
+                return True
+        return False
+
     async def probe_shard(self, name: str, timeout: float = 2.0) -> bool:
         """Whether shard ``name`` answers within ``timeout`` seconds (False: no store)."""
         store = self._stores.get(name)
@@ -88,4 +115,11 @@ class ShardHealth(ShardRouting):
             raise ShardUnavailable(name, exc.message) from exc
 
     async def close(self) -> None:
+        for task in self._any_probes.values():
+            task.cancel()
         await asyncio.gather(*(s.close() for s in self._stores.values()), return_exceptions=True)
+
+
+def _seen(task: asyncio.Task[bool]) -> None:
+    if not task.cancelled():
+        task.exception()  # a probe that failed answered no: nothing to log

@@ -69,6 +69,8 @@ class ShardRouting:
         self._sole: dict[tuple[str, tuple[str, ...]], str] = {}
         #: Per shard, where the retention of its legacy routes goes on (``legacy.sweep``).
         self._route_sweeps: dict[str, uuid.UUID] = {}
+        #: Per shard, the probe of ``probe_any`` still in flight (at most one a shard).
+        self._any_probes: dict[str, asyncio.Task[bool]] = {}
         self._routing()
 
     # ------------------------------------------------------------------ the map

@@ -41,6 +41,9 @@ class FakeStore:
         self.timeouts.append(timeout)
         return self.up
 
+    async def probe_any(self, timeout: float = 2.0) -> bool:
+        return await self.probe(timeout)  # one server: all of the store
+
 
 async def test_suspends_after_grace_and_resumes_when_the_store_answers() -> None:
     now = [100.0]
