@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,7 +60,9 @@ async def until(check: Any, timeout: float = 30, what: str = "condition") -> Non
 async def count_rows(dsn: str) -> dict[str, int]:
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
-        rows = await conn.fetch("SELECT state, count(*) AS n FROM tasks_with_history GROUP BY state")
+        rows = await conn.fetch(
+            "SELECT state, count(*) AS n FROM tasks_with_history GROUP BY state"
+        )
     finally:
         await conn.close()
     return {str(r["state"]): r["n"] for r in rows}
@@ -128,7 +132,11 @@ async def test_a_node_on_two_shards_places_fires_and_shows_both(
 
 
 async def test_one_shard_down_stops_only_its_partitions(
-    make_node: NodeFactory, etcd: Any, cluster_name: str, dsn: str, second: str,
+    make_node: NodeFactory,
+    etcd: Any,
+    cluster_name: str,
+    dsn: str,
+    second: str,
     pg: EmbeddedPostgres,
 ) -> None:
     node = await make_node(
@@ -284,3 +292,53 @@ async def test_a_store_with_tasks_upgraded_to_shards_keeps_every_partition_on_sh
     await until(fired, what="every old task fired on shard-0")
     assert sum((await count_rows(dsn)).values()) == len(keys)
     assert sum((await count_rows(second)).values()) == 0
+
+
+async def listening_on(dsn: str) -> int:
+    """Sessions LISTENing for chronoq's notices on the database of ``dsn``."""
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        found: int = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'chronoq-listen' AND datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    return found
+
+
+async def test_one_shard_down_leaves_no_listening_connection_open_on_the_others(
+    make_node: NodeFactory,
+    etcd: Any,
+    cluster_name: str,
+    dsn: str,
+    second: str,
+    pg: EmbeddedPostgres,
+) -> None:
+    """Each pass that finds the notices' listening lost (one shard down) opens it again on
+    every shard: the parts still open on the other shards are closed first, not left to the
+    driver's finalizer (an unclosed-connection warning each, and sessions that pile up)."""
+    node = await make_node(
+        cluster=cluster(etcd, cluster_name), node_id="n0", store_shards=(second,)
+    )
+    await settled([node])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        pg.stop()
+        assert node.shard_watch is not None
+
+        async def down() -> bool:
+            assert node.shard_watch is not None
+            return "shard-1" in node.shard_watch.down
+
+        await until(down, what="shard-1 seen down")
+        await asyncio.sleep(3)  # the listening loops open it again every second
+        most = 0
+        for _ in range(10):
+            most = max(most, await listening_on(dsn))
+            await asyncio.sleep(0.2)
+        gc.collect()
+    # One per channel (ready, soon), and the next pass's while it replaces the last one.
+    assert most <= 4
+    unclosed = [str(w.message) for w in caught if "unclosed connection" in str(w.message)]
+    assert unclosed == []

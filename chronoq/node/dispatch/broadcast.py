@@ -97,7 +97,10 @@ class Broadcast(ABC, Generic[Body]):
             return
         if self._listening is not None:
             log.warning("lost the %s listening connection: reconnecting", self.channel)
-            self._listening = None  # said once: failed reconnects are the loop's to report
+            lost, self._listening = self._listening, None  # said once: the loop reports the rest
+            # Over shards, one lost part closes the whole listening while the others' stay
+            # open: close them here, or each pass leaves its sessions to the GC.
+            await lost.close()
         self._listening = await self._notices.listen(self.channel, self._heard)
 
     async def close(self) -> None:
