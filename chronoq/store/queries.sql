@@ -213,6 +213,25 @@ RETURNING t.id;
 {{insert_tasks}}
 RETURNING {{task_row}};
 
+-- name: insert_task_once
+-- One task with an idempotency key, its columns as insert_tasks takes them for one row but
+-- scalars ($1..$24: id .. labels), created at $25: a single submit, in no transaction of its
+-- own. It goes in only when the insert's snapshot finds its key in neither tasks nor
+-- task_history, and a concurrent insert of the key that takes it first (ON CONFLICT) leaves
+-- nothing either; no row then, and the caller reads the key's first task. One snapshot sees a
+-- task that the sweep moves meanwhile in exactly one of the two tables, so it needs no later
+-- check of the history (the batch inserts' check_fresh). Its partition held live, as in
+-- insert_tasks, whether or not its key is taken. The insert itself is
+-- chronoq_insert_task_once (migration 0026): one generic plan per session, where insert_tasks
+-- over one row's arrays plans at every call.
+SELECT {{task_row}}
+FROM chronoq_insert_task_once($1::uuid, $2::text, $3::text, $4::smallint, $5::bigint,
+                              $6::timestamptz, $7::smallint, $8::integer, $9::bytea, $10::text,
+                              $11::integer, $12::bigint, $13::bigint, $14::bigint,
+                              $15::smallint, $16::bigint, $17::text, $18::jsonb, $19::text,
+                              $20::text, $21::timestamptz, $22::text, $23::timestamptz,
+                              $24::jsonb, $25::timestamptz, {{map_version}}) t;
+
 -- name: insert_task_leased
 -- One task due now, its columns as insert_tasks takes them for one row but scalars and without
 -- the state ($1..$23: id .. labels), created at $24, leased in the same write to the worker

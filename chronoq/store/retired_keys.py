@@ -20,7 +20,6 @@ keys pays nothing.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from functools import lru_cache
 from typing import Any, TypeVar
 
 import asyncpg
@@ -45,31 +44,6 @@ class KeyRetired(ChronoqError):
     def __init__(self, found: dict[Key, Any]) -> None:
         super().__init__(f"{len(found)} keys found in the task history")
         self.found = found
-
-
-#: The insert's conflict clause, before which ``checked_in_statement`` adds its condition.
-_CONFLICT = "\nON CONFLICT (namespace, idempotency_key)"
-#: Each row with a key goes in only when the statement's snapshot finds the key in neither
-#: table (chronoq_key_retired: STABLE, so the same snapshot; migration 0024).
-_NOWHERE = """
-  AND (u.idempotency_key IS NULL
-       OR (NOT EXISTS (SELECT 1 FROM tasks k
-                       WHERE k.namespace = u.namespace AND k.idempotency_key = u.idempotency_key)
-           AND NOT chronoq_key_retired(u.namespace, u.idempotency_key)))"""
-
-
-@lru_cache(maxsize=64)
-def checked_in_statement(insert: str) -> str:
-    """The insert statement ``insert`` (insert_tasks at a map version) that checks its keys
-    itself, for a submit of one statement in no transaction of its own: one snapshot sees a
-    task that the sweep moves in exactly one of the two tables (a sweep still deleting leaves
-    the row visible in tasks), so the check misses none; ON CONFLICT still covers a
-    concurrent insert of the same key. Row by row, it costs a batch more than one check after
-    the insert (``check_fresh``), and a single submit less (no BEGIN, check and COMMIT)."""
-    if insert.count(_CONFLICT) != 1:
-        raise RuntimeError("the insert statement no longer has one idempotency clause")
-    named = insert.replace("/* chronoq insert_tasks */", "/* chronoq insert_task_once */")
-    return named.replace(_CONFLICT, _NOWHERE + _CONFLICT)
 
 
 def _deadlock(exc: BaseException) -> bool:

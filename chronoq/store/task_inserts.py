@@ -33,7 +33,6 @@ from chronoq.store.keyed import submit_keyed
 from chronoq.store.retired_keys import (
     HISTORY_TRIES,
     check_fresh,
-    checked_in_statement,
     guarded,
     has_idempotency_keys,
 )
@@ -294,14 +293,15 @@ class TaskInserts(Connected):
         self, spec: TaskSpec, now: datetime, partitions: Sequence[int] | None
     ) -> SubmitOutcome:
         """One spec with an idempotency key, in one statement and no transaction: it inserts
-        only when its snapshot finds the key in neither tasks nor the history
-        (``retired_keys.checked_in_statement``); when it inserts nothing, the key's first
-        task, read from both (gone meanwhile, its slice dropped: once more)."""
+        only when its snapshot finds the key in neither tasks nor the history (see
+        insert_task_once, a function with one generic plan: this is every single submit not
+        handed to a stream); when it inserts nothing, the key's first task, read from both
+        (gone meanwhile, its slice dropped: once more)."""
         _ids, cols = self._insert_columns([spec], now, partitions)
-        statement = checked_in_statement(self._q("insert_tasks"))
+        values = [col[0] for col in cols]  # the one row's, as scalars
         async with self.connection() as conn:
             for _ in range(HISTORY_TRIES):
-                row = await conn.fetchrow(statement, *cols, now)
+                row = await conn.fetchrow(self._q("insert_task_once"), *values, now)
                 if row is not None:
                     return SubmitOutcome(task_of(row), True)
                 row = await conn.fetchrow(

@@ -69,6 +69,24 @@ async def test_a_batch_with_one_partition_elsewhere_writes_nothing(shard: Holder
     assert len(ids) == 4 and await total(store) == 4
 
 
+async def test_a_keyed_single_submit_elsewhere_is_refused_also_when_its_key_is_taken(
+    shard: Holder,
+) -> None:
+    # One keyed spec is the submit's own statement (insert_task_once); its fence is checked
+    # before its key, so a taken key answers nothing from a partition this shard does not hold.
+    store = shard.store
+    with pytest.raises(PartitionMoved) as refused:
+        await store.submit([spec(idempotency_key="fresh")], START, partitions=[5])
+    assert refused.value.partitions == (5,)
+    assert await total(store) == 0
+    (first,) = await store.submit([spec(idempotency_key="taken")], START, partitions=[1])
+    with pytest.raises(PartitionMoved):
+        await store.submit([spec(idempotency_key="taken")], START, partitions=[6])
+    (again,) = await store.submit([spec(idempotency_key="taken")], START, partitions=[1])
+    assert (again.task.id, again.created) == (first.task.id, False)
+    assert await total(store) == 1
+
+
 async def test_a_frozen_partition_refuses_writes_while_the_others_go_on(shard: Holder) -> None:
     store = shard.store
     earlier = START - timedelta(seconds=1)  # claimed first (claims go by run_at)

@@ -136,7 +136,10 @@ def test_migrations_use_state_numbers_of_task_state() -> None:
 
 
 # The same for the named queries that moved into a migration's function, by its version.
-FUNCTION_STATES = {25: {S.READY, S.RUNNING}}  # chronoq_insert_task_leased
+FUNCTION_STATES = {
+    25: {S.READY, S.RUNNING},  # chronoq_insert_task_leased
+    26: {S.READY},  # chronoq_insert_task_once
+}
 
 
 def test_functions_of_named_queries_use_the_numbers_of_the_states_they_mean() -> None:
