@@ -243,9 +243,9 @@ FROM chronoq_insert_task_once($1::uuid, $2::text, $3::text, $4::smallint, $5::bi
 -- or in task_history, and one that a concurrent insert takes first (ON CONFLICT). One snapshot
 -- sees a task that the sweep moves meanwhile in exactly one of the two tables, so this one
 -- statement, in no transaction of its own, needs no later check of the history (the batch
--- inserts' check_fresh). Its partition held live, as in insert_tasks. The insert itself is
--- chronoq_insert_task_leased (migration 0025): one generic plan per session, where this
--- statement as a whole plans at every call.
+-- inserts' check_fresh). Its partition held live, as in insert_tasks, whether or not its key
+-- is taken. The insert itself is chronoq_insert_task_leased (migrations 0025, 0027): one
+-- generic plan per session, where this statement as a whole plans at every call.
 SELECT {{task_row}}
 FROM chronoq_insert_task_leased($1::uuid, $2::text, $3::text, $4::smallint, $5::bigint,
                                 $6::timestamptz, $7::integer, $8::bytea, $9::text,

@@ -87,6 +87,30 @@ async def test_a_keyed_single_submit_elsewhere_is_refused_also_when_its_key_is_t
     assert await total(store) == 1
 
 
+async def test_a_leased_submit_elsewhere_is_refused_also_when_its_key_is_taken(
+    shard: Holder,
+) -> None:
+    # The hand-off (insert_task_leased) places the task by its key; one that lands on a
+    # partition elsewhere is refused, also when the key's first task was placed here by hand.
+    store = shard.store
+    leased = 0
+    for i in range(100):  # the first key placed elsewhere, found by its refusal
+        key = f"elsewhere-{i}"
+        try:
+            await store.submit_leased(spec(idempotency_key=key), START, "w")
+        except PartitionMoved as exc:
+            assert exc.partitions[0] not in HELD
+            break
+        leased += 1
+    else:
+        pytest.fail("no key of 100 placed on a partition elsewhere")
+    assert await total(store) == leased
+    (first,) = await store.submit([spec(idempotency_key=key)], START, partitions=[1])
+    with pytest.raises(PartitionMoved):
+        await store.submit_leased(spec(idempotency_key=key), START, "w")
+    assert (await store.get(first.task.id, "default")).state is TaskState.READY
+
+
 async def test_a_frozen_partition_refuses_writes_while_the_others_go_on(shard: Holder) -> None:
     store = shard.store
     earlier = START - timedelta(seconds=1)  # claimed first (claims go by run_at)

@@ -139,6 +139,7 @@ def test_migrations_use_state_numbers_of_task_state() -> None:
 FUNCTION_STATES = {
     25: {S.READY, S.RUNNING},  # chronoq_insert_task_leased
     26: {S.READY},  # chronoq_insert_task_once
+    27: {S.READY, S.RUNNING},  # chronoq_insert_task_leased, its fence first
 }
 
 
