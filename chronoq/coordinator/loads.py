@@ -1,18 +1,44 @@
 """The published loads: which partitions' coming work moves them between members, and when.
 
-Pure: no I/O. The leading node counts the due tasks of the coming buckets per partition;
-``due_loads`` rounds the counts so that small drifts move nothing, and ``worth_publishing``
-says whether the new loads should reach etcd (``ring.assign`` weighs them): only when the
-current assignment would overload a member with them, or when loads published before are
-all gone. Publishing less often keeps the assignment, and so the owners, still.
+Pure: no I/O. The leading node counts per partition the tasks of the ``coming`` window: the
+buckets from the current one on, but only the tasks due after the count's instant. Overdue
+tasks still waiting are a backlog, not coming work: they pile up on the partitions of an owner
+that fires slowly (its store links are slow), and weighing them would hand those partitions
+off, a pause of each, just when the store is slow and the move helps nothing. ``due_loads``
+rounds the counts so that small drifts move nothing, and ``worth_publishing`` says whether the
+new loads should reach etcd (``ring.assign`` weighs them): only when the current assignment
+would overload a member with them, or when loads published before are all gone. Publishing
+less often keeps the assignment, and so the owners, still.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
+from chronoq.buckets import bucket_of
 from chronoq.coordinator import ring
+
+
+@dataclass(frozen=True)
+class Window:
+    """The tasks the loads weigh: SCHEDULED ones of buckets ``first..last`` due after ``after``."""
+
+    first: int
+    last: int
+    after: datetime
+
+    def holds(self, run_at: datetime, bucket_seconds: int) -> bool:
+        """Whether a pending task due at ``run_at`` counts (the store's count agrees)."""
+        return run_at > self.after and self.first <= bucket_of(run_at, bucket_seconds) <= self.last
+
+
+def coming(now: datetime, bucket_seconds: int, horizon_buckets: int) -> Window:
+    """The ``horizon_buckets`` buckets from the one holding ``now``, without what is overdue."""
+    current = bucket_of(now, bucket_seconds)
+    return Window(current, current + horizon_buckets - 1, now)
 
 
 def quantize(n: float) -> float:

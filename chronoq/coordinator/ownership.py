@@ -29,13 +29,12 @@ from typing import Protocol
 
 import aetcd
 
-from chronoq.buckets import bucket_of
 from chronoq.clock import Clock
 from chronoq.coordinator import ring
 from chronoq.coordinator.etcd import ClusterSettings, Keys, connect, translated
 from chronoq.coordinator.fence_audit import audit_fences
 from chronoq.coordinator.lease import NodeLease
-from chronoq.coordinator.loads import due_loads, worth_publishing
+from chronoq.coordinator.loads import coming, due_loads, worth_publishing
 from chronoq.coordinator.protocols import ClusterView, MemberView
 from chronoq.coordinator.shards import ShardMapView
 from chronoq.coordinator.view import PrefixView
@@ -535,13 +534,17 @@ class EtcdOwnership:
 
     async def publish_loads(self) -> bool:
         """Publish per-partition due work of the coming buckets when the current assignment
-        would overload a member with it; returns whether it published."""
-        current = bucket_of(self._clock.now(), self._store.bucket_seconds)
+        would overload a member with it; returns whether it published. Overdue tasks weigh
+        nothing (``loads.coming``): a slow store's backlog moves no partition."""
+        window = coming(
+            self._clock.now(), self._store.bucket_seconds, self.settings.load_horizon_buckets
+        )
         out = self.unavailable()  # a held-out shard would fail the whole count
         counts = await self._store.pending_by_bucket(
             [p for p in self.partitions.all if p not in out],
-            current,
-            current + self.settings.load_horizon_buckets - 1,
+            window.first,
+            window.last,
+            due_after=window.after,
         )
         fresh = due_loads(counts)
         members = [m.node_id for m in self.live_members()]
@@ -556,7 +559,7 @@ class EtcdOwnership:
             return False
         with translated("publish loads"):
             await self.client.put(
-                self.keys.loads, json.dumps({"bucket": current, "loads": fresh}).encode()
+                self.keys.loads, json.dumps({"bucket": window.first, "loads": fresh}).encode()
             )
         return True
 

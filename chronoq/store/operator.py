@@ -98,11 +98,19 @@ class OperatorStatements(Connected):
         return QueueCounts(counts, frozenset(capped), frozenset(truncated))
 
     async def pending_by_bucket(
-        self, partitions: Sequence[int], first: int, last: int
+        self,
+        partitions: Sequence[int],
+        first: int,
+        last: int,
+        *,
+        due_after: datetime | None = None,
     ) -> dict[tuple[int, int], int]:
-        """Pending (SCHEDULED) tasks per (partition, bucket) over ``first..last``."""
+        """Pending (SCHEDULED) tasks per (partition, bucket) over ``first..last``, those due
+        after ``due_after`` only when given."""
         async with self.connection() as conn:
-            rows = await conn.fetch(q("pending_by_bucket"), list(partitions), first, last)
+            rows = await conn.fetch(
+                q("pending_by_bucket"), list(partitions), first, last, due_after
+            )
         return {(r["partition"], r["bucket"]): r["pending"] for r in rows}
 
     async def queue_depth(

@@ -122,9 +122,15 @@ class ByPartition(Buckets, Protocol):
         ...
 
     async def pending_by_bucket(
-        self, partitions: Sequence[int], first: int, last: int
+        self,
+        partitions: Sequence[int],
+        first: int,
+        last: int,
+        *,
+        due_after: datetime | None = None,
     ) -> dict[tuple[int, int], int]:
-        """SCHEDULED tasks per (partition, bucket) in ``[first, last]`` (partition loads)."""
+        """SCHEDULED tasks per (partition, bucket) in ``[first, last]``; with ``due_after``,
+        only those due later (partition loads weigh no overdue backlog)."""
         ...
 
     async def queue_depth(

@@ -1036,10 +1036,12 @@ WITH candidates AS (
 
 -- name: pending_by_bucket
 -- Due work per upcoming bucket, for status and load-aware assignment; reads only the
--- pending rows of those buckets through the firing index.
+-- pending rows of those buckets through the firing index. $4 (NULL: none) leaves out the
+-- tasks due by then: the loads weigh no overdue backlog.
 SELECT partition, bucket, count(*) AS pending
 FROM tasks
 WHERE state = 0 AND partition = ANY($1::smallint[]) AND bucket BETWEEN $2 AND $3
+  AND ($4::timestamptz IS NULL OR run_at > $4::timestamptz)
 GROUP BY partition, bucket;
 
 -- name: count_by_state

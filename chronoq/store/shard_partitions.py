@@ -170,15 +170,22 @@ class ByPartition(ShardRouting):
         return fanout.earliest((r for _pos, r in answers), limit)
 
     async def pending_by_bucket(
-        self, partitions: Sequence[int], first: int, last: int
+        self,
+        partitions: Sequence[int],
+        first: int,
+        last: int,
+        *,
+        due_after: datetime | None = None,
     ) -> dict[tuple[int, int], int]:
         if (solo := self._fast()) is not None:
-            return await solo.pending_by_bucket(partitions, first, last)
+            return await solo.pending_by_bucket(partitions, first, last, due_after=due_after)
         ps = list(partitions)
         answers = await self._routed(
             ps,
             int,
-            lambda s, pos: s.pending_by_bucket([ps[i] for i in pos], first, last),
+            lambda s, pos: s.pending_by_bucket(
+                [ps[i] for i in pos], first, last, due_after=due_after
+            ),
             skip_down=True,
         )
         return fanout.summed(r for _pos, r in answers)

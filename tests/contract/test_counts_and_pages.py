@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from chronoq.buckets import bucket_of
+from chronoq.coordinator.loads import coming
 from chronoq.errors import InvalidArgument
 from chronoq.models import Lease, Task, TaskSpec, TaskState
 from chronoq.store.port import TaskStore
@@ -48,6 +49,32 @@ async def test_pending_counts_per_partition_and_bucket(
     await store_shape.fire_due(owned, at)
     left = Counter((t.partition, t.bucket) for t in tasks if t.run_at > at)
     assert await store_shape.pending_by_bucket(ALL, first, last) == dict(left)
+
+
+async def test_pending_counts_for_the_loads_leave_out_the_overdue_tasks(
+    store_shape: TaskStore, now: datetime
+) -> None:
+    # Submitted 50 s ago, due from 45 s ago on: some are overdue (waiting to fire), in this
+    # bucket and the one before, the others are still coming.
+    earlier = now - timedelta(seconds=50)
+    tasks = await submit(
+        store_shape,
+        earlier,
+        [TaskSpec(queue="c", run_at=earlier + timedelta(seconds=5 * i)) for i in range(1, 61)],
+    )
+    width = store_shape.bucket_seconds
+    window = coming(now, width, 5)
+    ahead = Counter((t.partition, t.bucket) for t in tasks if window.holds(t.run_at, width))
+    counted = await store_shape.pending_by_bucket(
+        ALL, window.first, window.last, due_after=window.after
+    )
+    assert counted == dict(ahead)
+    # Without a bound (the status page's count) the overdue ones of those buckets count too.
+    every = Counter(
+        (t.partition, t.bucket) for t in tasks if window.first <= t.bucket <= window.last
+    )
+    assert sum(ahead.values()) < sum(every.values())
+    assert await store_shape.pending_by_bucket(ALL, window.first, window.last) == dict(every)
 
 
 async def test_queue_counts_by_state_with_their_bounds(

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoq.coordinator.loads import due_loads, quantize, worth_publishing
+from chronoq.buckets import bucket_of, bucket_start
+from chronoq.coordinator.loads import coming, due_loads, quantize, worth_publishing
+
+instants = st.datetimes(
+    min_value=datetime(2020, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)
+)
+widths = st.sampled_from([1, 5, 60, 300])
 
 
 @given(st.floats(min_value=1, max_value=1e12))
@@ -33,3 +40,29 @@ def test_loads_are_published_only_when_they_change_and_overload_or_go_cold() -> 
     assert not worth_publishing({0: 1.0, 2: 1.0}, {}, even, parts, 2, 0.25)
     # Every hot partition went cold: the old loads must not keep moving partitions.
     assert worth_publishing({}, {0: 64.0}, even, parts, 2, 0.25)
+
+
+@given(instants, widths, st.integers(min_value=1, max_value=10), st.floats(-1e4, 1e4))
+def test_the_loads_weigh_no_task_that_is_already_due(
+    now: datetime, width: int, horizon: int, offset: float
+) -> None:
+    window = coming(now, width, horizon)
+    run_at = now + timedelta(seconds=offset)
+    # An overdue task waiting to fire (a slow store's backlog) never counts, whatever bucket
+    # it is in; a coming one counts while its bucket is within the horizon.
+    if run_at <= now:
+        assert not window.holds(run_at, width)
+    else:
+        assert window.holds(run_at, width) == (run_at < bucket_start(window.last + 1, width))
+
+
+@given(instants, widths, st.integers(min_value=1, max_value=10))
+def test_the_window_spans_the_horizon_from_the_current_bucket(
+    now: datetime, width: int, horizon: int
+) -> None:
+    window = coming(now, width, horizon)
+    assert window.first == bucket_of(now, width) and window.last - window.first + 1 == horizon
+    assert window.after == now
+    # The rest of the current bucket counts: a hot minute is spread before it comes due.
+    later = now + timedelta(microseconds=1)
+    assert window.holds(later, width) == (bucket_of(later, width) <= window.last)
