@@ -7,8 +7,9 @@ that fires slowly (its store links are slow), and weighing them would hand those
 off, a pause of each, just when the store is slow and the move helps nothing. ``due_loads``
 rounds the counts so that small drifts move nothing, and ``worth_publishing`` says whether the
 new loads should reach etcd (``ring.assign`` weighs them): only when the current assignment
-would overload a member with them, or when loads published before are all gone. Publishing
-less often keeps the assignment, and so the owners, still.
+would overload a member with them well past the ring's slack (``OVERLOAD_SLACK``), or when
+loads published before are all gone. Publishing less often keeps the assignment, and so the
+owners, still.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from datetime import datetime
 
 from chronoq.buckets import bucket_of
 from chronoq.coordinator import ring
+
+#: How many times the ring's slack a member must be above the mean before new loads move
+#: partitions. ``assign`` fills members up to ``(1 + epsilon)`` times the mean, so judging by
+#: that same bound would find a member over it after nearly every count (the counts of a few
+#: tasks a partition drift by a power of two from one count to the next) and hand partitions
+#: off for noise; a hot bucket passes the wider bound all the same.
+OVERLOAD_SLACK = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,15 +71,16 @@ def worth_publishing(
     epsilon: float,
 ) -> bool:
     """Whether ``fresh`` loads should replace the ``published`` ones: they differ, and with
-    them the current ``assignment`` puts a member above the ring's capacity, or no partition
-    is hot any more while some were published as hot."""
+    them the current ``assignment`` puts a member above the ring's capacity at
+    ``OVERLOAD_SLACK`` times its slack, or no partition is hot any more while some were
+    published as hot."""
     if fresh == published:
         return False
     weights = {p: ring.BASE_WEIGHT + fresh.get(p, 0.0) for p in partitions}
-    cap = ring.capacity(sum(weights.values()), members, epsilon)
-    per_member: dict[str, float] = {}
+    cap = ring.capacity(math.fsum(weights.values()), members, OVERLOAD_SLACK * epsilon)
+    per_member: dict[str, list[float]] = {}
     for part, member in assignment.items():
-        per_member[member] = per_member.get(member, 0.0) + weights[part]
-    overloaded = any(v > cap for v in per_member.values())
+        per_member.setdefault(member, []).append(weights[part])
+    overloaded = any(math.fsum(ws) > cap for ws in per_member.values())
     stale_hot = bool(published) and not fresh
     return overloaded or stale_hot

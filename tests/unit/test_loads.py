@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chronoq.buckets import bucket_of, bucket_start
+from chronoq.coordinator import ring
 from chronoq.coordinator.loads import coming, due_loads, quantize, worth_publishing
 
 instants = st.datetimes(
@@ -66,3 +67,30 @@ def test_the_window_spans_the_horizon_from_the_current_bucket(
     # The rest of the current bucket counts: a hot minute is spread before it comes due.
     later = now + timedelta(microseconds=1)
     assert window.holds(later, width) == (bucket_of(later, width) <= window.last)
+
+
+def test_counts_drifting_by_a_power_of_two_move_no_partition() -> None:
+    parts = range(6)
+    halves = {0: "a", 1: "a", 2: "a", 3: "b", 4: "b", 5: "b"}
+    steady = dict.fromkeys(parts, 4.0)
+    # Three of a's partitions count twice as many, one of b's half: a is 27 of 40, above the
+    # 25 the ring fills a member to, within the 30 of twice its slack.
+    drifted = {**steady, 0: 8.0, 1: 8.0, 2: 8.0, 3: 2.0}
+    assert not worth_publishing(drifted, steady, halves, parts, 2, 0.25)
+    # A hot bucket is far past it.
+    assert worth_publishing({**steady, 0: 64.0}, steady, halves, parts, 2, 0.25)
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0]), min_size=64, max_size=64),
+    st.integers(min_value=2, max_value=4),
+    st.dictionaries(st.integers(0, 63), st.sampled_from([1.0, 16.0]), min_size=1),
+)
+def test_the_loads_an_assignment_was_made_for_move_nothing_again(
+    counts: list[float], members: int, before: dict[int, float]
+) -> None:
+    fresh = {p: load for p, load in enumerate(counts) if load > 0}
+    names = [f"m{i}" for i in range(members)]
+    assignment = ring.assign(64, names, fresh)
+    if fresh != before and fresh:
+        assert not worth_publishing(fresh, before, assignment, range(64), members, 0.25)
