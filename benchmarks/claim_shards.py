@@ -92,7 +92,9 @@ async def run(dsns: tuple[str, str], tasks: int, workers: int, batch: int) -> No
         stores: dict[str, Store] = {}
         try:
             for shard, dsn in zip(shard_map.shards, dsns, strict=False):
-                stores[shard] = await Store.connect(dsn, partitions=PARTITIONS, max_size=workers + 2)
+                stores[shard] = await Store.connect(
+                    dsn, partitions=PARTITIONS, max_size=workers + 2
+                )
                 async with stores[shard].connection() as conn:
                     await conn.execute("TRUNCATE tasks")
             sharded = ShardedStore(stores, lambda m=shard_map: m)
