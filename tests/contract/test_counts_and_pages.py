@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 import pytest
 
 from chronoq.buckets import bucket_of
-from chronoq.coordinator.loads import coming
 from chronoq.errors import InvalidArgument
 from chronoq.models import Lease, Task, TaskSpec, TaskState
 from chronoq.store.port import TaskStore
@@ -62,19 +61,19 @@ async def test_pending_counts_for_the_loads_leave_out_the_overdue_tasks(
         earlier,
         [TaskSpec(queue="c", run_at=earlier + timedelta(seconds=5 * i)) for i in range(1, 61)],
     )
-    width = store_shape.bucket_seconds
-    window = coming(now, width, 5)
-    ahead = Counter((t.partition, t.bucket) for t in tasks if window.holds(t.run_at, width))
-    counted = await store_shape.pending_by_bucket(
-        ALL, window.first, window.last, due_after=window.after
+    # The loads' window (chronoq.coordinator.loads.coming): five buckets from the current
+    # one, and of those only the tasks due after now.
+    first = bucket_of(now, store_shape.bucket_seconds)
+    last = first + 4
+    every = Counter((t.partition, t.bucket) for t in tasks if first <= t.bucket <= last)
+    ahead = Counter(
+        (t.partition, t.bucket) for t in tasks if first <= t.bucket <= last and t.run_at > now
     )
+    counted = await store_shape.pending_by_bucket(ALL, first, last, due_after=now)
     assert counted == dict(ahead)
     # Without a bound (the status page's count) the overdue ones of those buckets count too.
-    every = Counter(
-        (t.partition, t.bucket) for t in tasks if window.first <= t.bucket <= window.last
-    )
     assert sum(ahead.values()) < sum(every.values())
-    assert await store_shape.pending_by_bucket(ALL, window.first, window.last) == dict(every)
+    assert await store_shape.pending_by_bucket(ALL, first, last) == dict(every)
 
 
 async def test_queue_counts_by_state_with_their_bounds(
