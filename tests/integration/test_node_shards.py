@@ -49,6 +49,16 @@ def keys_on(shard: str, count: int, prefix: str) -> list[str]:
     return out
 
 
+async def seen_down(node: Node, shard: str) -> None:
+    """Until ``node``'s shard watch holds ``shard`` for down."""
+
+    async def down() -> bool:
+        assert node.shard_watch is not None
+        return shard in node.shard_watch.down
+
+    await until(down, what=f"{shard} seen down")
+
+
 async def until(check: Any, timeout: float = 30, what: str = "condition") -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -151,13 +161,7 @@ async def test_one_shard_down_stops_only_its_partitions(
         for key in waiting:
             await client.submit("q", idempotency_key=key, run_at=later)
         pg.stop()
-        assert node.shard_watch is not None
-
-        async def down() -> bool:
-            assert node.shard_watch is not None
-            return "shard-1" in node.shard_watch.down
-
-        await until(down, what="shard-1 seen down")
+        await seen_down(node, "shard-1")
         assert await serving(node.address, f"{STORE_HEALTH_PREFIX}shard-1") == (
             health_pb2.HealthCheckResponse.NOT_SERVING
         )
@@ -325,13 +329,7 @@ async def test_one_shard_down_leaves_no_listening_connection_open_on_the_others(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         pg.stop()
-        assert node.shard_watch is not None
-
-        async def down() -> bool:
-            assert node.shard_watch is not None
-            return "shard-1" in node.shard_watch.down
-
-        await until(down, what="shard-1 seen down")
+        await seen_down(node, "shard-1")
         await asyncio.sleep(3)  # the listening loops open it again every second
         most = 0
         for _ in range(10):
