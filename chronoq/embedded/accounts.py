@@ -11,11 +11,12 @@ account is read again under it.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pwd
 from collections.abc import Callable
 from pathlib import Path
+
+from chronoq.embedded.file_lock import locked
 
 #: The lock every chronoq process takes to create an account (root's: only root creates).
 LOCK_FILE = Path("/var/lib/chronoq/accounts.lock")
@@ -32,14 +33,9 @@ def system_account(name: str, create: Callable[[str], object]) -> pwd.struct_pas
         return pwd.getpwnam(name)
     except KeyError:
         pass
-    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
-    with LOCK_FILE.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            try:  # made by the process that held the lock before us
-                return pwd.getpwnam(name)
-            except KeyError:
-                create(name)
+    with locked(LOCK_FILE):
+        try:  # made by the process that held the lock before us
             return pwd.getpwnam(name)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        except KeyError:
+            create(name)
+        return pwd.getpwnam(name)

@@ -10,8 +10,6 @@ version and kept (``venv_dir``). Installs of parallel runs are serialised by a f
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import os
@@ -21,10 +19,10 @@ import shutil
 import stat
 import subprocess
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 from chronoq.embedded.accounts import system_account
+from chronoq.embedded.file_lock import locked
 
 with warnings.catch_warnings():
     # Importing the package runs platformdirs, which warns when XDG_RUNTIME_DIR is unset (CI).
@@ -83,17 +81,6 @@ def run_as() -> pwd.struct_passwd | None:
         ) from exc
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def venv_dir() -> Path:
     """The venv for ``REQUIREMENTS`` (a new one when they change)."""
     key = hashlib.sha256("\n".join(REQUIREMENTS).encode()).hexdigest()[:10]
@@ -112,7 +99,7 @@ def ensure_patroni() -> Path:
         return patroni
     if not SYSTEM_PYTHON.exists():
         raise PatroniUnavailable(f"{SYSTEM_PYTHON} is missing: Patroni needs a system Python")
-    with _locked(venv.with_name(venv.name + ".lock")):
+    with locked(venv.with_name(venv.name + ".lock")):
         if (venv / _READY).exists():
             return patroni
         shutil.rmtree(venv, ignore_errors=True)  # a half-made one from an interrupted run
@@ -178,7 +165,7 @@ def postgres_bin_dir() -> Path:
         _open_to_all(install)  # umasks vary (CI): the files inside may still be root-only
         return _WHEEL_BIN
     copy = cache_dir() / f"pginstall-{hashlib.sha256(str(install).encode()).hexdigest()[:10]}"
-    with _locked(copy.with_name(copy.name + ".lock")):
+    with locked(copy.with_name(copy.name + ".lock")):
         if not (copy / _READY).exists():
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(install, copy, symlinks=True)
