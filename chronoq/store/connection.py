@@ -201,8 +201,9 @@ class Connected:
     ) -> Self:
         """Open a pool on ``dsn`` and, by default, apply pending migrations.
 
-        Statements give up after ``command_timeout`` (then ``StoreUnavailable``), so a node
-        cut off from PostgreSQL notices within seconds instead of hanging.
+        Statements and new connections give up after ``command_timeout`` (then
+        ``StoreUnavailable``), so a node cut off from PostgreSQL notices within seconds
+        instead of hanging.
 
         ``holds``: the partitions this shard holds when its ``shard_partitions`` table has
         no row at all (``None``: every partition, which is how an existing single store
@@ -215,6 +216,9 @@ class Connected:
                 min_size=min_size,
                 max_size=max_size,
                 command_timeout=command_timeout,
+                # A connect gives up as soon (the driver's default waits 60 s): behind a cut
+                # link a pool's new connection would otherwise hang a call for a minute.
+                timeout=command_timeout,
                 server_settings={
                     "application_name": "chronoq",
                     "timezone": "UTC",

@@ -117,6 +117,9 @@ class ShardHealth(ShardRouting):
     async def close(self) -> None:
         for task in self._any_probes.values():
             task.cancel()
+        for probe in self._failures.values():
+            if probe is not None:
+                probe.cancel()
         await asyncio.gather(*(s.close() for s in self._stores.values()), return_exceptions=True)
 
 

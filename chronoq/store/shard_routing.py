@@ -29,6 +29,8 @@ DueSoon = tuple[str, int, datetime, str, str]
 REFRESH_S = 1.0
 #: Seconds between two warnings about the same down shard skipped by a fan-out.
 SKIP_WARN_S = 10.0
+#: Seconds a probe of a failing shard may take before it counts as no answer.
+FAILING_PROBE_S = 2.0
 
 R = TypeVar("R")
 K = TypeVar("K")
@@ -71,6 +73,8 @@ class ShardRouting:
         self._route_sweeps: dict[str, uuid.UUID] = {}
         #: Per shard, the probe of ``probe_any`` still in flight (at most one a shard).
         self._any_probes: dict[str, asyncio.Task[bool]] = {}
+        #: Shards whose last call failed, with the probe that clears them (``_failing``).
+        self._failures: dict[str, asyncio.Task[bool] | None] = {}
         self._routing()
 
     # ------------------------------------------------------------------ the map
@@ -81,8 +85,12 @@ class ShardRouting:
         return dict(self._stores)
 
     def add_store(self, name: str, store: Store) -> None:
-        """Open routing to one more shard (before a map that places partitions there)."""
+        """Open routing to one more shard (before a map that places partitions there), or
+        to a shard again through a new store (what the old one failed is not held against it)."""
         self._stores[name] = store
+        probe = self._failures.pop(name, None)
+        if probe is not None:
+            probe.cancel()
         self._seen = None
         self._routing()
 
@@ -141,16 +149,64 @@ class ShardRouting:
     # ------------------------------------------------------------------ fan-out core
 
     async def _on(self, shard: str, call: Callable[[Store], Awaitable[R]]) -> R:
-        """``call`` on one shard; its outage named."""
+        """``call`` on one shard; its outage named (and the shard marked failing)."""
         store = self._store(shard)
         try:
             return await call(store)
         except PartitionMoved:
             raise
         except ShardUnavailable:
+            self._failed(shard)
             raise
         except StoreUnavailable as exc:
+            self._failed(shard)
             raise ShardUnavailable(shard, exc.message) from exc
+
+    # ------------------------------------------------------------------ failing shards
+
+    def _failed(self, shard: str) -> None:
+        """Mark ``shard`` failing: calls whose parts stand alone leave it out until a probe
+        of it answers. A shard whose server died takes a second or more to fail each call
+        (a failover's connects, a cut link's timeout), and an owner's writes wait for one
+        another: asked again by every call, it would hold up the other shards' firing."""
+        probe = self._failures.get(shard)
+        if probe is None or probe.done():  # a probe that answered before this failure
+            self._failures[shard] = None
+        log.debug("store %s failed: left out of calls over shards until it answers", shard)
+
+    def _failing(self, shard: str) -> bool:
+        """Whether ``shard`` failed its last call and no probe has answered since; starts
+        the probe (one in flight a shard, each bounded) while none is running."""
+        if shard not in self._failures:
+            return False
+        probe = self._failures[shard]
+        if probe is not None and probe.done():
+            if not probe.cancelled() and probe.exception() is None and probe.result():
+                del self._failures[shard]
+                return False
+            probe = None
+        store = self._stores.get(shard)
+        if probe is None and store is not None:
+            self._failures[shard] = asyncio.ensure_future(_answers(store))
+        return True
+
+    def _left_out(self, names: Sequence[str]) -> tuple[list[str], list[BaseException]]:
+        """``names`` split into those to ask and the errors of the failing ones; every
+        one failing: a ``ShardUnavailable`` at once, without a call that would wait."""
+        failing = [n for n in names if self._failing(n)]
+        if not failing:
+            return list(names), []
+        asked = [n for n in names if n not in failing]
+        if not asked:
+            raise ShardUnavailable(
+                failing[0], "it did not answer its last call, nor a probe since; retry in a moment"
+            )
+        skipped: list[BaseException] = []
+        for name in failing:
+            exc = ShardUnavailable(name, "left out: it did not answer its last call")
+            self._skipped(name, exc)
+            skipped.append(exc)
+        return asked, skipped
 
     async def _routed(
         self,
@@ -174,6 +230,9 @@ class ShardRouting:
         parts = [partition_of(k) for k in keys]
         groups = fanout.grouped(parts, m.shard_of)
         names = list(groups)
+        down: list[BaseException] = []
+        if skip_down and self._failures:
+            names, down = self._left_out(names)
 
         def bound(positions: list[int]) -> Callable[[Store], Awaitable[R]]:
             return lambda s: call(s, positions)
@@ -184,7 +243,6 @@ class ShardRouting:
         done: list[tuple[list[int], R]] = []
         moved: list[int] = []
         spared: list[int] = []
-        down: list[BaseException] = []
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, PartitionMoved) and (retry or skip_down):
                 refused = set(answer.partitions) if skip_down else set()
@@ -248,9 +306,11 @@ class ShardRouting:
         """``call`` on every shard the map names (holding partitions or not), concurrently."""
         m = self._routing()
         names = [s for s in m.shards if s in self._stores]
+        down: list[BaseException] = []
+        if skip_down and self._failures:
+            names, down = self._left_out(names)
         answers = await asyncio.gather(*(self._on(n, call) for n in names), return_exceptions=True)
         out: dict[str, R] = {}
-        down: list[BaseException] = []
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, StoreUnavailable) and skip_down:
                 self._skipped(name, answer)
@@ -302,3 +362,11 @@ class ShardRouting:
         """The one store holding every partition of the current map, if one does."""
         self._routing()
         return self._solo
+
+
+async def _answers(store: Store) -> bool:
+    """A failing shard's probe, bounded even where a cut link holds its connect."""
+    try:
+        return await asyncio.wait_for(store.probe(FAILING_PROBE_S), FAILING_PROBE_S + 0.5)
+    except Exception:  # noqa: BLE001 - a probe that failed in any way answered no
+        return False

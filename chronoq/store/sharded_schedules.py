@@ -346,6 +346,8 @@ class ShardedSchedules:
             )
 
         for shard, mine in groups.items():
+            if len(groups) > 1 and self.store._failing(shard):
+                continue  # its owner statements wait for its failure: the others first
             try:
                 made = await self._at(shard, making(mine))
             except PartitionMoved:
