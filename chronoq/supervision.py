@@ -101,7 +101,8 @@ class Loop:
         self._wake = wake
         self._initial_delay = initial_delay
         self._share = share
-        self.passes = 0
+        self.passes = 0  # passes begun
+        self.ended = 0  # passes ended, well or not: a caller can wait for one to be over
         self.failures = 0  # failed passes since the loop started, deaths included
         self.restarts = 0
         self.failing = 0  # failed passes in a row: the current burst
@@ -218,6 +219,7 @@ class Loop:
                 delay = interval - took
             finally:
                 self._pass_started = None
+                self.ended += 1
             if self._stopping:
                 return
             await self._pause(delay)

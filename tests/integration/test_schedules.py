@@ -27,12 +27,13 @@ BY_HAND = timedelta(hours=1)
 
 
 async def by_hand(node: Node) -> Node:
-    """Let the pump's own first pass (it runs once at start) go by: from then on the tests'
+    """Let the pump's own first pass (it runs once at start) end: from then on the tests'
     ``pump`` calls are the only passes, so a schedule created next is not materialised before
-    the test pauses it."""
+    the test pauses it. Begun is not enough: a pass still reading the schedules would make
+    the new schedule's first occurrence."""
     (loop,) = [loop for loop in node.supervisor.loops if loop.name == "schedules"]
     for _ in range(500):
-        if loop.passes:
+        if loop.ended:
             return node
         await asyncio.sleep(0.01)
     raise AssertionError("the schedule pump never made its first pass")

@@ -194,6 +194,25 @@ async def test_a_wake_runs_the_next_pass_at_once(supervisor: Supervisor) -> None
     await until(lambda: step.passes == 2)
 
 
+async def test_a_pass_counts_as_ended_only_once_its_step_returns_or_raises(
+    supervisor: Supervisor,
+) -> None:
+    gate = asyncio.Event()
+
+    async def held() -> None:
+        await gate.wait()
+
+    loop = supervisor.every("held", held, interval=3600)
+    await until(lambda: loop.passes == 1)
+    await asyncio.sleep(0.02)
+    assert loop.ended == 0  # begun, not over: what a caller waiting for the pass must see
+    gate.set()
+    await until(lambda: loop.ended == 1)
+    failing = supervisor.every("failing", Switch(StoreUnavailable()), interval=3600, retry=3600)
+    await until(lambda: failing.ended == 1)
+    assert failing.failures == 1
+
+
 async def test_stop_ends_loops_in_a_pass_or_in_a_wait_promptly() -> None:
     sup = Supervisor(FAST)
 
