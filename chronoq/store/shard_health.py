@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 
 from chronoq.errors import ShardUnavailable, StoreUnavailable
@@ -99,9 +98,31 @@ class ShardHealth(ShardRouting):
         store = self._stores.get(name)
         return store is not None and await store.probe(timeout)
 
-    def server_clock(self) -> AbstractAsyncContextManager[Callable[[], Awaitable[datetime]]]:
-        """The first shard's server clock (``server_clock_of``: any shard's)."""
-        return self.server_clock_of(self._routing().shards[0])
+    @contextlib.asynccontextmanager
+    async def server_clock(self) -> AsyncIterator[Callable[[], Awaitable[datetime]]]:
+        """The clock of the map's first shard that answers (``server_clock_of``: a given
+        shard's). The first shard is every node's reference while it answers; while it is
+        down (or failing, ``_failing``) the next one stands in, so one shard's outage does not
+        fail every node's clock check, and with it their health. The shards' servers keep one
+        time (NTP), as the nodes must."""
+        names = list(self._routing().shards)
+        failing = {n for n in names if self._failing(n)}
+        order = [n for n in names if n not in failing] + [n for n in names if n in failing]
+        last: ShardUnavailable | None = None
+        async with contextlib.AsyncExitStack() as stack:
+            read: Callable[[], Awaitable[datetime]] | None = None
+            for name in order:
+                if name not in self._stores:
+                    continue
+                try:
+                    read = await stack.enter_async_context(self.server_clock_of(name))
+                except ShardUnavailable as exc:
+                    last = exc
+                    continue
+                break
+            if read is None:
+                raise last if last is not None else ShardUnavailable(names[0], "no connection")
+            yield read
 
     @contextlib.asynccontextmanager
     async def server_clock_of(self, name: str) -> AsyncIterator[Callable[[], Awaitable[datetime]]]:
@@ -112,6 +133,7 @@ class ShardHealth(ShardRouting):
         except ShardUnavailable:
             raise
         except StoreUnavailable as exc:
+            self._failed(name)
             raise ShardUnavailable(name, exc.message) from exc
 
     async def close(self) -> None:

@@ -28,7 +28,7 @@ Routing, by port:
   merged, cut where the first shard's page ended); counts summed; fences concatenated.
 - **notices**: announced on one shard (the first that answers), listened to on every shard.
 - **reachability and clock**: ``probe`` is every shard, ``probe_shard(name)`` one;
-  ``server_clock`` is the first shard's, ``server_clock_of(name)`` any shard's.
+  ``server_clock`` is the first answering shard's, ``server_clock_of(name)`` any shard's.
 
 A down shard: a call that needs it alone raises ``ShardUnavailable`` naming it; reads,
 counts and owner statements over several shards skip it (logged; a node's per-shard health

@@ -14,9 +14,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from chronoq.chaos.proxy import ProxyHub
+from chronoq.clock import SystemClock
+from chronoq.coordinator.local import LocalOwnership
 from chronoq.embedded.postgres import EmbeddedPostgres
 from chronoq.errors import ShardUnavailable, StoreUnavailable
 from chronoq.models import TaskSpec, TaskState
+from chronoq.node.clock_check import ClockCheck
 from chronoq.store.rows import FireResult
 from chronoq.store.sharded import ShardedStore
 from chronoq.store.store import Store
@@ -125,3 +128,67 @@ async def test_a_new_connection_behind_a_cut_link_gives_up_with_the_command_time
     finally:
         link.heal()
         await store.close()
+
+
+class ClockReads:
+    """How often a real store's server clock was opened (the store itself reads it)."""
+
+    def __init__(self, store: Store) -> None:
+        self.opened = 0
+        real = store.server_clock
+
+        def server_clock() -> Any:
+            self.opened += 1
+            return real()
+
+        store.server_clock = server_clock  # type: ignore[method-assign]
+
+
+async def test_the_clock_check_reads_the_next_shard_while_the_first_is_cut_off(
+    two_dsns: tuple[str, str], postgres: EmbeddedPostgres, hub: ProxyHub
+) -> None:
+    """The first shard is every node's reference clock; cut off, the next one stands in, so
+    the clock check (a critical loop: it feeds every node's health) keeps measuring."""
+    tcp = urlsplit(postgres.over_tcp(two_dsns[0]))
+    link = hub.add(f"{tcp.hostname}:{tcp.port}", "shard-0")
+    dsns = {"shard-0": through(tcp.geturl(), link), "shard-1": two_dsns[1]}
+    stores: dict[str, Store] = {}
+    try:
+        for name in TWO_SHARDS.shards:
+            stores[name] = await Store.connect(
+                dsns[name],
+                partitions=PARTITIONS,
+                min_size=1,
+                max_size=2,
+                command_timeout=COMMAND_TIMEOUT_S,
+                holds=TWO_SHARDS.held_by(name),
+            )
+        sharded = ShardedStore(stores, lambda: TWO_SHARDS)
+        sharded.set_map(TWO_SHARDS)
+        reads = {name: ClockReads(store) for name, store in stores.items()}
+        ownership = LocalOwnership(stores["shard-1"], "node-a")
+        check = ClockCheck(sharded, SystemClock(), ownership)
+
+        assert await check.check() is False
+        assert (reads["shard-0"].opened, reads["shard-1"].opened) == (1, 0)  # the first's
+
+        link.cut()
+        await stores["shard-0"].pool.expire_connections()
+        for _ in range(3):  # the first read waits for the cut shard's timeout, then moves on
+            assert await asyncio.wait_for(check.check(), 10) is False
+        assert check.last is not None and abs(check.last.offset) < timedelta(seconds=1)
+        assert reads["shard-1"].opened == 3
+        assert reads["shard-0"].opened == 2  # asked once more, then left out while failing
+
+        link.heal()
+        for _ in range(40):  # once a probe of it answers, the first shard is the reference
+            before = (reads["shard-0"].opened, reads["shard-1"].opened)
+            await check.check()
+            if (reads["shard-0"].opened, reads["shard-1"].opened) == (before[0] + 1, before[1]):
+                break
+            await asyncio.sleep(0.25)
+        else:
+            raise AssertionError("the clock check never went back to the first shard")
+    finally:
+        for store in stores.values():
+            await store.close()
