@@ -49,6 +49,20 @@ class Counted:
         store.fire_due = fire_due  # type: ignore[method-assign]
 
 
+async def connect_shards(dsns: dict[str, str], stores: dict[str, Store]) -> None:
+    """A store per shard of ``TWO_SHARDS`` into ``stores`` (filled as each opens, so the
+    caller closes whatever opened even when a later one fails)."""
+    for name in TWO_SHARDS.shards:
+        stores[name] = await Store.connect(
+            dsns[name],
+            partitions=PARTITIONS,
+            min_size=1,
+            max_size=4,
+            command_timeout=COMMAND_TIMEOUT_S,
+            holds=TWO_SHARDS.held_by(name),
+        )
+
+
 async def test_a_failing_shard_is_left_out_until_it_answers_a_probe(
     two_dsns: tuple[str, str], postgres: EmbeddedPostgres, hub: ProxyHub
 ) -> None:
@@ -57,15 +71,7 @@ async def test_a_failing_shard_is_left_out_until_it_answers_a_probe(
     dsns = {"shard-0": two_dsns[0], "shard-1": through(tcp.geturl(), link)}
     stores: dict[str, Store] = {}
     try:
-        for name in TWO_SHARDS.shards:
-            stores[name] = await Store.connect(
-                dsns[name],
-                partitions=PARTITIONS,
-                min_size=1,
-                max_size=4,
-                command_timeout=COMMAND_TIMEOUT_S,
-                holds=TWO_SHARDS.held_by(name),
-            )
+        await connect_shards(dsns, stores)
         sharded = ShardedStore(stores, lambda: TWO_SHARDS)
         sharded.set_map(TWO_SHARDS)
         on_1 = set(TWO_SHARDS.held_by("shard-1"))
@@ -154,15 +160,7 @@ async def test_the_clock_check_reads_the_next_shard_while_the_first_is_cut_off(
     dsns = {"shard-0": through(tcp.geturl(), link), "shard-1": two_dsns[1]}
     stores: dict[str, Store] = {}
     try:
-        for name in TWO_SHARDS.shards:
-            stores[name] = await Store.connect(
-                dsns[name],
-                partitions=PARTITIONS,
-                min_size=1,
-                max_size=2,
-                command_timeout=COMMAND_TIMEOUT_S,
-                holds=TWO_SHARDS.held_by(name),
-            )
+        await connect_shards(dsns, stores)
         sharded = ShardedStore(stores, lambda: TWO_SHARDS)
         sharded.set_map(TWO_SHARDS)
         reads = {name: ClockReads(store) for name, store in stores.items()}
